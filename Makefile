@@ -1,0 +1,46 @@
+# Two commands on a fresh clone:  `make demo` (the tutorial, end to end)  and  `make test`.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+STAMP := $(VENV)/.installed
+# torch==2.13.0 (CPU) is pinned for set-up only: an unpinned torch pulls a multi-GB CUDA build.
+export PIP_CONSTRAINT := $(CURDIR)/constraints.txt
+export HF_HUB_OFFLINE := 1
+export HF_DATASETS_OFFLINE := 1
+export TRANSFORMERS_OFFLINE := 1
+export TOKENIZERS_PARALLELISM := false
+export PYTHONHASHSEED := 0
+
+.PHONY: setup test lint pytest demo docs bench clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml constraints.txt
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install --quiet --upgrade pip
+	$(PIP) install --quiet torch==2.13.0
+	$(PIP) install --quiet -e ".[hf,ray,test,docs]"
+	touch $(STAMP)
+
+lint: setup
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+pytest: setup
+	$(PY) -m pytest -q
+
+test: lint pytest
+
+demo: setup
+	$(PY) tutorials/trl_interop.py
+
+docs: setup
+	$(PY) -m sphinx -W --keep-going -b html docs docs/_build/html
+
+bench: setup
+	$(PY) benchmarks/bench_dataset.py
+	$(PY) benchmarks/bench_reward.py
+
+clean:
+	rm -rf docs/_build docs/auto_examples docs/generated

@@ -1,0 +1,163 @@
+"""Benchmark: HFRewardModelWrapper overhead and length bucketing, on a toy Llama reward model.
+
+Two figures, batch 64, ragged lengths drawn uniformly in 32..512, one CPU thread:
+
+* **overhead** of the wrapper versus calling the model directly on the same right-padded batch
+  (``model(input_ids=..., attention_mask=...)``), target <= 3 %;
+* **speed-up** of the wrapper with ``max_batch_size`` (rows sorted by length, each micro-batch
+  padded to its own longest row) on the ragged lazy stack TorchRL writes, versus one padded call,
+  target >= 1.3x.
+
+Timings are medians over ``--reps`` repetitions, interleaved so that drift on a shared machine
+hits every variant alike. Run with ``python benchmarks/bench_reward.py``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+from tensordict import TensorDict, lazy_stack
+
+from torchrl_trl_interop import HFRewardModelWrapper
+from torchrl_trl_interop.testing import toy_reward_model
+
+TOKENS = ("tokens", "full")
+MASK = ("masks", "all_attention_mask")
+
+
+def make_batch(batch: int, low: int, high: int, vocab: int, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(low, high + 1, (batch,), generator=g)
+    rows = [torch.randint(3, vocab, (int(n),), generator=g) for n in lengths]
+    width = int(lengths.max())
+    ids = torch.zeros(batch, width, dtype=torch.long)
+    mask = torch.zeros(batch, width, dtype=torch.long)  # as HF tokenizers return it
+    for i, row in enumerate(rows):
+        ids[i, : len(row)] = row
+        mask[i, : len(row)] = 1
+    padded = TensorDict({TOKENS: ids, MASK: mask}, batch_size=[batch])
+    ragged = lazy_stack(
+        [TensorDict({TOKENS: r, MASK: torch.ones(len(r), dtype=torch.bool)}) for r in rows]
+    )
+    return ids, mask, padded, ragged
+
+
+def time_interleaved(fns: dict[str, Callable[[], object]], reps: int) -> dict[str, float]:
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for fn in fns.values():  # warm-up
+        fn()
+    for _ in range(reps):
+        for name, fn in fns.items():
+            start = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - start)
+    return {name: statistics.median(values) for name, values in times.items()}
+
+
+class ForwardTimer:
+    """Accumulates the time spent inside ``model.forward`` (forward pre- and post-hooks)."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.inside = 0.0
+        self._start = 0.0
+        model.register_forward_pre_hook(self._pre)
+        model.register_forward_hook(self._post)
+
+    def _pre(self, *_: object) -> None:
+        self._start = time.perf_counter()
+
+    def _post(self, *_: object) -> None:
+        self.inside += time.perf_counter() - self._start
+
+
+def own_overhead(fn: Callable[[], object], timer: ForwardTimer, reps: int) -> float:
+    """Median of (time of ``fn`` - time inside the model) / time inside the model, per call.
+
+    Both parts are measured on the same call, so load from other processes on a shared machine
+    (which moves end-to-end medians by several percent) largely cancels out.
+    """
+    ratios = []
+    for _ in range(reps):
+        timer.inside = 0.0
+        start = time.perf_counter()
+        fn()
+        total = time.perf_counter() - start
+        ratios.append((total - timer.inside) / timer.inside)
+    return statistics.median(ratios)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--min-len", type=int, default=32)
+    parser.add_argument("--max-len", type=int, default=512)
+    parser.add_argument("--reps", type=int, default=7)
+    parser.add_argument("--max-batch-sizes", type=int, nargs="+", default=[8, 16])
+    parser.add_argument("--threads", type=int, default=1)
+    args = parser.parse_args()
+
+    torch.set_num_threads(args.threads)
+    model = toy_reward_model(
+        "llama",
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+    )
+    vocab = model.config.vocab_size
+    ids, mask, padded, ragged = make_batch(args.batch, args.min_len, args.max_len, vocab)
+
+    wrapper = HFRewardModelWrapper(model, inference_mode=True)
+    bucketed = {
+        mbs: HFRewardModelWrapper(model, inference_mode=True, max_batch_size=mbs)
+        for mbs in args.max_batch_sizes
+    }
+
+    def direct() -> torch.Tensor:
+        with torch.no_grad():
+            return model(input_ids=ids, attention_mask=mask).logits
+
+    fns: dict[str, Callable[[], object]] = {
+        "direct model call, padded": direct,
+        "wrapper, same padded batch": lambda: wrapper(padded),
+        "wrapper, ragged, one call": lambda: wrapper(ragged),
+    }
+    for mbs, w in bucketed.items():
+        fns[f"wrapper, ragged, max_batch_size={mbs}"] = lambda w=w: w(ragged)
+
+    # same scores whichever way the batch is cut
+    reference = wrapper(padded.clone())["reward"]
+    for w in bucketed.values():
+        torch.testing.assert_close(w(ragged)["reward"], reference, atol=1e-4, rtol=0)
+
+    medians = time_interleaved(fns, args.reps)
+    timer = ForwardTimer(model)
+    own = own_overhead(lambda: wrapper(padded), timer, args.reps)
+    base = medians["direct model call, padded"]
+    print(
+        f"HFRewardModelWrapper, toy Llama (hidden 128, 2 layers), batch {args.batch}, lengths "
+        f"uniform {args.min_len}..{args.max_len}, {args.threads} thread(s), median of {args.reps}"
+    )
+    print(f"{'variant':<40} {'median ms':>10} {'speed-up':>9}")
+    for name, seconds in medians.items():
+        print(f"{name:<40} {seconds * 1e3:>10.1f} {base / seconds:>8.2f}x")
+    end_to_end = medians["wrapper, same padded batch"] / base - 1
+    best = min(args.max_batch_sizes, key=lambda m: medians[f"wrapper, ragged, max_batch_size={m}"])
+    speedup = base / medians[f"wrapper, ragged, max_batch_size={best}"]
+    print()
+    print("overhead vs direct call on the same padded batch (target <= 3%):")
+    print(f"  wrapper's own time / model time, same call: {own * 100:+.2f}%")
+    print(f"  end-to-end medians (includes machine noise): {end_to_end * 100:+.1f}%")
+    print(
+        f"speed-up of bucketing (max_batch_size={best}) vs one padded call: {speedup:.2f}x "
+        "(target >= 1.3x)"
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,51 @@
+"""Sphinx configuration: API reference, the executed sphinx-gallery tutorial, and the guides."""
+
+import os
+import sys
+
+sys.path.insert(0, os.path.abspath(".."))
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("MPLBACKEND", "Agg")
+
+import torchrl_trl_interop
+
+project = "torchrl-trl-interop"
+author = "torchrl-trl-interop developers"
+copyright = "2026, torchrl-trl-interop developers"
+release = torchrl_trl_interop.__version__
+
+extensions = [
+    "sphinx.ext.autodoc",
+    "sphinx.ext.autosummary",
+    "sphinx.ext.napoleon",
+    "sphinx.ext.viewcode",
+    "sphinx_gallery.gen_gallery",
+]
+
+autosummary_generate = True
+autodoc_typehints = "description"
+autodoc_member_order = "bysource"
+autodoc_default_options = {"members": True, "show-inheritance": False}
+napoleon_google_docstring = True
+napoleon_custom_sections = [("Keyword Args", "params_style")]
+nitpicky = False
+
+sphinx_gallery_conf = {
+    "examples_dirs": "../tutorials",
+    "gallery_dirs": "auto_examples",
+    "filename_pattern": r"trl_interop\.py",
+    "download_all_examples": False,
+    "remove_config_comments": True,
+    "matplotlib_animations": False,
+    "within_subsection_order": "FileNameSortKey",
+}
+
+templates_path = ["_templates"]
+exclude_patterns = ["_build", "Thumbs.db", ".DS_Store", "sg_execution_times.rst"]
+html_theme = "alabaster"
+html_static_path = ["_static"]
+html_theme_options = {"description": "Mix TorchRL and Hugging Face TRL piece by piece."}
+suppress_warnings = ["config.cache"]

@@ -1,0 +1,266 @@
+"""Tests for torchrl_trl_interop.conversation: History <-> TRL messages, both directions."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from tensordict import TensorDict, lazy_stack, list_to_stack, set_list_to_stack
+from tensordict import _utils_options as td_options
+from torchrl.data.llm import History
+
+from torchrl_trl_interop.conversation import (
+    history_to_messages,
+    is_conversational,
+    is_message_list,
+    messages_to_history,
+    rows_to_tensordict,
+    split_prompt_completion,
+)
+from torchrl_trl_interop.testing import toy_chats
+
+
+def _msg(role: str, content: str) -> dict[str, str]:
+    return {"role": role, "content": content}
+
+
+CHAT = [_msg("system", "Be brief."), _msg("user", "2+2?"), _msg("assistant", "4")]
+
+
+class TestHistoryToMessages:
+    def test_one_conversation(self):
+        history = messages_to_history(CHAT)
+        assert history.batch_size == torch.Size([3])
+        assert history_to_messages(history) == CHAT
+
+    def test_ragged_batch(self):
+        chats = toy_chats(5)
+        assert len({len(c) for c in chats}) > 1  # ragged turn counts
+        with set_list_to_stack(True):
+            history = History.from_chats(chats)
+        assert history_to_messages(history) == chats
+
+    def test_group_batch(self):
+        chats = toy_chats(6)
+        nested = [chats[:3], chats[3:]]
+        history = messages_to_history(nested)
+        assert history.batch_size[:2] == torch.Size([2, 3])
+        assert history_to_messages(history) == nested
+
+    def test_keep_system(self):
+        history = messages_to_history([CHAT, CHAT[1:]])
+        assert history_to_messages(history, keep_system=False) == [CHAT[1:], CHAT[1:]]
+
+    def test_not_a_history(self):
+        with pytest.raises(TypeError, match="expects a torchrl.data.llm.History, got list"):
+            history_to_messages(CHAT)
+
+    def test_no_turn_dimension(self):
+        with pytest.raises(ValueError, match=r"batch_size=\[\] \(a single message"):
+            history_to_messages(messages_to_history(CHAT)[0])
+
+
+class TestMessagesToHistory:
+    @pytest.mark.parametrize(
+        "messages",
+        [
+            CHAT,  # [T]
+            toy_chats(4),  # [B, T] ragged
+            [toy_chats(4)[:2], toy_chats(4)[2:]],  # [E, G, T] ragged
+            [[CHAT, CHAT[:1]], [CHAT[:2], CHAT]],  # [E, G, T] ragged
+        ],
+        ids=["T", "B,T", "E,G,T", "E,G,T-2"],
+    )
+    def test_round_trip_messages(self, messages):
+        assert history_to_messages(messages_to_history(messages)) == messages
+
+    @pytest.mark.parametrize("shape", ["T", "B,T", "E,G,T"])
+    def test_round_trip_history(self, shape):
+        chats = toy_chats(4)
+        with set_list_to_stack(True):
+            if shape == "T":
+                history = History.from_chats([chats[2]])[0]
+            elif shape == "B,T":
+                history = History.from_chats(chats)
+            else:
+                history = lazy_stack([History.from_chats(chats[:2]), History.from_chats(chats[2:])])
+        back = messages_to_history(history_to_messages(history))
+        assert back.batch_size[:-1] == history.batch_size[:-1]
+        assert history_to_messages(back) == history_to_messages(history)
+        assert back.role == history.role
+        assert back.content == history.content
+
+    def test_input_not_mutated(self):
+        chats = toy_chats(3)
+        snapshot = [[dict(m) for m in c] for c in chats]
+        messages_to_history(chats)
+        assert chats == snapshot
+
+    def test_message_not_a_dict(self):
+        with pytest.raises(TypeError, match=r"messages\[1\] should be a dict"):
+            messages_to_history([_msg("user", "Hi"), "oops"])
+
+    def test_conversation_not_a_list(self):
+        with pytest.raises(TypeError, match="messages should be a list of"):
+            messages_to_history("Hello")
+
+    @pytest.mark.parametrize(
+        "bad, field",
+        [(_msg("user", None), "content"), ({"content": "Hi"}, "role"), (_msg(3, "x"), "role")],
+    )
+    def test_non_str_field(self, bad, field):
+        with pytest.raises(ValueError, match=f"needs a str '{field}'"):
+            messages_to_history([bad])
+
+    def test_multimodal_content(self):
+        bad = {"role": "user", "content": [{"type": "text", "text": "Hi"}]}
+        with pytest.raises(ValueError, match="rendered to text first"):
+            messages_to_history([bad])
+
+    def test_empty_conversation(self):
+        with pytest.raises(ValueError, match="empty conversation"):
+            messages_to_history([])
+        with pytest.raises(ValueError, match=r"messages\[1\] is an empty conversation"):
+            messages_to_history([CHAT, []])
+
+
+class TestGlobalModeUnchanged:
+    """Conversions scope tensordict's list-to-stack mode; the process-wide setting stays."""
+
+    @staticmethod
+    def _convert_everything():
+        history = messages_to_history(toy_chats(3))
+        assert history_to_messages(history) == toy_chats(3)
+        td = rows_to_tensordict([{"prompt": CHAT, "x": 1}, {"prompt": CHAT[:1], "x": 2}])
+        with set_list_to_stack(True):  # torchrl's History needs it to be read back
+            assert history_to_messages(td.get("prompt")) == [CHAT, CHAT[:1]]
+
+    def test_unset(self, monkeypatch):
+        monkeypatch.setattr(td_options, "_LIST_TO_STACK", None)
+        monkeypatch.delenv("LIST_TO_STACK", raising=False)
+        self._convert_everything()
+        assert list_to_stack(allow_none=True) is None
+        assert td_options._LIST_TO_STACK is None
+
+    @pytest.mark.parametrize("mode", [True, False])
+    def test_set_by_the_user(self, mode):
+        with set_list_to_stack(mode):
+            self._convert_everything()
+            assert list_to_stack() is mode
+            assert td_options._LIST_TO_STACK is mode
+
+
+class TestPredicates:
+    def test_is_message_list(self):
+        assert is_message_list(CHAT)
+        assert not is_message_list([])
+        assert not is_message_list("Hi")
+        assert not is_message_list([{"role": "user"}])
+
+    def test_is_conversational(self):
+        assert is_conversational({"messages": CHAT})
+        assert is_conversational({"prompt": CHAT[:2], "completion": CHAT[2:]})
+        assert not is_conversational({"prompt": "Hi", "chosen": "a", "rejected": "b"})
+        assert not is_conversational({"other": CHAT})
+
+
+class TestSplitPromptCompletion:
+    def test_single_turn(self):
+        assert split_prompt_completion(CHAT) == (CHAT[:2], CHAT[2:])
+
+    def test_trailing_run_of_completion_roles(self):
+        chat = CHAT + [_msg("tool", "42"), _msg("assistant", "It is 4.")]
+        assert split_prompt_completion(chat) == (chat[:4], chat[4:])
+        prompt, completion = split_prompt_completion(chat, completion_roles=("assistant", "tool"))
+        assert (prompt, completion) == (chat[:2], chat[2:])
+
+    def test_copies(self):
+        prompt, completion = split_prompt_completion(CHAT)
+        completion[0]["content"] = "changed"
+        assert CHAT[2]["content"] == "4"
+
+    def test_empty_prompt(self):
+        assert split_prompt_completion([_msg("assistant", "Hi")]) == ([], [_msg("assistant", "Hi")])
+
+    def test_no_completion(self):
+        with pytest.raises(ValueError, match="ends with a 'user' turn"):
+            split_prompt_completion(CHAT[:2])
+
+    def test_not_a_conversation(self):
+        with pytest.raises(TypeError, match="expects one conversation"):
+            split_prompt_completion("Hi")
+
+
+class TestRowsToTensordict:
+    def test_column_kinds(self):
+        rows = [
+            {"prompt": CHAT, "text": "a", "n": 1, "x": 0.1, "b": True, "ids": [1, 2, 3], "o": None},
+            {
+                "prompt": CHAT[:1],
+                "text": "",
+                "n": 2,
+                "x": 2.5,
+                "b": False,
+                "ids": [],
+                "o": [1, "a"],
+            },
+        ]
+        td = rows_to_tensordict(rows, rename={"prompt": ("history", "prompt")})
+        assert td.batch_size == torch.Size([2])
+        assert history_to_messages(td.get(("history", "prompt"))) == [CHAT, CHAT[:1]]
+        assert td.get("text").tolist() == ["a", ""]
+        assert td.get("n").dtype == torch.int64 and td.get("n").tolist() == [1, 2]
+        assert td.get("x").dtype == torch.float64 and td.get("x").tolist() == [0.1, 2.5]
+        assert td.get("b").dtype == torch.bool
+        assert td.get("ids", as_list=True)[0].tolist() == [1, 2, 3]
+        assert td.get("ids", as_list=True)[1].dtype == torch.int64
+        assert td.get("o").tolist() == [None, [1, "a"]]
+
+    def test_empty(self):
+        with pytest.raises(ValueError, match="non-empty list of TRL rows"):
+            rows_to_tensordict([])
+
+    def test_row_not_a_dict(self):
+        with pytest.raises(TypeError, match="row 1 is a str"):
+            rows_to_tensordict([{"a": 1}, "b"])
+
+    def test_different_columns(self):
+        with pytest.raises(KeyError, match="row 1 has columns"):
+            rows_to_tensordict([{"a": 1}, {"b": 1}])
+
+    def test_rename_unknown(self):
+        with pytest.raises(KeyError, match=r"rename= names columns \['z'\]"):
+            rows_to_tensordict([{"a": 1}], rename={"z": "y"})
+
+    def test_mixed_conversation_column(self):
+        with pytest.raises(ValueError, match="column 'prompt' holds conversations"):
+            rows_to_tensordict([{"prompt": CHAT}, {"prompt": "Hi"}])
+
+    def test_result_is_a_tensordict(self):
+        td = rows_to_tensordict([{"a": 1}])
+        assert isinstance(td[0], TensorDict)
+
+
+# -- property test ---------------------------------------------------------------------------
+
+_text = st.text(
+    alphabet=st.characters(blacklist_categories=("Cs",)),  # any unicode but lone surrogates
+    max_size=12,
+)
+_message = st.builds(
+    _msg, st.sampled_from(["system", "user", "assistant", "tool", "rôle-✓"]) | _text, _text
+)
+_chat = st.lists(_message, min_size=1, max_size=5)
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(chats=st.lists(_chat, min_size=1, max_size=4), groups=st.integers(1, 2))
+def test_round_trip_property(chats, groups):
+    assert history_to_messages(messages_to_history(chats[0])) == chats[0]
+    assert history_to_messages(messages_to_history(chats)) == chats
+    nested = [chats] * groups
+    history = messages_to_history(nested)
+    assert history_to_messages(history) == nested
+    again = messages_to_history(history_to_messages(history))
+    assert history_to_messages(again) == nested

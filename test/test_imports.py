@@ -1,0 +1,97 @@
+"""The package imports without transformers/trl/datasets, and says which extra to install."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import torchrl_trl_interop
+
+HEAVY = ("transformers", "trl", "datasets")
+
+
+def run(code: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=300
+    )
+
+
+def test_every_public_name_is_lazy_and_light():
+    result = run(
+        f"""
+        import sys
+        import torchrl_trl_interop as pkg
+        assert not any(m in sys.modules for m in {HEAVY!r}), "heavy import at package import"
+        for name in pkg.__all__:
+            getattr(pkg, name)
+        loaded = [m for m in {HEAVY!r} if m in sys.modules]
+        assert not loaded, f"touching the public names imported {{loaded}}"
+        print("ok")
+        """
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip().splitlines()[-1] == "ok"
+
+
+def test_features_import_hf_only_when_used():
+    result = run(
+        """
+        import sys, torch
+        from tensordict import TensorDict
+        from torchrl.data import LazyTensorStorage, ReplayBuffer
+        from torchrl_trl_interop import TorchRLBufferDataset
+        rb = ReplayBuffer(storage=LazyTensorStorage(4))
+        rb.extend(TensorDict({"x": torch.arange(4)}, batch_size=[4]))
+        ds = TorchRLBufferDataset(rb, 2)
+        list(ds)
+        assert "datasets" not in sys.modules
+        ds.to_hf_dataset()
+        assert "datasets" in sys.modules
+        print("ok")
+        """
+    )
+    assert result.returncode == 0, result.stderr
+
+
+def test_import_with_optional_packages_blocked():
+    result = run(
+        f"""
+        import sys
+        for name in {HEAVY!r}:
+            sys.modules[name] = None  # makes `import name` raise ImportError
+        import importlib.util
+        real_find_spec = importlib.util.find_spec
+        importlib.util.find_spec = lambda n, *a: None if n.split(".")[0] in {HEAVY!r} else real_find_spec(n, *a)
+        import torch
+        from tensordict import TensorDict
+        from torchrl.data import LazyTensorStorage, ReplayBuffer
+        import torchrl_trl_interop as pkg
+        for name in pkg.__all__:
+            getattr(pkg, name)
+        rb = ReplayBuffer(storage=LazyTensorStorage(4))
+        rb.extend(TensorDict({{"x": torch.arange(4)}}, batch_size=[4]))
+        ds = pkg.TorchRLBufferDataset(rb, 2)
+        assert len(list(ds)) == 2
+        try:
+            ds.to_hf_dataset()
+        except ImportError as err:
+            assert "pip install torchrl-trl-interop[hf]" in str(err), err
+            print("ok")
+        """
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip().splitlines()[-1] == "ok"
+
+
+def test_dir_and_all():
+    assert set(torchrl_trl_interop.__all__) <= set(dir(torchrl_trl_interop))
+    assert "TorchRLBufferDataset" in torchrl_trl_interop.__all__
+    assert "HFRewardModelWrapper" in torchrl_trl_interop.__all__
+
+
+def test_unknown_name():
+    import pytest
+
+    with pytest.raises(AttributeError, match="no attribute 'Nope'"):
+        torchrl_trl_interop.Nope  # noqa: B018

@@ -1,0 +1,20 @@
+"""The README's quickstart runs as written."""
+
+from __future__ import annotations
+
+import pathlib
+import re
+
+README = pathlib.Path(__file__).resolve().parents[1] / "README.md"
+
+
+def test_quickstart_runs(capsys):
+    text = README.read_text()
+    blocks = re.findall(r"```python\n(.*?)```", text, flags=re.S)
+    assert blocks, "no python block in the README"
+    namespace: dict = {}
+    exec(compile(blocks[0], str(README), "exec"), namespace)
+    out = capsys.readouterr().out
+    assert "'prompt': '" in out and "'input_ids': tensor([" in out
+    reward = namespace["rm"](namespace["rb"][namespace["torch"].arange(2)])["reward"]
+    assert reward.shape == (2,) and reward.dtype == namespace["torch"].float32

@@ -1,0 +1,55 @@
+"""torchrl-trl-interop: mix TorchRL and Hugging Face TRL piece by piece.
+
+* TorchRL -> TRL: :class:`TorchRLBufferDataset` exposes a torchrl ``ReplayBuffer`` as a torch
+  ``IterableDataset`` of flat dicts and as Hugging Face ``datasets`` objects.
+* TRL -> TorchRL: :class:`HFRewardModelWrapper` scores TensorDicts with any HF reward model.
+
+Every public name is imported lazily, so ``import torchrl_trl_interop`` never imports
+``transformers``, ``trl`` or ``datasets``; a feature that needs one imports it when used.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+__version__ = "0.1.0"
+
+# public name -> submodule defining it
+_EXPORTS: dict[str, str] = {
+    # TorchRL -> TRL
+    "TorchRLBufferDataset": "replay_dataset",
+    "PaddingCollator": "collate",
+    "CommittedWriter": "online",
+    # TRL -> TorchRL
+    "HFRewardModelWrapper": "reward_model",
+    "RewardOutputError": "reward_model",
+    "RewardShapeError": "reward_model",
+    "replay_buffer_from_hf": "buffer_from_hf",
+    "build_preference_pairs": "preferences",
+    # reward functions, both ways
+    "as_trl_reward_func": "rewards",
+    "TRLRewardFuncWrapper": "rewards",
+    # conversations
+    "split_prompt_completion": "conversation",
+    "rows_to_tensordict": "conversation",
+    "history_to_messages": "conversation",
+    "messages_to_history": "conversation",
+    "is_conversational": "conversation",
+    "is_message_list": "conversation",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module_name = _EXPORTS.get(name)
+    if module_name is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{module_name}"), name)
+    globals()[name] = value  # cache: later lookups skip __getattr__
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

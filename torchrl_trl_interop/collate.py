@@ -1,0 +1,220 @@
+"""A vectorized ``collate_fn``: pads a list of rows to the batch's longest row with tensor ops."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch.nn.utils.rnn import pad_sequence
+
+if TYPE_CHECKING:  # pragma: no cover
+    from transformers import PreTrainedTokenizerBase
+
+__all__ = ["PaddingCollator", "pad_rows"]
+
+# Keys padded the way ``tokenizer.pad`` pads them, with the value it uses.
+_MASK_KEYS = ("attention_mask",)
+_LABEL_ALIASES = ("label", "label_ids")
+
+
+def _as_tensor(value: Any) -> torch.Tensor:
+    return value if isinstance(value, torch.Tensor) else torch.as_tensor(value)
+
+
+def pad_rows(
+    rows: Sequence[torch.Tensor],
+    padding_value: float | int | bool,
+    *,
+    padding_side: str = "right",
+    pad_to_multiple_of: int | None = None,
+) -> torch.Tensor:
+    """Pads 1-d (or ``[L, ...]``) tensors along their first dim into one ``[B, L_max, ...]`` tensor.
+
+    Args:
+        rows (sequence of Tensor): the rows, all with the same trailing shape and dtype.
+        padding_value (number): the fill value.
+
+    Keyword Args:
+        padding_side (str, optional): ``"right"`` or ``"left"``. Defaults to ``"right"``.
+        pad_to_multiple_of (int, optional): round ``L_max`` up to a multiple of this.
+
+    Examples:
+        >>> import torch
+        >>> pad_rows([torch.tensor([1, 2, 3]), torch.tensor([4])], 0, padding_side="left")
+        tensor([[1, 2, 3],
+                [0, 0, 4]])
+    """
+    if padding_side not in ("left", "right"):
+        raise ValueError(f"padding_side must be 'left' or 'right', got {padding_side!r}.")
+    out = pad_sequence(
+        list(rows), batch_first=True, padding_value=padding_value, padding_side=padding_side
+    )
+    if pad_to_multiple_of:
+        length = out.shape[1]
+        target = -(-length // pad_to_multiple_of) * pad_to_multiple_of
+        if target != length:
+            extra = out.new_full((out.shape[0], target - length, *out.shape[2:]), padding_value)
+            out = torch.cat([extra, out] if padding_side == "left" else [out, extra], dim=1)
+    return out
+
+
+class PaddingCollator:
+    """Collates rows (dicts) into a padded batch, the way ``DataCollatorWithPadding`` does, vectorized.
+
+    For rows holding ``input_ids`` (and optionally ``attention_mask``, ``token_type_ids``,
+    ``special_tokens_mask``, ``label``), the output is exactly what
+    ``transformers.DataCollatorWithPadding(tokenizer, pad_to_multiple_of=...)`` returns: ids padded
+    with the tokenizer's pad id on its padding side, an ``int64`` attention mask (made from the row
+    lengths when absent), ``label``/``label_ids`` renamed ``labels``. It pads with one
+    :func:`~torch.nn.utils.rnn.pad_sequence` per column instead of per-row Python work.
+
+    Beyond the HF collator: other ragged tensor columns (e.g. an assistant mask, log-probs) are
+    padded too (with ``pad_values[name]``, else ``0``/``False``) instead of raising; strings and
+    message lists pass through as Python lists; equal-shape tensors and numbers are stacked.
+
+    Args:
+        tokenizer (PreTrainedTokenizerBase, optional): gives the pad id and the padding side (read
+            at call time, like the HF collator). Without it, pass ``pad_token_id``.
+
+    Keyword Args:
+        pad_token_id (int, optional): overrides the tokenizer's pad id.
+        padding_side (str, optional): ``"left"`` or ``"right"``; overrides the tokenizer's.
+        pad_to_multiple_of (int, optional): round the padded length up to a multiple of this.
+        pad_values (dict, optional): padding value per extra column name.
+        return_attention_mask (bool, optional): build ``attention_mask`` from lengths when the rows
+            lack it. Defaults to ``True``.
+
+    Raises:
+        ValueError: if no pad id is known, or a column is missing from some rows.
+
+    Examples:
+        >>> import torch
+        >>> collate = PaddingCollator(pad_token_id=0)
+        >>> batch = collate([{"input_ids": torch.tensor([5, 6, 7]), "prompt": "a"},
+        ...                  {"input_ids": torch.tensor([8]), "prompt": "b"}])
+        >>> batch["input_ids"]
+        tensor([[5, 6, 7],
+                [8, 0, 0]])
+        >>> batch["attention_mask"]
+        tensor([[1, 1, 1],
+                [1, 0, 0]])
+        >>> batch["prompt"]
+        ['a', 'b']
+    """
+
+    def __init__(
+        self,
+        tokenizer: PreTrainedTokenizerBase | None = None,
+        *,
+        pad_token_id: int | None = None,
+        padding_side: str | None = None,
+        pad_to_multiple_of: int | None = None,
+        pad_values: Mapping[str, float | int | bool] | None = None,
+        return_attention_mask: bool = True,
+    ) -> None:
+        if tokenizer is None and pad_token_id is None:
+            raise ValueError(
+                "PaddingCollator needs a pad id: pass tokenizer=... (its pad_token_id is used) or "
+                "pad_token_id=..."
+            )
+        if padding_side is not None and padding_side not in ("left", "right"):
+            raise ValueError(f"padding_side must be 'left' or 'right', got {padding_side!r}.")
+        if pad_to_multiple_of is not None and (
+            not isinstance(pad_to_multiple_of, int) or pad_to_multiple_of <= 0
+        ):
+            raise ValueError(
+                f"pad_to_multiple_of must be a positive int or None, got {pad_to_multiple_of!r}."
+            )
+        self.tokenizer = tokenizer
+        self.pad_token_id = pad_token_id
+        self.padding_side = padding_side
+        self.pad_to_multiple_of = pad_to_multiple_of
+        self.pad_values = dict(pad_values or {})
+        self.return_attention_mask = return_attention_mask
+
+    def _pad_id(self) -> int:
+        pad = self.pad_token_id if self.pad_token_id is not None else self.tokenizer.pad_token_id
+        if pad is None:
+            raise ValueError(
+                "PaddingCollator: the tokenizer has no pad token (pad_token_id is None). Set "
+                "tokenizer.pad_token = tokenizer.eos_token, or pass pad_token_id=..."
+            )
+        return pad
+
+    def _side(self) -> str:
+        if self.padding_side is not None:
+            return self.padding_side
+        return getattr(self.tokenizer, "padding_side", "right") if self.tokenizer else "right"
+
+    def _pad_value(self, name: str) -> float | int | bool:
+        if name in self.pad_values:
+            return self.pad_values[name]
+        if name == "input_ids":
+            return self._pad_id()
+        if name == "token_type_ids":
+            return getattr(self.tokenizer, "pad_token_type_id", 0) if self.tokenizer else 0
+        if name == "special_tokens_mask":
+            return 1
+        return 0
+
+    def __call__(self, rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+        if not rows:
+            raise ValueError("PaddingCollator got an empty list of rows.")
+        names = list(rows[0].keys())
+        for i, row in enumerate(rows):
+            if row.keys() != rows[0].keys():
+                missing = sorted(set(names) ^ set(row.keys()))
+                raise ValueError(
+                    f"PaddingCollator: row {i} has columns {sorted(row.keys())} but row 0 has "
+                    f"{sorted(names)} (differing: {missing}). Every row needs the same columns."
+                )
+        side = self._side()
+        out: dict[str, Any] = {}
+        lengths = None
+        for name in names:
+            values = [row[name] for row in rows]
+            first = values[0]
+            out_name = "labels" if name in _LABEL_ALIASES else name
+            if isinstance(first, str) or (
+                isinstance(first, list) and first and isinstance(first[0], dict)
+            ):
+                out[out_name] = list(values)
+                continue
+            tensors = [_as_tensor(v) for v in values]
+            if name in ("input_ids", "attention_mask", "token_type_ids", "special_tokens_mask") or (
+                tensors[0].ndim >= 1 and any(t.shape != tensors[0].shape for t in tensors)
+            ):
+                padded = pad_rows(
+                    tensors,
+                    self._pad_value(name),
+                    padding_side=side,
+                    pad_to_multiple_of=self.pad_to_multiple_of,
+                )
+                if name in ("input_ids", "attention_mask", "token_type_ids", "special_tokens_mask"):
+                    padded = padded.long()
+                if name == "input_ids":
+                    lengths = torch.tensor([t.shape[0] for t in tensors])
+                out[out_name] = padded
+            else:
+                out[out_name] = torch.stack(tensors)
+        if (
+            self.return_attention_mask
+            and "input_ids" in out
+            and "attention_mask" not in out
+            and lengths is not None
+        ):
+            width = out["input_ids"].shape[1]
+            positions = torch.arange(width)
+            if side == "right":
+                mask = positions[None, :] < lengths[:, None]
+            else:
+                mask = positions[None, :] >= (width - lengths)[:, None]
+            out["attention_mask"] = mask.long()
+        return out
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}(pad_token_id={self.pad_token_id}, padding_side={self.padding_side}, "
+            f"pad_to_multiple_of={self.pad_to_multiple_of}, pad_values={self.pad_values})"
+        )

@@ -1,0 +1,426 @@
+"""Conversions between TorchRL's :class:`~torchrl.data.llm.History` and TRL's conversational format.
+
+TRL writes a conversation as a list of ``{"role": ..., "content": ...}`` dicts (a "message list");
+TorchRL holds it as a :class:`~torchrl.data.llm.History` TensorClass whose last batch dimension is
+the turn. This module is the only place the two are converted: the dataset, the reward wrapper,
+the reward bridges and the tutorial all call these functions.
+
+Only ``role`` and ``content`` cross the boundary; they are kept exactly (no stripping, no template).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from tensordict import lazy_stack, set_list_to_stack
+
+if TYPE_CHECKING:  # pragma: no cover
+    from torchrl.data.llm import History
+
+__all__ = [
+    "history_to_messages",
+    "is_conversational",
+    "is_message_list",
+    "messages_to_history",
+]
+
+Message = dict[str, str]
+
+
+def is_message_list(value: Any) -> bool:
+    """Tells whether ``value`` is one conversation in TRL's format (a list of role/content dicts).
+
+    Examples:
+        >>> is_message_list([{"role": "user", "content": "Hi"}])
+        True
+        >>> is_message_list("Hi"), is_message_list([])
+        (False, False)
+    """
+    return (
+        isinstance(value, (list, tuple))
+        and len(value) > 0
+        and all(isinstance(m, dict) and "role" in m and "content" in m for m in value)
+    )
+
+
+def is_conversational(example: dict[str, Any]) -> bool:
+    """Tells whether a TRL row (a dict of columns) holds conversations in its standard columns.
+
+    Looks at ``prompt``, ``chosen``, ``rejected``, ``completion`` and ``messages``, as TRL does.
+
+    Examples:
+        >>> is_conversational({"prompt": [{"role": "user", "content": "Hi"}]})
+        True
+        >>> is_conversational({"prompt": "Hi", "completion": " there"})
+        False
+    """
+    for column in ("prompt", "chosen", "rejected", "completion", "messages"):
+        if column in example:
+            return is_message_list(example[column])
+    return False
+
+
+def _zip_turns(roles: Any, contents: Any, depth: int, keep_system: bool) -> list:
+    if depth == 0:
+        return [
+            {"role": r, "content": c}
+            for r, c in zip(roles, contents)
+            if keep_system or r != "system"
+        ]
+    return [_zip_turns(r, c, depth - 1, keep_system) for r, c in zip(roles, contents)]
+
+
+def history_to_messages(history: History, *, keep_system: bool = True) -> list:
+    """Converts a :class:`~torchrl.data.llm.History` into TRL message lists.
+
+    The last batch dimension of ``history`` is the turn; every leading dimension becomes one
+    level of list nesting, so a ``[T]`` History gives one message list and a ``[B, T]`` History
+    (ragged ``T`` included, as :meth:`History.from_chats` builds it) gives ``B`` message lists.
+
+    Args:
+        history (History): a History with at least one batch dimension (the turns).
+
+    Keyword Args:
+        keep_system (bool, optional): if ``False``, system turns are dropped. Defaults to ``True``.
+
+    Returns:
+        a (nested) list of ``{"role": ..., "content": ...}`` dicts. Other History fields
+        (``is_complete``, ``tool_calls``, ...) are not part of TRL's format and are not copied.
+
+    Raises:
+        TypeError: if ``history`` is not a History.
+        ValueError: if ``history`` has no batch dimension (a single message, no turn axis).
+
+    Examples:
+        >>> from tensordict import set_list_to_stack
+        >>> from torchrl.data.llm import History
+        >>> chats = [[{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello!"}],
+        ...          [{"role": "user", "content": "2+2?"}]]
+        >>> with set_list_to_stack(True):
+        ...     history = History.from_chats(chats)
+        >>> history_to_messages(history) == chats
+        True
+        >>> history_to_messages(history[0])
+        [{'role': 'user', 'content': 'Hi'}, {'role': 'assistant', 'content': 'Hello!'}]
+    """
+    from torchrl.data.llm import History
+
+    if not isinstance(history, History):
+        raise TypeError(
+            f"history_to_messages expects a torchrl.data.llm.History, got {type(history).__name__}. "
+            "Build one with History.from_chats(list_of_message_lists) or messages_to_history(...)."
+        )
+    if history.ndim == 0:
+        raise ValueError(
+            "history_to_messages got a History with batch_size=[] (a single message, no turn "
+            "dimension). Add the turn dimension first: history.unsqueeze(0)."
+        )
+    return _zip_turns(history.role, history.content, history.ndim - 1, keep_system)
+
+
+def _check_message_list(messages: Any, where: str) -> None:
+    if not isinstance(messages, (list, tuple)):
+        raise TypeError(
+            f"messages_to_history: {where} should be a list of {{'role', 'content'}} dicts, "
+            f"got {type(messages).__name__}."
+        )
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict):
+            raise TypeError(
+                f"messages_to_history: {where}[{i}] should be a dict with 'role' and 'content', "
+                f"got {type(message).__name__}: {message!r}."
+            )
+        for field in ("role", "content"):
+            if not isinstance(message.get(field), str):
+                raise ValueError(
+                    f"messages_to_history: {where}[{i}] needs a str {field!r}, got "
+                    f"{message.get(field)!r} (message: {message!r}). Multimodal or tool content "
+                    "must be rendered to text first."
+                )
+
+
+def _depth(messages: Sequence) -> int:
+    """0 for one message list, 1 for a list of message lists, etc."""
+    depth = 0
+    node: Any = messages
+    while isinstance(node, (list, tuple)) and node and isinstance(node[0], (list, tuple)):
+        depth += 1
+        node = node[0]
+    return depth
+
+
+def _build(messages: Sequence, depth: int, where: str) -> History:
+    from torchrl.data.llm import History
+
+    if depth == 0:
+        _check_message_list(messages, where)
+        if not messages:
+            raise ValueError(
+                f"messages_to_history: {where} is an empty conversation; a History needs at least "
+                "one turn."
+            )
+        return History(
+            role=[m["role"] for m in messages],
+            content=[m["content"] for m in messages],
+            batch_size=(len(messages),),
+        )
+    if not isinstance(messages, (list, tuple)) or not messages:
+        raise ValueError(
+            f"messages_to_history: {where} should be a non-empty list of conversations."
+        )
+    return lazy_stack([_build(m, depth - 1, f"{where}[{i}]") for i, m in enumerate(messages)])
+
+
+def messages_to_history(messages: Sequence) -> History:
+    """Converts TRL message lists into a :class:`~torchrl.data.llm.History`.
+
+    The inverse of :func:`history_to_messages`: one message list gives a ``[T]`` History, a list
+    of ``B`` message lists gives a ``[B, T]`` History (a lazy stack when turn counts differ), and
+    so on for deeper nesting. tensordict's list-to-stack mode is scoped inside this call; the
+    process-wide setting is left as it was.
+
+    Args:
+        messages (list): a message list, or a (nested) list of message lists.
+
+    Returns:
+        a History whose leading dimensions follow the nesting of ``messages``.
+
+    Raises:
+        TypeError: if a message is not a dict, or a conversation is not a list.
+        ValueError: if a message lacks a str ``role``/``content``, or a conversation is empty.
+
+    Examples:
+        >>> chat = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello!"}]
+        >>> history = messages_to_history(chat)
+        >>> history.batch_size
+        torch.Size([2])
+        >>> ragged = messages_to_history([chat, chat[:1]])
+        >>> ragged.batch_size
+        torch.Size([2, -1])
+        >>> history_to_messages(ragged)[1]
+        [{'role': 'user', 'content': 'Hi'}]
+    """
+    with set_list_to_stack(True):
+        return _build(messages, _depth(messages), "messages")
+
+
+# ---------------------------------------------------------------------------
+# Added for the preference and reward bridges: prompt/completion split, TRL rows -> TensorDict
+# ---------------------------------------------------------------------------
+
+
+def split_prompt_completion(
+    messages: Sequence[Message], *, completion_roles: Sequence[str] = ("assistant",)
+) -> tuple[list[Message], list[Message]]:
+    """Splits one conversation into TRL's ``prompt`` and ``completion`` message lists.
+
+    The completion is the trailing run of turns whose role is in ``completion_roles`` (by default
+    the final assistant turn(s)); the prompt is everything before it. ``prompt + completion`` is
+    the input, message for message (new lists, the dicts are copied).
+
+    Args:
+        messages (list of dict): one conversation, ``[{"role": ..., "content": ...}, ...]``.
+
+    Keyword Args:
+        completion_roles (sequence of str, optional): roles that make up the completion.
+            ``("assistant", "tool")`` keeps a whole tool-calling episode in the completion.
+            Defaults to ``("assistant",)``.
+
+    Returns:
+        a ``(prompt, completion)`` pair of message lists; ``prompt`` may be empty.
+
+    Raises:
+        TypeError: if ``messages`` is not a message list.
+        ValueError: if the conversation does not end with a ``completion_roles`` turn.
+
+    Examples:
+        >>> chat = [{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "4"}]
+        >>> split_prompt_completion(chat)
+        ([{'role': 'user', 'content': '2+2?'}], [{'role': 'assistant', 'content': '4'}])
+    """
+    if not is_message_list(messages):
+        raise TypeError(
+            "split_prompt_completion expects one conversation (a non-empty list of "
+            f"{{'role', 'content'}} dicts), got {type(messages).__name__}: {messages!r:.200}."
+        )
+    roles = set(completion_roles)
+    start = len(messages)
+    while start > 0 and messages[start - 1]["role"] in roles:
+        start -= 1
+    if start == len(messages):
+        raise ValueError(
+            f"split_prompt_completion: the conversation ends with a {messages[-1]['role']!r} turn, "
+            f"not one of completion_roles={tuple(completion_roles)}, so it holds no completion. "
+            "Score conversations after the policy answered, or widen completion_roles."
+        )
+    prompt = [dict(m) for m in messages[:start]]
+    completion = [dict(m) for m in messages[start:]]
+    return prompt, completion
+
+
+def _numeric_dtype(value: Any) -> Any:
+    """The torch dtype a row value is stored with, ``None`` if it is not a (nested) number list."""
+    import torch
+
+    if isinstance(value, bool):
+        return torch.bool
+    if isinstance(value, int):
+        return torch.int64
+    if isinstance(value, float):
+        return torch.float64  # float64: Python floats come back exactly
+    return None
+
+
+def _list_dtype(value: Any) -> tuple[Any, tuple[int, ...]] | None:
+    """``(dtype, shape)`` of a rectangular list of numbers, ``None`` for anything else."""
+    import torch
+
+    if not isinstance(value, (list, tuple)):
+        dtype = _numeric_dtype(value)
+        return None if dtype is None else (dtype, ())
+    if len(value) == 0:
+        return (None, (0,))
+    inner = [_list_dtype(v) for v in value]
+    if any(i is None for i in inner) or len({i[1] for i in inner}) != 1:
+        return None
+    dtypes = {i[0] for i in inner if i[0] is not None}
+    if dtypes == {torch.int64, torch.float64}:
+        return None  # mixed ints and floats: keep them as Python objects, loss-free
+    if len(dtypes) > 1:
+        return None
+    return (dtypes.pop() if dtypes else None, (len(value),) + inner[0][1])
+
+
+def _column_kind(name: str, values: Sequence[Any]) -> Any:
+    """``"history"``, ``"object"`` or a ``(dtype, ndim)`` tensor kind for one column."""
+    import torch
+
+    conversations = [is_message_list(v) for v in values]
+    if all(conversations):
+        return "history"
+    if any(conversations):
+        row = conversations.index(False)
+        raise ValueError(
+            f"rows_to_tensordict: column {name!r} holds conversations (message lists) in some rows "
+            f"but {values[row]!r:.100} in row {row}. A column is stored either as History or as "
+            "plain values; make it uniform first (e.g. with dataset.map or dataset.filter)."
+        )
+    kinds = [_list_dtype(v) for v in values]
+    if any(k is None for k in kinds):
+        return "object"
+    ndims = {len(k[1]) for k in kinds}
+    dtypes = {k[0] for k in kinds if k[0] is not None}
+    if len(ndims) != 1 or len(dtypes) > 1:
+        return "object"
+    dtype = dtypes.pop() if dtypes else torch.int64
+    return (dtype, ndims.pop())
+
+
+def _entry(kind: Any, value: Any) -> Any:
+    import torch
+    from tensordict import NonTensorData
+
+    if kind == "history":
+        return messages_to_history(value)
+    if kind == "object":
+        return NonTensorData(value)
+    return torch.tensor(value, dtype=kind[0])
+
+
+def _rows_to_tensordict(
+    rows: Sequence[dict[str, Any]],
+    rename: dict[str, Any] | None,
+    kinds: dict[str, Any] | None,
+) -> tuple[Any, dict[str, Any]]:
+    """:func:`rows_to_tensordict`, checking columns against ``kinds`` (from earlier chunks)."""
+    from tensordict import TensorDict, lazy_stack
+
+    if not isinstance(rows, Sequence) or isinstance(rows, (str, bytes)) or not rows:
+        raise ValueError(
+            "rows_to_tensordict expects a non-empty list of TRL rows (dicts of columns), got "
+            f"{type(rows).__name__}{' (empty)' if isinstance(rows, Sequence) else ''}."
+        )
+    for i, row in enumerate(rows):
+        if not isinstance(row, dict):
+            raise TypeError(
+                f"rows_to_tensordict: row {i} is a {type(row).__name__}, expected a dict mapping "
+                "column names to values."
+            )
+    names = list(rows[0])
+    for i, row in enumerate(rows):
+        if set(row) != set(names):
+            raise KeyError(
+                f"rows_to_tensordict: row {i} has columns {sorted(row)} but row 0 has "
+                f"{sorted(names)}; every row needs the same columns."
+            )
+    from ._utils import normalize_key
+
+    rename = {name: normalize_key(key) for name, key in (rename or {}).items()}
+    unknown = sorted(set(rename) - set(names))
+    if unknown:
+        raise KeyError(
+            f"rows_to_tensordict: rename= names columns {unknown} that the rows do not have "
+            f"(columns: {sorted(names)})."
+        )
+    new_kinds = dict(kinds or {})
+    columns: dict[str, list] = {}
+    for name in names:
+        values = [row[name] for row in rows]
+        kind = _column_kind(name, values)
+        previous = new_kinds.get(name)
+        if previous is not None and previous != kind:
+            raise ValueError(
+                f"rows_to_tensordict: column {name!r} was stored as {previous} so far but these "
+                f"rows need {kind}. Rows of one buffer must agree per column; cast or fill the "
+                "column first (e.g. dataset.cast_column or dataset.map)."
+            )
+        new_kinds[name] = kind
+        columns[name] = [_entry(kind, v) for v in values]
+    keys = [rename.get(name, name) for name in names]
+    tds = []
+    for i in range(len(rows)):
+        td = TensorDict(batch_size=[])
+        for key, name in zip(keys, names):
+            td.set(key, columns[name][i])
+        tds.append(td)
+    return lazy_stack(tds), new_kinds
+
+
+def rows_to_tensordict(
+    rows: Sequence[dict[str, Any]], *, rename: dict[str, Any] | None = None
+) -> Any:
+    """Converts TRL rows (one dict of columns per example) into a ``[N]`` lazy-stacked TensorDict.
+
+    Conversational columns (message lists) become :class:`~torchrl.data.llm.History` (one
+    ``[T_i]`` History per row, ragged across rows); numbers and rectangular number lists become
+    tensors (``bool``, ``int64``, or ``float64`` so Python floats come back exactly); everything
+    else (strings, ``None``, mixed lists, dicts) is kept as-is in ``NonTensorData``.
+
+    Args:
+        rows (list of dict): the examples, all with the same columns.
+
+    Keyword Args:
+        rename (dict, optional): maps a column name to the (nested) key it is stored under, e.g.
+            ``{"prompt": ("history", "prompt")}``. Other columns keep their name.
+
+    Returns:
+        a :class:`~tensordict.LazyStackedTensorDict` with batch size ``[len(rows)]``.
+
+    Raises:
+        ValueError: if ``rows`` is empty, or a column mixes conversations with other values.
+        TypeError: if a row is not a dict.
+        KeyError: if rows have different columns, or ``rename`` names an absent column.
+
+    Examples:
+        >>> rows = [{"prompt": [{"role": "user", "content": "Hi"}], "score": 1.5},
+        ...         {"prompt": [{"role": "user", "content": "Yo"}, {"role": "user", "content": "?"}],
+        ...          "score": -2.0}]
+        >>> td = rows_to_tensordict(rows, rename={"prompt": ("history", "prompt")})
+        >>> td.batch_size, td.get("score").tolist()
+        (torch.Size([2]), [1.5, -2.0])
+        >>> history_to_messages(td.get(("history", "prompt"))) == [r["prompt"] for r in rows]
+        True
+    """
+    with set_list_to_stack(True):
+        return _rows_to_tensordict(rows, rename, None)[0]

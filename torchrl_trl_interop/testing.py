@@ -1,0 +1,341 @@
+"""Offline toy fixtures: a byte-level BPE tokenizer with a ChatML template and tiny models.
+
+Everything here is built locally from configs, with random weights and no download, so tests,
+the tutorial and the benchmarks all run offline on CPU from the same objects.
+
+Examples:
+    >>> from torchrl_trl_interop.testing import toy_tokenizer, toy_reward_model
+    >>> tok = toy_tokenizer()
+    >>> tok.decode(tok("Hello world!")["input_ids"])
+    'Hello world!'
+    >>> model = toy_reward_model("llama", tokenizer=tok)
+    >>> model.config.num_labels
+    1
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import TYPE_CHECKING, Any
+
+from ._utils import require
+
+if TYPE_CHECKING:  # pragma: no cover
+    from transformers import PreTrainedModel, PreTrainedTokenizerFast
+
+__all__ = [
+    "CHATML_TEMPLATE",
+    "TOY_CORPUS",
+    "toy_causal_lm",
+    "toy_chats",
+    "toy_reward_model",
+    "toy_tokenizer",
+]
+
+PAD_TOKEN = "<|endoftext|>"
+IM_START = "<|im_start|>"
+IM_END = "<|im_end|>"
+
+#: ChatML, as Qwen-style tokenizers write it; ``add_generation_prompt`` opens an assistant turn.
+CHATML_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+#: The sentences the toy BPE merges are learnt from (any text still round-trips: byte-level).
+TOY_CORPUS = (
+    "The quick brown fox jumps over the lazy dog.",
+    "Hello world! How are you today?",
+    "What is two plus two? Two plus two is four.",
+    "Reinforcement learning from human feedback trains a reward model on preference pairs.",
+    "The assistant answers the user politely and briefly.",
+    "system user assistant tool",
+    "0 1 2 3 4 5 6 7 8 9 10 11 12",
+)
+
+
+@functools.lru_cache(maxsize=4)
+def _toy_tokenizer_json(vocab_size: int) -> str:
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=[PAD_TOKEN, IM_START, IM_END],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(list(TOY_CORPUS), trainer=trainer)
+    return tok.to_str()
+
+
+def toy_tokenizer(*, padding_side: str = "right", vocab_size: int = 384) -> PreTrainedTokenizerFast:
+    """Builds a byte-level BPE tokenizer with ChatML special tokens, offline.
+
+    Pad is ``<|endoftext|>`` (id 0), eos is ``<|im_end|>`` (id 2); the chat template is ChatML.
+    Any text round-trips through ``encode``/``decode`` (byte-level), which TorchRL's
+    ``TransformersWrapper(input_mode="history")`` needs to parse generations back into History.
+
+    Keyword Args:
+        padding_side (str, optional): ``"right"`` or ``"left"``. Defaults to ``"right"``.
+        vocab_size (int, optional): target vocabulary size. Defaults to ``384``.
+
+    Examples:
+        >>> tok = toy_tokenizer(padding_side="left")
+        >>> tok.pad_token, tok.eos_token, tok.pad_token_id, tok.eos_token_id
+        ('<|endoftext|>', '<|im_end|>', 0, 2)
+        >>> tok.apply_chat_template([{"role": "user", "content": "Hi"}], tokenize=False)
+        '<|im_start|>user\\nHi<|im_end|>\\n'
+    """
+    require("transformers", "toy_tokenizer")
+    from tokenizers import Tokenizer
+    from transformers import PreTrainedTokenizerFast
+
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=Tokenizer.from_str(_toy_tokenizer_json(vocab_size)),
+        pad_token=PAD_TOKEN,
+        eos_token=IM_END,
+        bos_token=None,
+        unk_token=None,
+        additional_special_tokens=[IM_START],
+        padding_side=padding_side,
+    )
+    tokenizer.chat_template = CHATML_TEMPLATE
+    return tokenizer
+
+
+_ARCHS = ("llama", "gpt2", "bert")
+
+
+def _toy_config(arch: str, vocab_size: int, pad_token_id: int | None, **overrides: Any):
+    from transformers import BertConfig, GPT2Config, LlamaConfig
+
+    if arch == "llama":
+        cfg = LlamaConfig(
+            vocab_size=vocab_size,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=1,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=1024,
+        )
+    elif arch == "gpt2":
+        cfg = GPT2Config(
+            vocab_size=vocab_size,
+            n_embd=32,
+            n_layer=1,
+            n_head=4,
+            n_positions=1024,
+            bos_token_id=None,
+            eos_token_id=2,
+        )
+    elif arch == "bert":
+        cfg = BertConfig(
+            vocab_size=vocab_size,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=1,
+            num_attention_heads=4,
+            max_position_embeddings=1024,
+        )
+    else:
+        raise ValueError(f"Unknown toy architecture {arch!r}; expected one of {_ARCHS}.")
+    cfg.pad_token_id = pad_token_id
+    cfg.bos_token_id = None
+    cfg.eos_token_id = 2  # <|im_end|>
+    for name, value in overrides.items():
+        setattr(cfg, name, value)
+    return cfg
+
+
+def toy_reward_model(
+    arch: str = "llama",
+    *,
+    tokenizer: PreTrainedTokenizerFast | None = None,
+    pad_token_id: int | None | str = "tokenizer",
+    seed: int = 0,
+    **config_overrides: Any,
+) -> PreTrainedModel:
+    """Builds a tiny ``AutoModelForSequenceClassification`` (``num_labels=1``) from a config.
+
+    Args:
+        arch (str, optional): ``"llama"`` (rotary positions), ``"gpt2"`` (absolute positions) or
+            ``"bert"`` (encoder). Defaults to ``"llama"``.
+
+    Keyword Args:
+        tokenizer (PreTrainedTokenizerFast, optional): sets the vocabulary size; defaults to
+            :func:`toy_tokenizer`.
+        pad_token_id (int, None or ``"tokenizer"``): written to ``config.pad_token_id``.
+            ``"tokenizer"`` (default) takes the tokenizer's pad id.
+        seed (int, optional): seed for the random initialisation. Defaults to ``0``.
+        **config_overrides: set on the config before the model is built.
+
+    Examples:
+        >>> import torch
+        >>> model = toy_reward_model("gpt2")
+        >>> model(input_ids=torch.tensor([[5, 6, 7]])).logits.shape
+        torch.Size([1, 1])
+    """
+    require("transformers", "toy_reward_model")
+    import torch
+    from transformers import AutoModelForSequenceClassification
+
+    tokenizer = tokenizer if tokenizer is not None else toy_tokenizer()
+    if pad_token_id == "tokenizer":
+        pad_token_id = tokenizer.pad_token_id
+    cfg = _toy_config(arch, len(tokenizer), pad_token_id, **{"num_labels": 1, **config_overrides})
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = AutoModelForSequenceClassification.from_config(cfg)
+    return model.eval()
+
+
+def toy_causal_lm(
+    arch: str = "llama",
+    *,
+    tokenizer: PreTrainedTokenizerFast | None = None,
+    seed: int = 0,
+    **config_overrides: Any,
+) -> PreTrainedModel:
+    """Builds a tiny ``AutoModelForCausalLM`` from a config (a toy policy).
+
+    Examples:
+        >>> model = toy_causal_lm()
+        >>> model.config.num_hidden_layers
+        1
+    """
+    require("transformers", "toy_causal_lm")
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    tokenizer = tokenizer if tokenizer is not None else toy_tokenizer()
+    cfg = _toy_config(arch, len(tokenizer), tokenizer.pad_token_id, **config_overrides)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = AutoModelForCausalLM.from_config(cfg)
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    return model.eval()
+
+
+def toy_chats(n: int = 4, *, seed: int = 0) -> list[list[dict[str, str]]]:
+    """Returns ``n`` small conversations in TRL's conversational format, with ragged turn counts.
+
+    Examples:
+        >>> chats = toy_chats(3)
+        >>> [len(c) for c in chats]
+        [2, 3, 4]
+        >>> chats[0][0]["role"]
+        'system'
+    """
+    import random
+
+    rng = random.Random(seed)
+    words = " ".join(TOY_CORPUS).split()
+    chats = []
+    for i in range(n):
+        chat = [{"role": "system", "content": "You are a helpful assistant."}]
+        roles = ["user", "assistant"]
+        for t in range(1 + i % 3):
+            text = " ".join(rng.choice(words) for _ in range(rng.randint(1, 6)))
+            chat.append({"role": roles[t % 2], "content": text})
+        chats.append(chat)
+    return chats
+
+
+def toy_prompts(n: int = 8) -> list[str]:
+    """``n`` short user questions for toy rollouts.
+
+    Examples:
+        >>> toy_prompts(2)
+        ['What is 0 plus 0?', 'What is 1 plus 2?']
+    """
+    return [f"What is {i} plus {2 * i}?" for i in range(n)]
+
+
+def toy_collected_buffer(
+    tokenizer: PreTrainedTokenizerFast | None = None,
+    *,
+    policy_model: PreTrainedModel | None = None,
+    prompts: list[str] | None = None,
+    repeats: int = 2,
+    env_batch_size: int = 2,
+    total_dialog_turns: int = 8,
+    max_new_tokens: int = 6,
+    storage_size: int = 1000,
+    seed: int = 0,
+):
+    """Runs TorchRL's real LLM pipeline offline and returns the filled replay buffer.
+
+    Each rollout is one turn (system, user, assistant): a ``StepCounter(max_steps=1)`` ends the
+    episode so the next reset serves the next prompt. A toy causal LM wrapped by ``TransformersWrapper(input_mode="history", pad_output=False)``
+    answers prompts served by a ``ChatEnv`` (with a ``DataLoadingPrimer``); an ``LLMCollector``
+    writes the rollouts into a ``ReplayBuffer(LazyStackStorage)``: ragged ``("tokens", "full")``,
+    ``("masks", "all_attention_mask")`` and ``("history", "full")`` rows, exactly as a real run.
+
+    Keyword Args:
+        tokenizer: a left-padding tokenizer; defaults to ``toy_tokenizer(padding_side="left")``.
+        policy_model: defaults to :func:`toy_causal_lm`.
+        prompts (list of str): defaults to :func:`toy_prompts`.
+        repeats (int): completions per prompt (``DataLoadingPrimer(repeats=...)``).
+        env_batch_size (int): rollouts per environment step.
+        total_dialog_turns (int): rows collected in total.
+        max_new_tokens (int): generation length.
+        storage_size (int): ``LazyStackStorage`` capacity.
+        seed (int): seeds sampling.
+    """
+    require("transformers", "toy_collected_buffer")
+    import torch
+    from torchrl.collectors.llm import LLMCollector
+    from torchrl.data import LazyStackStorage, ReplayBuffer
+    from torchrl.envs import StepCounter
+    from torchrl.envs.llm import ChatEnv
+    from torchrl.envs.llm.transforms.dataloading import DataLoadingPrimer
+    from torchrl.modules.llm import TransformersWrapper
+
+    tokenizer = tokenizer if tokenizer is not None else toy_tokenizer(padding_side="left")
+    model = policy_model if policy_model is not None else toy_causal_lm(tokenizer=tokenizer)
+    prompts = prompts if prompts is not None else toy_prompts()
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        dataloader = torch.utils.data.DataLoader(
+            [{"query": p} for p in prompts],
+            batch_size=env_batch_size,
+            shuffle=False,
+            collate_fn=lambda rows: {"query": [r["query"] for r in rows]},
+        )
+        primer = DataLoadingPrimer(
+            dataloader=dataloader, repeats=repeats, batch_size=(env_batch_size,)
+        )
+        env = ChatEnv(
+            batch_size=(env_batch_size,),
+            tokenizer=tokenizer,
+            input_mode="history",
+            system_prompt="You are a helpful assistant.",
+        )
+        env = env.append_transform(primer).append_transform(StepCounter(max_steps=1))
+        policy = TransformersWrapper(
+            model,
+            tokenizer=tokenizer,
+            input_mode="history",
+            generate=True,
+            generate_kwargs={"max_new_tokens": max_new_tokens, "do_sample": True},
+            pad_output=False,
+        )
+        rb = ReplayBuffer(storage=LazyStackStorage(storage_size))
+        collector = LLMCollector(
+            env,
+            policy=policy,
+            dialog_turns_per_batch=env_batch_size,
+            total_dialog_turns=total_dialog_turns,
+            replay_buffer=rb,
+        )
+        for _ in collector:
+            pass
+        collector.shutdown()
+    return rb
