@@ -12,17 +12,23 @@ One run prints one markdown table (paste it into the README): rows/s, ratio to r
 
 and, per scenario: raw ``rb.sample(256)``, upstream, ours, HF ``datasets.Dataset`` row
 iteration, then each through ``DataLoader(batch_size=32)`` with ``DataCollatorWithPadding``, and
-ours with :class:`~torchrl_trl_interop.PaddingCollator`. It also times ``as_hf_dataset()``
-construction (ours vs upstream, ``ListStorage`` and ``LazyTensorStorage``) and samples the
-process RSS while ours streams 20,000 rows.
+ours with :class:`~torchrl_trl_interop.PaddingCollator`. On dense storage a bare column-wise
+``unbind`` split (sample, one ``unbind`` per column, zip into dicts) is timed too: the floor of
+any dataset that yields one dict of tensors per row. It also times ``as_hf_dataset()``
+construction (ours vs upstream on ``ListStorage`` and ``LazyTensorStorage``, with and without
+strings) and samples the process RSS while ours streams 20,000 rows.
 
 Fairness rules, the same for every contender:
 
 * every contender hands over the same number of rows (``256 * (rows // 256)``), and the loop
   touches every value it is handed with :func:`touch` (no credit for laziness);
 * one torch thread (on a 2-core shared machine a busy second core stalls 2-thread gathers);
-* contenders are interleaved within each repetition and the median of ``--repeats`` is kept, so
-  load from other processes hits all alike; building the buffers and HF datasets is not timed.
+* contenders are interleaved within each repetition (in rotated order) and ratios are the
+  median over ``--repeats`` of per-repetition ratios of *process CPU time*, which moves by a
+  few percent under load from other processes where wall time moves by tens of percent;
+  wall-clock rows/s are printed alongside;
+* building the buffers and HF datasets is not timed; each scenario's data lives only while it
+  runs, so no contender pays garbage-collector passes over another scenario's objects.
 
 Run with ``python benchmarks/bench_dataset.py`` (``--quick`` for a 2k-row smoke run).
 """
@@ -72,23 +78,27 @@ TOUCH_MODE = "element"
 def touch(value: Any) -> None:
     """Reads ``value`` so that nothing handed over can stay lazy.
 
-    The same function runs on every value of every contender: a tensor has one element read
-    into Python (``--touch element``, the default: the figure measures the dataset, not the
-    consumer) or is summed (``--touch sum``: every element is read, which adds ~1-2 us per
-    tensor per row to every per-row contender alike); a string has its length taken; a list
-    (HF rows) has its length taken and its last item touched; a dict has every value touched.
+    The same function runs on every value of every contender. A tensor has one element read
+    into Python (``--touch element``, the default: the last element, through a NumPy view,
+    the cheapest element read there is, ~0.6 us, so the figures measure the datasets rather
+    than the consumer) or is summed (``--touch sum``: every element read, ~1.3-2 us per tensor,
+    which adds the same absolute cost to every per-row contender); a string has its length
+    taken; a list (HF rows) has its length taken and its last item touched; a dict has every
+    value touched.
     """
     if isinstance(value, torch.Tensor):
         if TOUCH_MODE == "sum":
             value.sum().item()
-        elif value.ndim == 0:
+        elif value.ndim:
+            array = value.numpy()
+            if array.size:
+                array.item(-1)
+        else:
             value.item()
-        elif value.numel():
-            value.reshape(-1)[-1].item()
     elif isinstance(value, str):
         len(value)
     elif isinstance(value, list):
-        if len(value):
+        if value:
             touch(value[-1])
     elif isinstance(value, dict):
         for v in value.values():
@@ -115,14 +125,14 @@ def touch_batches(batches: Iterable[Row]) -> int:
     return n
 
 
-def touch_sampled(batch: TensorDictBase) -> int:
-    """Touches every column of a raw ``rb.sample`` batch; returns its number of rows.
+def touch_sampled(batch: TensorDictBase, keys: list) -> int:
+    """Touches every column (``keys``) of a raw ``rb.sample`` batch; returns its number of rows.
 
     Dense tensors are touched once per column (they are one value); strings once per row;
     a ragged lazy-stacked column is read with ``as_list=True`` and each row touched.
     """
     ragged = isinstance(batch, LazyStackedTensorDict)
-    for key in batch.keys(True, True):
+    for key in keys:
         if key == PROMPT:
             for s in batch.get(key).tolist():
                 touch(s)
@@ -215,57 +225,106 @@ class RenamedRows(IterableDataset):
 # Timing
 # ---------------------------------------------------------------------------
 
+RAW = "raw `rb.sample(256)`"
+UNBIND = "column-wise `unbind` split (reference)"
+UPSTREAM = "upstream"
+OURS = "ours"
+HF_ROWS = "HF `datasets.Dataset` rows"
+UPSTREAM_DCWP = "upstream + `DataCollatorWithPadding`"
+OURS_DCWP = "ours + `DataCollatorWithPadding`"
+HF_DCWP = "HF `datasets` + `DataCollatorWithPadding`"
+OURS_PC = "ours + `PaddingCollator`"
+COLLATED = (UPSTREAM_DCWP, OURS_DCWP, HF_DCWP, OURS_PC)
 
-class Crashed(Exception):
-    pass
+
+class Timing:
+    """Per-repetition CPU and wall seconds of one contender, or the exception it raised.
+
+    Ratios use process CPU time: on a shared 2-core machine the process is descheduled for a
+    third of the wall time or more, which moves wall-clock medians by tens of percent, while
+    its CPU time moves by a few percent (everything here runs on one thread, so CPU time is
+    the wall time an idle machine would show).
+    """
+
+    def __init__(self) -> None:
+        self.cpu: list[float] = []
+        self.wall: list[float] = []
+        self.crash: str | None = None
+
+    def rate(self, rows: int, wall: bool = False) -> float:
+        return rows / statistics.median(self.wall if wall else self.cpu)
+
+    def ratio(self, ref: Timing) -> float | None:
+        """Median over repetitions of ``ref time / own time`` (paired: same repetition)."""
+        if self.crash or ref.crash:
+            return None
+        return statistics.median(r / t for r, t in zip(ref.cpu, self.cpu))
 
 
 def time_interleaved(
     fns: dict[str, Callable[[int], int]], rows: int, warmup_rows: int, repeats: int
-) -> dict[str, float | str]:
-    """Median seconds per contender for ``rows`` rows, or ``"crashes (ExcType)"``."""
-    times: dict[str, list[float]] = {name: [] for name in fns}
-    result: dict[str, float | str] = {}
+) -> dict[str, Timing]:
+    """Times each contender on ``rows`` rows, ``repeats`` times, interleaved and rotated."""
+    timings = {name: Timing() for name in fns}
     for name, fn in fns.items():  # warm-up (and crash detection) on a few batches
         try:
             fn(warmup_rows)
         except Exception as err:  # noqa: BLE001 - reported in the table, not hidden
-            result[name] = f"crashes ({type(err).__name__})"
-    live = {name: fn for name, fn in fns.items() if name not in result}
-    for _ in range(repeats):
-        for name, fn in live.items():
+            timings[name].crash = f"crashes ({type(err).__name__})"
+    live = [name for name in fns if timings[name].crash is None]
+    for rep in range(repeats):
+        shift = rep % len(live)
+        for name in live[shift:] + live[:shift]:  # rotate, so no contender always runs first
             gc.collect()
-            start = time.perf_counter()
-            done = fn(rows)
-            times[name].append(time.perf_counter() - start)
+            wall, cpu = time.perf_counter(), time.process_time()
+            done = fns[name](rows)
+            timings[name].cpu.append(time.process_time() - cpu)
+            timings[name].wall.append(time.perf_counter() - wall)
             if done != rows:
                 raise AssertionError(f"{name} handed {done} rows, expected {rows}")
-    for name in live:
-        result[name] = statistics.median(times[name])
-    return {name: result[name] for name in fns}
+    return timings
 
 
 def run_scenario(
-    title: str,
     rb: ReplayBuffer,
     hf,
     tokenizer,
     rows: int,
-    args: argparse.Namespace,
+    repeats: int,
     *,
     collate: bool,
-) -> list[tuple[str, str, float | str, str]]:
-    """Times every contender on one buffer; returns table rows (scenario, name, value, group)."""
+) -> dict[str, Timing]:
+    """Times every contender on one buffer."""
     from torchrl.modules.llm import TorchRLBufferDataset as UpstreamDataset
     from transformers import DataCollatorWithPadding
 
-    dcwp = DataCollatorWithPadding(tokenizer)
-    padding = PaddingCollator(tokenizer)
     keys = list(NAMES)
     up_names = {".".join(k): v for k, v in NAMES.items()}
+    dense = not isinstance(rb.storage, LazyStackStorage)
 
     def raw(n: int) -> int:
-        return sum(touch_sampled(rb.sample(SAMPLE_BATCH)) for _ in range(n // SAMPLE_BATCH))
+        done, keys = 0, None
+        for _ in range(n // SAMPLE_BATCH):
+            batch = rb.sample(SAMPLE_BATCH)
+            if keys is None:  # listed once, as the datasets do
+                keys = list(batch.keys(True, True))
+            done += touch_sampled(batch, keys)
+        return done
+
+    def unbind_split(n: int) -> int:
+        # The least any per-row dataset can do on dense storage: one unbind (or tolist, for
+        # strings) per column per batch, zipped into dicts. Crashes on ragged lazy stacks.
+        done, keys, names = 0, None, None
+        for _ in range(n // SAMPLE_BATCH):
+            batch = rb.sample(SAMPLE_BATCH)
+            if keys is None:
+                keys = list(batch.keys(True, True))
+                names = [k if isinstance(k, str) else ".".join(k) for k in keys]
+            columns = [
+                batch.get(k).tolist() if k == PROMPT else batch.get(k).unbind(0) for k in keys
+            ]
+            done += touch_rows(dict(zip(names, values)) for values in zip(*columns))
+        return done
 
     def upstream(n: int) -> int:
         return touch_rows(UpstreamDataset(rb, SAMPLE_BATCH, num_batches=n // SAMPLE_BATCH))
@@ -276,13 +335,13 @@ def run_scenario(
     def hf_rows(n: int) -> int:
         return touch_rows(itertools.islice(hf, n))
 
-    fns: dict[str, Callable[[int], int]] = {
-        "raw `rb.sample(256)`": raw,
-        "upstream": upstream,
-        "ours": ours,
-        "HF `datasets.Dataset` rows": hf_rows,
-    }
+    fns: dict[str, Callable[[int], int]] = {RAW: raw}
+    if dense:
+        fns[UNBIND] = unbind_split
+    fns.update({UPSTREAM: upstream, OURS: ours, HF_ROWS: hf_rows})
     if collate:
+        dcwp = DataCollatorWithPadding(tokenizer)
+        padding = PaddingCollator(tokenizer)
         hf_collate = hf.remove_columns(PROMPT) if PROMPT in hf.column_names else hf
 
         def loader(dataset, collate_fn) -> DataLoader:
@@ -306,28 +365,21 @@ def run_scenario(
             return touch_batches(loader(RenamedRows(ds, up_names), dcwp))
 
         def hf_dcwp(n: int) -> int:
-            # map-style: the DataLoader fetches each batch with Dataset.__getitems__
+            # map-style, as Trainer reads it: the DataLoader fetches each batch of rows with
+            # Dataset.__getitems__
             return touch_batches(
                 DataLoader(hf_collate, batch_size=LOADER_BATCH, sampler=range(n), collate_fn=dcwp)
             )
 
         fns.update(
             {
-                "upstream + `DataCollatorWithPadding`": upstream_dcwp,
-                "ours + `DataCollatorWithPadding`": lambda n: touch_batches(
-                    loader(ours_ds(n), dcwp)
-                ),
-                "HF `datasets` + `DataCollatorWithPadding`": hf_dcwp,
-                "ours + `PaddingCollator`": lambda n: touch_batches(loader(ours_ds(n), padding)),
+                UPSTREAM_DCWP: upstream_dcwp,
+                OURS_DCWP: lambda n: touch_batches(loader(ours_ds(n), dcwp)),
+                HF_DCWP: hf_dcwp,
+                OURS_PC: lambda n: touch_batches(loader(ours_ds(n), padding)),
             }
         )
-    warmup = 2 * SAMPLE_BATCH
-    print(f"  timing {title} ({len(fns)} contenders x {args.repeats})...", file=sys.stderr)
-    medians = time_interleaved(fns, rows, warmup, args.repeats)
-    return [
-        (title, name, value, "collated" if "+" in name else "rows")
-        for name, value in medians.items()
-    ]
+    return time_interleaved(fns, rows, 2 * SAMPLE_BATCH, repeats)
 
 
 # ---------------------------------------------------------------------------
@@ -340,41 +392,40 @@ class _Timeout(Exception):
 
 
 def time_once(fn: Callable[[], object], cap_s: float | None = None) -> float | str:
-    """Seconds for one call, or ``"> cap s"`` when it runs past ``cap_s`` (SIGALRM)."""
+    """Process CPU seconds for one call, or ``"> cap s"`` past ``cap_s`` CPU seconds (SIGPROF)."""
 
     def on_alarm(signum, frame):
         raise _Timeout
 
-    old = signal.signal(signal.SIGALRM, on_alarm) if cap_s else None
+    old = signal.signal(signal.SIGPROF, on_alarm) if cap_s else None
     if cap_s:
-        signal.setitimer(signal.ITIMER_REAL, cap_s)
-    start = time.perf_counter()
+        signal.setitimer(signal.ITIMER_PROF, cap_s)
+    start = time.process_time()
     try:
         fn()
     except _Timeout:
         return f"> {cap_s:.0f} s (stopped)"
     finally:
         if cap_s:
-            signal.setitimer(signal.ITIMER_REAL, 0)
-            signal.signal(signal.SIGALRM, old)
-    return time.perf_counter() - start
+            signal.setitimer(signal.ITIMER_PROF, 0)
+            signal.signal(signal.SIGPROF, old)
+    return time.process_time() - start
 
 
 def time_as_hf(buffers: dict[str, ReplayBuffer], args: argparse.Namespace) -> list[str]:
     from torchrl.modules.llm import TorchRLBufferDataset as UpstreamDataset
 
     lines = [
-        "| storage | ours `as_hf_dataset()` | upstream `as_hf_dataset()` | upstream / ours |",
+        "| storage | ours `as_hf_dataset()` (CPU) | upstream `as_hf_dataset()` (CPU) | upstream / ours |",
         "|---|---:|---:|---:|",
     ]
     for name, rb in buffers.items():
-        print(f"  timing as_hf_dataset() on {name}...", file=sys.stderr)
         ours = statistics.median(
             time_once(lambda rb=rb: TorchRLBufferDataset(rb, SAMPLE_BATCH).as_hf_dataset())
             for _ in range(max(args.repeats, 3))
         )
         # upstream lets `datasets` pickle the whole buffer to fingerprint the generator:
-        # seconds to a minute, so it runs once, stopped after --hf-cap seconds.
+        # seconds to a minute, so it runs once, stopped after --hf-cap CPU seconds.
         up = time_once(lambda rb=rb: UpstreamDataset(rb, SAMPLE_BATCH).as_hf_dataset(), args.hf_cap)
         ratio = f"{up / ours:,.0f}x" if isinstance(up, float) else f"> {args.hf_cap / ours:,.0f}x"
         up_s = f"{up:.2f} s" if isinstance(up, float) else up
@@ -382,11 +433,12 @@ def time_as_hf(buffers: dict[str, ReplayBuffer], args: argparse.Namespace) -> li
     return lines
 
 
-def current_rss() -> int | None:
+def current_rss() -> int:
+    """Resident set size now, in bytes (psutil; without it, the peak so far from getrusage)."""
     try:
         import psutil
     except ImportError:  # pragma: no cover - psutil comes with accelerate
-        return None
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
     return psutil.Process(os.getpid()).memory_info().rss
 
 
@@ -424,37 +476,32 @@ def measure_rss(rb: ReplayBuffer, rows: int) -> dict[str, float]:
 # ---------------------------------------------------------------------------
 
 
-def fmt_ratio(value: float | str, ref: float | str) -> str:
-    if isinstance(value, str) or isinstance(ref, str):
-        return "-"
-    return f"{ref / value:.2f}x"
+def fmt_ratio(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}x"
 
 
-def table(results: list[tuple[str, str, float | str, str]], rows: int) -> list[str]:
+def table(scenarios: dict[str, dict[str, Timing]], rows: int) -> list[str]:
     lines = [
-        "| scenario | contender | rows/s | vs raw | vs upstream |",
-        "|---|---|---:|---:|---:|",
+        "| scenario | contender | rows/s (CPU) | rows/s (wall) | vs raw | vs upstream |",
+        "|---|---|---:|---:|---:|---:|",
     ]
-    by_key = {(s, name): value for s, name, value, _ in results}
-    for scenario, name, value, group in results:
-        raw = by_key[(scenario, "raw `rb.sample(256)`")]
-        upstream = by_key.get(
-            (
-                scenario,
-                "upstream + `DataCollatorWithPadding`" if group == "collated" else "upstream",
+    for scenario, timings in scenarios.items():
+        for name, t in timings.items():
+            upstream = timings[UPSTREAM_DCWP if name in COLLATED else UPSTREAM]
+            if t.crash:
+                speed = wall = t.crash
+            else:
+                speed, wall = f"{t.rate(rows):,.0f}", f"{t.rate(rows, wall=True):,.0f}"
+            lines.append(
+                f"| {scenario} | {name} | {speed} | {wall} | {fmt_ratio(t.ratio(timings[RAW]))} "
+                f"| {fmt_ratio(t.ratio(upstream))} |"
             )
-        )
-        speed = value if isinstance(value, str) else f"{rows / value:,.0f}"
-        lines.append(
-            f"| {scenario} | {name} | {speed} | {fmt_ratio(value, raw)} | "
-            f"{fmt_ratio(value, upstream) if upstream is not None else '-'} |"
-        )
     return lines
 
 
-def target(label: str, value: float | str, goal: float) -> str:
-    if isinstance(value, str):
-        return f"- {label}: {value}: FAIL (target >= {goal:g}x)"
+def target(label: str, value: float | None, goal: float) -> str:
+    if value is None:
+        return f"- {label}: not measured: FAIL (target >= {goal:g}x)"
     verdict = "PASS" if value >= goal else "FAIL"
     return f"- {label}: {value:.2f}x (target >= {goal:g}x): {verdict}"
 
@@ -467,7 +514,10 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="smoke run: 2,048 rows, 1 repeat")
     parser.add_argument("--touch", choices=["element", "sum"], default="element")
     parser.add_argument(
-        "--hf-cap", type=float, default=60.0, help="stop upstream as_hf_dataset() after this (s)"
+        "--hf-cap",
+        type=float,
+        default=60.0,
+        help="stop upstream as_hf_dataset() after this many CPU seconds",
     )
     args = parser.parse_args()
     if args.quick:
@@ -477,51 +527,68 @@ def main() -> None:
     rows = SAMPLE_BATCH * (args.rows // SAMPLE_BATCH)  # every contender hands over this many
     if rows == 0:
         parser.error(f"--rows must be >= {SAMPLE_BATCH}")
+    started = time.perf_counter()
+
+    def log(msg: str) -> None:
+        print(f"[{time.perf_counter() - started:5.0f} s] {msg}", file=sys.stderr, flush=True)
 
     tokenizer = toy_tokenizer()
     vocab = len(tokenizer)
-    print(f"building buffers of {args.rows:,} rows...", file=sys.stderr)
+    log(f"building padded buffers of {args.rows:,} rows")
     padded = make_padded(args.rows, 256, vocab, prompt=True)
     no_prompt = padded.exclude(PROMPT)
-    ragged = make_ragged(args.rows, 32, 512, vocab)
     rb_padded = buffer_of(LazyTensorStorage, no_prompt)
     rb_prompt = buffer_of(LazyTensorStorage, padded)
-    rb_ragged = buffer_of(LazyStackStorage, ragged)
 
     # Memory first, before the HF datasets and other buffers inflate the process.
-    print("measuring RSS while ours streams rows...", file=sys.stderr)
+    log("measuring RSS while ours streams rows")
     rss = measure_rss(rb_prompt, rows)
 
+    # Each scenario's data is built just before it runs and dropped after, so that no contender
+    # pays for garbage-collector passes over another scenario's Python objects.
+    scenarios: dict[str, dict[str, Timing]] = {}
     hf_prompt = hf_dataset_of(padded, rows, prompt=True)
-    hf_padded = hf_prompt.remove_columns(PROMPT)
-    hf_ragged = hf_dataset_of(ragged, rows, prompt=False)
-
-    results = []
-    results += run_scenario("padded", rb_padded, hf_padded, tokenizer, rows, args, collate=True)
-    results += run_scenario(
-        "padded + prompt", rb_prompt, hf_prompt, tokenizer, rows, args, collate=False
+    log(f"timing padded ({args.repeats} repeats)")
+    scenarios["padded"] = run_scenario(
+        rb_padded, hf_prompt.remove_columns(PROMPT), tokenizer, rows, args.repeats, collate=True
     )
-    results += run_scenario("ragged", rb_ragged, hf_ragged, tokenizer, rows, args, collate=True)
+    log(f"timing padded + prompt ({args.repeats} repeats)")
+    scenarios["padded + prompt"] = run_scenario(
+        rb_prompt, hf_prompt, tokenizer, rows, args.repeats, collate=False
+    )
+    del hf_prompt
+    log(f"building the ragged buffer of {args.rows:,} rows")
+    ragged = make_ragged(args.rows, 32, 512, vocab)
+    rb_ragged = buffer_of(LazyStackStorage, ragged)
+    hf_ragged = hf_dataset_of(ragged, rows, prompt=False)
+    log(f"timing ragged ({args.repeats} repeats)")
+    scenarios["ragged"] = run_scenario(
+        rb_ragged, hf_ragged, tokenizer, rows, args.repeats, collate=True
+    )
+    del ragged, rb_ragged, hf_ragged
+    gc.collect()
 
-    del hf_prompt, hf_padded, hf_ragged
-    rb_list = buffer_of(ListStorage, no_prompt)
+    log("timing as_hf_dataset()")
     as_hf = time_as_hf(
         {
-            f"ListStorage ({args.rows:,} rows)": rb_list,
+            f"ListStorage ({args.rows:,} rows)": buffer_of(ListStorage, no_prompt),
             f"LazyTensorStorage ({args.rows:,} rows)": rb_padded,
+            f"LazyTensorStorage + prompt ({args.rows:,} rows)": rb_prompt,
         },
         args,
     )
+    log("done")
 
     print()
     print(
-        f"TorchRLBufferDataset, {rows:,} rows per contender ({SAMPLE_BATCH} per rb.sample, "
-        f"DataLoader batch {LOADER_BATCH}, num_workers=0), 1 torch thread, touch={TOUCH_MODE}, "
-        f"median of {args.repeats}; torch {torch.__version__}. `vs upstream` compares with upstream "
-        "on the same scenario (collated rows: with upstream + `DataCollatorWithPadding`)."
+        f"TorchRLBufferDataset, {rows:,} rows per contender ({SAMPLE_BATCH} per `rb.sample`, "
+        f"`DataLoader(batch_size={LOADER_BATCH}, num_workers=0)`), 1 torch thread, every value "
+        f"touched ({TOUCH_MODE}), median of {args.repeats}; torch {torch.__version__}. Ratios are "
+        "paired per repetition on process CPU time; `vs upstream` compares with upstream on the "
+        "same scenario (collated rows: with upstream + `DataCollatorWithPadding`)."
     )
     print()
-    print("\n".join(table(results, rows)))
+    print("\n".join(table(scenarios, rows)))
     print()
     print("\n".join(as_hf))
     print()
@@ -529,22 +596,17 @@ def main() -> None:
         f"RSS while ours streams {rows:,} rows (padded + prompt): {rss['start']:.0f} MiB before, "
         f"{rss['early']:.0f} MiB after {rss['early_rows']:,} rows, {rss['end']:.0f} MiB after "
         f"{rows:,} rows (peak {rss['peak']:.0f} MiB, growth {rss['growth']:+.1f} MiB); "
-        f"process ru_maxrss {rss['ru_maxrss']:.0f} MiB."
+        f"process ru_maxrss at that point {rss['ru_maxrss']:.0f} MiB."
     )
     print()
-    get = {(s, name): value for s, name, value, _ in results}
-
-    def ratio(a: str, b: str, scenario: str = "padded") -> float | str:
-        va, vb = get[(scenario, a)], get[(scenario, b)]
-        return va if isinstance(va, str) else (vb / va if not isinstance(vb, str) else vb)
-
+    padded_t = scenarios["padded"]
     print("Targets (padded, LazyTensorStorage):")
-    print(target("ours vs raw `rb.sample`", ratio("ours", "raw `rb.sample(256)`"), 0.25))
-    print(target("ours vs upstream", ratio("ours", "upstream"), 4))
+    print(target("ours vs raw `rb.sample`", padded_t[OURS].ratio(padded_t[RAW]), 0.25))
+    print(target("ours vs upstream", padded_t[OURS].ratio(padded_t[UPSTREAM]), 4))
     print(
         target(
             "ours + `PaddingCollator` vs upstream + `DataCollatorWithPadding`",
-            ratio("ours + `PaddingCollator`", "upstream + `DataCollatorWithPadding`"),
+            padded_t[OURS_PC].ratio(padded_t[UPSTREAM_DCWP]),
             10,
         )
     )

@@ -14,7 +14,7 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = ["PaddingCollator", "pad_rows"]
 
 # Keys padded the way ``tokenizer.pad`` pads them, with the value it uses.
-_MASK_KEYS = ("attention_mask",)
+_TOKEN_KEYS = ("input_ids", "attention_mask", "token_type_ids", "special_tokens_mask")
 _LABEL_ALIASES = ("label", "label_ids")
 
 
@@ -158,20 +158,33 @@ class PaddingCollator:
             return 1
         return 0
 
+    def _position_mask(self, lengths: list[int], side: str) -> torch.Tensor:
+        """``[B, W]`` bool mask of the real positions of rows of these lengths once padded."""
+        width = max(lengths)
+        if self.pad_to_multiple_of:
+            width = -(-width // self.pad_to_multiple_of) * self.pad_to_multiple_of
+        lengths_t = torch.tensor(lengths)
+        positions = torch.arange(width)
+        if side == "right":
+            return positions < lengths_t[:, None]
+        return positions >= (width - lengths_t)[:, None]
+
     def __call__(self, rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         if not rows:
             raise ValueError("PaddingCollator got an empty list of rows.")
-        names = list(rows[0].keys())
+        first_keys = rows[0].keys()
+        names = list(first_keys)
         for i, row in enumerate(rows):
-            if row.keys() != rows[0].keys():
-                missing = sorted(set(names) ^ set(row.keys()))
+            if row.keys() != first_keys:
+                differing = sorted(set(names) ^ set(row.keys()))
                 raise ValueError(
                     f"PaddingCollator: row {i} has columns {sorted(row.keys())} but row 0 has "
-                    f"{sorted(names)} (differing: {missing}). Every row needs the same columns."
+                    f"{sorted(names)} (differing: {differing}). Every row needs the same columns."
                 )
         side = self._side()
+        masks: dict[tuple[int, ...], torch.Tensor] = {}  # one position mask per set of lengths
         out: dict[str, Any] = {}
-        lengths = None
+        input_lengths = None
         for name in names:
             values = [row[name] for row in rows]
             first = values[0]
@@ -179,38 +192,37 @@ class PaddingCollator:
             if isinstance(first, str) or (
                 isinstance(first, list) and first and isinstance(first[0], dict)
             ):
-                out[out_name] = list(values)
+                out[out_name] = values  # strings and message lists pass through
                 continue
-            tensors = [_as_tensor(v) for v in values]
-            if name in ("input_ids", "attention_mask", "token_type_ids", "special_tokens_mask") or (
-                tensors[0].ndim >= 1 and any(t.shape != tensors[0].shape for t in tensors)
-            ):
-                padded = pad_rows(
-                    tensors,
-                    self._pad_value(name),
-                    padding_side=side,
-                    pad_to_multiple_of=self.pad_to_multiple_of,
-                )
-                if name in ("input_ids", "attention_mask", "token_type_ids", "special_tokens_mask"):
-                    padded = padded.long()
-                if name == "input_ids":
-                    lengths = torch.tensor([t.shape[0] for t in tensors])
-                out[out_name] = padded
-            else:
+            tensors = values if isinstance(first, torch.Tensor) else [_as_tensor(v) for v in values]
+            if tensors[0].ndim == 0:
                 out[out_name] = torch.stack(tensors)
-        if (
-            self.return_attention_mask
-            and "input_ids" in out
-            and "attention_mask" not in out
-            and lengths is not None
-        ):
-            width = out["input_ids"].shape[1]
-            positions = torch.arange(width)
-            if side == "right":
-                mask = positions[None, :] < lengths[:, None]
+                continue
+            lengths = [t.shape[0] for t in tensors]
+            token_like = name in _TOKEN_KEYS
+            if not token_like and all(t.shape == tensors[0].shape for t in tensors):
+                out[out_name] = torch.stack(tensors)
+                continue
+            key = tuple(lengths)
+            if key not in masks:
+                masks[key] = self._position_mask(lengths, side)
+            position_mask = masks[key]
+            flat = torch.cat(tensors)
+            if name == "attention_mask" and bool(flat.all()):
+                padded = position_mask  # every real token attended: the mask is the positions
             else:
-                mask = positions[None, :] >= (width - lengths)[:, None]
-            out["attention_mask"] = mask.long()
+                padded = flat.new_full(
+                    (len(tensors), position_mask.shape[1], *flat.shape[1:]), self._pad_value(name)
+                )
+                expand = position_mask.reshape(*position_mask.shape, *([1] * (flat.ndim - 1)))
+                padded.masked_scatter_(expand.expand_as(padded), flat)
+            if token_like:
+                padded = padded.long()
+            if name == "input_ids":
+                input_lengths = key
+            out[out_name] = padded
+        if self.return_attention_mask and input_lengths is not None and "attention_mask" not in out:
+            out["attention_mask"] = masks[input_lengths].long()
         return out
 
     def __repr__(self) -> str:

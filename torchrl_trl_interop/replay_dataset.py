@@ -23,8 +23,15 @@ from torchrl.data import (
 
 from ._utils import key_to_str, normalize_key, require
 from .conversation import history_to_messages
-from .online import CommittedWriter, read_committed
-from .sharding import ShardInfo, derive_seed, epoch_indices, shard_info
+from .online import CommittedWriter, committed_length, read_committed, read_committed_rows
+from .sharding import (
+    ShardInfo,
+    derive_seed,
+    distributed_rank,
+    interleaved_shard_order,
+    shard_indices,
+    shard_info,
+)
 
 if TYPE_CHECKING:  # pragma: no cover
     import datasets
@@ -282,23 +289,93 @@ def _feature_of(value: Any) -> Any:
     return None
 
 
-def _hf_generate(dataset: TorchRLBufferDataset) -> Iterator[dict[str, Any]]:
-    for row in dataset:
-        yield {k: _to_python(v) for k, v in row.items()}
+def _hf_generate(
+    dataset: TorchRLBufferDataset, shards: list[int], passes: torch.Tensor
+) -> Iterator[dict[str, Any]]:
+    """The ``datasets`` generator of :meth:`TorchRLBufferDataset.as_hf_dataset`.
+
+    ``datasets`` splits ``shards`` between DataLoader workers, and ``accelerate`` (or
+    ``split_dataset_by_node``) between ranks: this generator never splits by itself.
+    ``passes`` (shared memory) counts the passes over each shard: the shard's epoch.
+    """
+    num_shards = passes.numel()
+    for shard in shards:
+        epoch = int(passes[shard])
+        passes[shard] += 1
+        for row in dataset._iter_hf_shard(shard, num_shards, epoch):
+            yield {k: _to_python(v) for k, v in row.items()}
 
 
 # ---------------------------------------------------------------------------
-# The dataset
+# Buffer kinds
 # ---------------------------------------------------------------------------
+
+
+def _remote_buffer_types() -> tuple[type, ...]:
+    """torchrl's Ray buffer and its picklable clients (reads are calls to the buffer's actor)."""
+    from torchrl.data.replay_buffers import ray_buffer
+
+    names = ("RayReplayBuffer", "_RayReplayBufferClient", "_LazyDistributedReplayClient")
+    return tuple(getattr(ray_buffer, name) for name in names if hasattr(ray_buffer, name))
+
+
+def _is_remote(replay_buffer: Any) -> bool:
+    return isinstance(replay_buffer, _remote_buffer_types())
+
+
+def _shallow_copy(obj: Any) -> Any:
+    clone = object.__new__(type(obj))
+    clone.__dict__.update(obj.__dict__)
+    return clone
+
+
+def _spawn_safe_buffer(replay_buffer: ReplayBuffer) -> ReplayBuffer:
+    """``replay_buffer`` with its ``torch.Generator`` left out, for pickling into a spawned worker.
+
+    A ``torch.Generator`` cannot be sent to a spawned process (measured: "unable to resize file"
+    in every worker), and a buffer built with ``generator=`` holds one in its storage, sampler and
+    writer. Workers draw with their own generator (:func:`~torchrl_trl_interop.sharding.derive_seed`),
+    so the copy sent to them leaves it out; the user's buffer is not modified.
+    """
+    generator = getattr(replay_buffer, "_rng", None)
+    if not isinstance(generator, torch.Generator):
+        return replay_buffer
+    originals = [replay_buffer] + [
+        value
+        for value in replay_buffer.__dict__.values()
+        if getattr(value, "_rng", None) is generator
+    ]
+    copies = {id(obj): _shallow_copy(obj) for obj in originals}
+
+    def swap(value: Any) -> Any:
+        if value is generator:
+            return None
+        if id(value) in copies:
+            return copies[id(value)]
+        if isinstance(value, (list, tuple)) and any(id(v) in copies for v in value):
+            return type(value)(swap(v) for v in value)  # e.g. a storage's attached entities
+        return value
+
+    for clone in copies.values():
+        for name, value in list(clone.__dict__.items()):
+            clone.__dict__[name] = swap(value)
+    return copies[id(replay_buffer)]
+
+
+#: Shards of the Hugging Face view of an epoch-mode dataset (a power of two: see
+#: :func:`~torchrl_trl_interop.sharding.interleaved_shard_order`).
+DEFAULT_HF_EPOCH_SHARDS = 64
 
 
 class TorchRLBufferDataset(torch.utils.data.IterableDataset):
     """A torch :class:`~torch.utils.data.IterableDataset` over a torchrl :class:`~torchrl.data.ReplayBuffer`.
 
     Each iteration samples ``num_batches`` batches of ``batch_size`` rows from the buffer and
-    yields one flat ``dict[str, Any]`` per row. Works on every torchrl storage (``ListStorage``,
-    ``LazyStackStorage``, ``LazyTensorStorage``, ``LazyMemmapStorage``) and on the ragged lazy
-    stacks that TorchRL's LLM wrappers write by default (``pad_output=False``).
+    yields one flat ``dict[str, Any]`` per row; with ``epoch=True`` it yields instead every stored
+    row exactly once. Works on every torchrl storage (``ListStorage``, ``LazyStackStorage``,
+    ``LazyTensorStorage``, ``LazyMemmapStorage``), on the ragged lazy stacks that TorchRL's LLM
+    wrappers write by default (``pad_output=False``), and on a
+    :class:`~torchrl.data.RayReplayBuffer` (or its ``client()``) shared by several machines.
 
     What a row holds, per stored value:
 
@@ -313,19 +390,38 @@ class TorchRLBufferDataset(torch.utils.data.IterableDataset):
     nested key ``("a", "b")``      the string key ``"a.b"`` (see ``sep`` and ``rename``)
     ============================== ==============================================================
 
+    Who reads what, when several readers (DataLoader workers, distributed ranks) iterate it:
+
+    ======================== ====================================================================
+    mode                     readers
+    ======================== ====================================================================
+    ``epoch=True``           split by storage index: reader ``k`` of ``K`` reads the rows whose
+                             index is ``k`` mod ``K``, so each stored row is read exactly once
+    sampling, ``seed=s``     each reader samples its own stream, seeded from
+                             ``(s, rank, worker id, epoch)``: distinct and reproducible
+    sampling, no seed        as above, from ``torch.initial_seed()``, when there are several
+                             readers or a worker; a single in-process reader uses the buffer's
+                             own sampler and generator
+    ======================== ====================================================================
+
     Hugging Face views: :meth:`as_hf_dataset` (a streaming ``datasets.IterableDataset``) and
     :meth:`to_hf_dataset` (a map-style ``datasets.Dataset`` holding every stored row once). There
-    tensors become Python lists and numbers, since Arrow stores no tensors.
+    tensors become Python lists and numbers, since Arrow stores no tensors. They never split by
+    rank themselves: ``accelerate`` (inside every HF/TRL trainer) or
+    ``datasets.distributed.split_dataset_by_node`` does.
 
     Unlike ``torchrl.modules.llm.TorchRLBufferDataset`` (torchrl 0.14.1), this dataset reads ragged
     lazy stacks instead of crashing on them, splits each batch once per column instead of once
     per row (several times faster, see the benchmarks), trims padding, raises on a missing key
-    instead of logging a warning, and builds its Hugging Face views in milliseconds instead of
-    pickling the whole buffer to fingerprint it.
+    instead of logging a warning, builds its Hugging Face views in milliseconds instead of
+    pickling the whole buffer to fingerprint it, and gives DataLoader workers and ranks distinct
+    streams (or disjoint epochs) instead of copies of one stream.
 
     Args:
-        replay_buffer (ReplayBuffer): the buffer to read (any torchrl ``ReplayBuffer`` subclass).
-        batch_size (int): rows drawn per ``replay_buffer.sample`` call.
+        replay_buffer (ReplayBuffer): the buffer to read (any torchrl ``ReplayBuffer`` subclass,
+            including ``RayReplayBuffer``, or a ``RayReplayBuffer.client()``).
+        batch_size (int): rows drawn per ``replay_buffer.sample`` call (per storage read with
+            ``epoch=True``).
 
     Keyword Args:
         keys (list of NestedKey, optional): only these keys are yielded; a key naming a sub-
@@ -337,16 +433,39 @@ class TorchRLBufferDataset(torch.utils.data.IterableDataset):
             real; every tensor whose leading shape is the mask's is cut to the attended span.
         device (torch.device or str, optional): tensors are moved there. Defaults to ``None``.
         num_batches (int or None, optional): batches per iteration; ``None`` streams forever
-            (the consumer sets a step limit, e.g. ``max_steps``). Defaults to ``1``.
+            (the consumer sets a step limit, e.g. ``max_steps``) and sees rows written while it
+            runs. Defaults to ``1``. Leave it at ``1`` with ``epoch=True``.
         sep (str, optional): joins nested keys into output names. Defaults to ``"."``.
+        epoch (bool, optional): if ``True``, one iteration yields every row stored when it
+            starts, exactly once, split without overlap across DataLoader workers and ranks
+            (see ``split_by_rank``). Defaults to ``False`` (sampling).
+        shuffle (bool, optional): with ``epoch=True``, each reader visits its rows in an order
+            drawn from ``(seed, epoch, reader)``, new every epoch (see :meth:`set_epoch`).
+            Defaults to ``False`` (storage order).
+        seed (int, optional): base seed of the shuffling (epoch mode; defaults to ``0`` there, so
+            that every rank agrees) or of the per-reader sampling streams (sampling mode).
+            Defaults to ``None``.
+        split_by_rank (bool, optional): whether epochs are split across ``torch.distributed``
+            ranks (and whether sampling streams depend on the rank). ``None`` (default): split
+            when a process group is initialized, unless an ``accelerate`` state with several
+            processes exists in this process — a HF ``Trainer`` shards its DataLoaders itself,
+            and splitting twice would lose rows. Pass ``True`` for a hand-written loop in a
+            process that also runs ``accelerate``, ``False`` to never split by rank.
 
     Raises:
         TypeError: if ``replay_buffer`` is not a ReplayBuffer, or a stored value cannot be
             converted (the key and type are named).
-        ValueError: on a bad ``batch_size``/``num_batches``/``rename``, or a ``LazyMemmapStorage``
-            asked for per-row strings (it keeps only one value per key).
+        ValueError: on a bad ``batch_size``/``num_batches``/``rename``/``seed``, ``shuffle=True``
+            without ``epoch=True``, ``num_batches`` with ``epoch=True``, ``seed`` for sampling a
+            Ray buffer (its actor samples), or a ``LazyMemmapStorage`` asked for per-row strings
+            (it keeps only one value per key).
         KeyError: if a key in ``keys``, ``rename`` or ``attention_mask_key`` is not stored.
-        RuntimeError: when iterating an empty buffer.
+        RuntimeError: when iterating an empty buffer; when a configuration would silently
+            train on wrong rows: a list storage or Ray buffer sent to DataLoader worker
+            processes, an online stream (``num_batches=None``) in workers without a
+            :class:`~torchrl_trl_interop.CommittedWriter` or with strings, or a
+            ``SamplerWithoutReplacement`` copied into several readers (each would yield the
+            whole epoch: use ``epoch=True``). Each message says what to change.
 
     Examples:
         >>> import torch
@@ -369,6 +488,18 @@ class TorchRLBufferDataset(torch.utils.data.IterableDataset):
         >>> hf = TorchRLBufferDataset(rb, 4, rename={("tokens", "full"): "input_ids"}).to_hf_dataset()
         >>> hf[0]
         {'prompt': 'p3', 'input_ids': [0, 1, 2]}
+
+        Every stored row once per epoch, shuffled, split across DataLoader workers:
+
+        >>> from torchrl.data import LazyTensorStorage
+        >>> rb = ReplayBuffer(storage=LazyTensorStorage(100))
+        >>> _ = rb.extend(TensorDict({"x": torch.arange(10)}, batch_size=[10]))
+        >>> ds = TorchRLBufferDataset(rb, 4, epoch=True, shuffle=True, seed=0)
+        >>> sorted(int(row["x"]) for row in ds)
+        [0, 1, 2, 3, 4, 5, 6, 7, 8, 9]
+        >>> loader = torch.utils.data.DataLoader(ds, batch_size=5, num_workers=2)  # doctest: +SKIP
+        >>> sorted(torch.cat([b["x"] for b in loader]).tolist())  # doctest: +SKIP
+        [0, 1, 2, 3, 4, 5, 6, 7, 8, 9]
     """
 
     def __init__(
@@ -387,7 +518,8 @@ class TorchRLBufferDataset(torch.utils.data.IterableDataset):
         seed: int | None = None,
         split_by_rank: bool | None = None,
     ) -> None:
-        if not isinstance(replay_buffer, ReplayBuffer):
+        self._remote = _is_remote(replay_buffer)
+        if not isinstance(replay_buffer, ReplayBuffer) and not self._remote:
             raise TypeError(
                 "TorchRLBufferDataset: replay_buffer must be a torchrl ReplayBuffer (ReplayBuffer, "
                 f"TensorDictReplayBuffer, RayReplayBuffer, ...), got {type(replay_buffer).__name__}."
@@ -422,11 +554,24 @@ class TorchRLBufferDataset(torch.utils.data.IterableDataset):
                 "TorchRLBufferDataset: num_batches has no effect with epoch=True (one pass yields "
                 f"every stored row once); got num_batches={num_batches!r}. Leave it at its default."
             )
+        if self._remote and seed is not None and not epoch:
+            raise ValueError(
+                f"TorchRLBufferDataset: seed={seed!r} cannot seed a {type(replay_buffer).__name__}: "
+                "its actor samples for every reader (readers get distinct rows without seeds). "
+                "Drop seed=, or pass epoch=True (the seed then orders each epoch)."
+            )
+        if split_by_rank not in (None, True, False):
+            raise ValueError(
+                f"TorchRLBufferDataset: split_by_rank must be None, True or False, got "
+                f"{split_by_rank!r}."
+            )
         self._epoch_mode = bool(epoch)
         self._shuffle = bool(shuffle)
         self._seed = seed
         self._split_by_rank = split_by_rank
         self._epoch = 0
+        # (rank, world size) decided by the process that started this DataLoader worker.
+        self._parent_rank: tuple[int, int] | None = None
         self._keys = None if keys is None else [self._as_tuple(k) for k in keys]
         self._rename: dict[tuple[str, ...], str] = {}
         for key, name in (rename or {}).items():
@@ -525,7 +670,7 @@ class TorchRLBufferDataset(torch.utils.data.IterableDataset):
                 f"TorchRLBufferDataset: several keys map to the output name(s) {dupes}; "
                 "give them distinct names with rename={...}."
             )
-        if isinstance(self._replay_buffer.storage, LazyMemmapStorage):
+        if not self._remote and isinstance(self._replay_buffer.storage, LazyMemmapStorage):
             strings = [k for k in columns if not isinstance(_probe(batch, k)[0], torch.Tensor)]
             if strings:
                 raise ValueError(
@@ -545,10 +690,16 @@ class TorchRLBufferDataset(torch.utils.data.IterableDataset):
                 "there is nothing to sample. Extend it (e.g. run the collector) before iterating."
             )
 
-    def _read(self, index: slice | torch.Tensor) -> TensorDictBase:
-        """Rows by storage index (no sampling), through the buffer's transforms."""
+    def _read(self, index: slice | torch.Tensor, *, committed: bool = False) -> TensorDictBase:
+        """Rows by storage index (no sampling), through the buffer's transforms.
+
+        ``committed=True`` (a worker reading a buffer with a :class:`CommittedWriter`) retries a
+        read that overlapped a write, so no row comes back half written.
+        """
         if isinstance(index, slice):
             index = torch.arange(len(self._replay_buffer))[index]
+        if committed:
+            return read_committed_rows(self._replay_buffer, index)
         return self._replay_buffer[index]
 
     # -- iteration -----------------------------------------------------------------------------
@@ -570,61 +721,142 @@ class TorchRLBufferDataset(torch.utils.data.IterableDataset):
         """Sets the epoch that seeds shuffling (epoch mode) and sampling streams (``seed=``).
 
         HF ``Trainer`` (through accelerate) calls it at the start of every epoch, on every rank,
-        like ``DistributedSampler.set_epoch``. Without calls, each pass in this process advances it.
+        like ``DistributedSampler.set_epoch``; call it yourself in a hand-written loop with
+        DataLoader workers (each epoch's workers get a copy of the dataset, so their passes do
+        not advance it). Without calls, each pass in this process advances it.
+
+        Examples:
+            >>> import torch
+            >>> from tensordict import TensorDict
+            >>> from torchrl.data import LazyTensorStorage, ReplayBuffer
+            >>> rb = ReplayBuffer(storage=LazyTensorStorage(8))
+            >>> _ = rb.extend(TensorDict({"x": torch.arange(8)}, batch_size=[8]))
+            >>> ds = TorchRLBufferDataset(rb, 8, epoch=True, shuffle=True, seed=0)
+            >>> ds.set_epoch(3)
+            >>> first = [int(r["x"]) for r in ds]
+            >>> ds.set_epoch(3)
+            >>> first == [int(r["x"]) for r in ds]
+            True
         """
         self._epoch = int(epoch)
 
+    def _shard_info(self) -> ShardInfo:
+        in_worker = torch.utils.data.get_worker_info() is not None
+        rank_world = self._parent_rank if in_worker else None
+        return shard_info(split_by_rank=self._split_by_rank, rank_world=rank_world)
+
     def __iter__(self) -> Iterator[dict[str, Any]]:
         self._check_not_empty()
-        info = shard_info(split_by_rank=self._split_by_rank)
-        self._check_process_safety(info)
+        info = self._shard_info()
         epoch = self._epoch
         self._epoch += 1
+        streaming = self._num_batches is None and not self._epoch_mode
+        committed = self._check_reader(info.in_worker, streaming=streaming)
         if self._epoch_mode:
-            yield from self._iter_epoch(info, epoch)
+            yield from self._iter_epoch(info.shard_id, info.num_shards, epoch, committed)
         else:
-            yield from self._iter_sampled(info, epoch)
+            yield from self._iter_sampled(
+                (info.rank, info.worker_id, epoch),
+                copies=info.num_shards,
+                distinct=info.num_shards > 1 or info.in_worker,
+                committed=committed,
+                num_batches=self._num_batches,
+            )
 
-    def _iter_epoch(self, info: ShardInfo, epoch: int) -> Iterator[dict[str, Any]]:
-        n = len(self._replay_buffer)  # a snapshot: rows written during the pass wait for the next
-        indices = epoch_indices(n, info, shuffle=self._shuffle, seed=self._seed or 0, epoch=epoch)
+    def _iter_hf_shard(self, shard: int, num_shards: int, epoch: int) -> Iterator[dict[str, Any]]:
+        """The rows of one shard of :meth:`as_hf_dataset` (``datasets`` assigns shards)."""
+        self._check_not_empty()
+        info = self._shard_info()
+        streaming = self._num_batches is None and not self._epoch_mode
+        committed = self._check_reader(info.in_worker, streaming=streaming)
+        if self._epoch_mode:
+            yield from self._iter_epoch(shard, num_shards, epoch, committed)
+        else:
+            worker = torch.utils.data.get_worker_info()
+            copies = worker.num_workers if worker is not None and num_shards > 1 else 1
+            yield from self._iter_sampled(
+                (info.rank, shard, epoch),
+                copies=copies,
+                distinct=num_shards > 1 or info.in_worker,
+                committed=committed,
+                num_batches=self._num_batches,
+            )
+
+    def _iter_epoch(
+        self, shard: int, num_shards: int, epoch: int, committed: bool
+    ) -> Iterator[dict[str, Any]]:
+        # A snapshot of the length: rows written during the pass wait for the next one. Readers
+        # that took different snapshots still never overlap (the split is by storage index).
+        n = committed_length(self._replay_buffer) if committed else len(self._replay_buffer)
+        seed = self._seed if self._seed is not None else 0
+        indices = shard_indices(n, shard, num_shards, shuffle=self._shuffle, seed=seed, epoch=epoch)
+        if indices.numel() == 0:  # torch splits an empty tensor into one empty chunk
+            return
         for chunk in indices.split(self._batch_size):
-            yield from self._rows(self._read(chunk))
+            yield from self._rows(self._read(chunk, committed=committed))
 
-    def _iter_sampled(self, info: ShardInfo, epoch: int) -> Iterator[dict[str, Any]]:
-        if info.num_shards > 1 and isinstance(
-            self._replay_buffer.sampler, SamplerWithoutReplacement
-        ):
-            raise RuntimeError(
-                "TorchRLBufferDataset: the buffer samples without replacement, but "
-                f"{info.num_shards} readers (DataLoader workers x ranks) each hold their own "
-                "sampler copy, so every reader would yield the whole epoch. Pass epoch=True "
-                "(every stored row exactly once, split across readers) or use num_workers=0."
-            )
+    def _iter_sampled(
+        self,
+        stream: tuple[int, ...],
+        *,
+        copies: int,
+        distinct: bool,
+        committed: bool,
+        num_batches: int | None,
+    ) -> Iterator[dict[str, Any]]:
+        """``num_batches`` sampled batches (``None``: forever).
+
+        ``stream`` names this reader's stream (seeds derive from it); ``copies`` counts readers
+        holding their own copy of the buffer's sampler; ``distinct`` asks for a stream of our own
+        even without ``seed=``.
+        """
+        rb = self._replay_buffer
         generator = None
-        if self._seed is not None or info.num_shards > 1 or info.in_worker:
-            # Distinct, reproducible stream per (rank, worker, pass), even if the buffer has its
-            # own seeded generator (that one would make every copy yield the same stream).
-            base = self._seed if self._seed is not None else torch.initial_seed()
-            generator = torch.Generator().manual_seed(
-                derive_seed(base, info.rank, info.worker_id, epoch)
-            )
-        streaming_to_worker = info.in_worker and self._num_batches is None
-        if streaming_to_worker:
-            self._check_worker_stream()
+        if not self._remote:
+            if copies > 1 and isinstance(rb.sampler, SamplerWithoutReplacement):
+                raise RuntimeError(
+                    "TorchRLBufferDataset: the buffer samples without replacement, but "
+                    f"{copies} readers (DataLoader workers x ranks) each hold their own sampler "
+                    "copy, so every reader would yield the whole epoch. Pass epoch=True (every "
+                    "stored row exactly once, split across readers) or use num_workers=0."
+                )
+            if self._seed is not None or distinct:
+                # Distinct, reproducible stream per (rank, worker or shard, pass), even if the
+                # buffer has its own seeded generator (every copy of it would draw the same).
+                base = self._seed if self._seed is not None else torch.initial_seed()
+                generator = torch.Generator().manual_seed(derive_seed(base, *stream))
         done = 0
-        while self._num_batches is None or done < self._num_batches:
-            if streaming_to_worker:
-                batch = read_committed(self._replay_buffer, self._batch_size, generator)
+        while num_batches is None or done < num_batches:
+            if committed:
+                batch = read_committed(rb, self._batch_size, generator)
             else:
                 batch = self._sample(generator)
             yield from self._rows(batch)
             done += 1
 
-    def _check_worker_stream(self) -> None:
-        """An online stream read in a worker process: only shared, committed tensor rows."""
+    def _check_reader(self, in_worker: bool, *, streaming: bool) -> bool:
+        """Refuses reads that would yield stale or half-written rows; ``True``: use the seqlock.
+
+        Only DataLoader worker processes are at risk: they hold a copy of the buffer, whose
+        tensors are shared with the writer (spawn moves them to shared memory) but whose list
+        storages and strings are not.
+        """
+        if not in_worker or self._remote:
+            return False
         rb = self._replay_buffer
-        if not isinstance(rb.writer, CommittedWriter):
+        storage = rb.storage
+        if isinstance(storage, ListStorage):
+            if streaming:
+                raise RuntimeError(
+                    f"TorchRLBufferDataset: an online stream (num_batches=None) from a "
+                    f"{type(storage).__name__} in a DataLoader worker reads a private copy of the "
+                    "buffer taken when the worker started: rows written later are never seen. "
+                    "Use num_workers=0, or a LazyTensorStorage with "
+                    "writer=torchrl_trl_interop.CommittedWriter()."
+                )
+            return False
+        committed = isinstance(rb.writer, CommittedWriter)
+        if streaming and not committed:
             raise RuntimeError(
                 "TorchRLBufferDataset: streaming (num_batches=None) into DataLoader workers while "
                 "the buffer is being extended needs to know which rows are fully written: "
@@ -632,33 +864,41 @@ class TorchRLBufferDataset(torch.utils.data.IterableDataset):
                 "would read unwritten rows. Build the buffer with "
                 "writer=torchrl_trl_interop.CommittedWriter(), or use num_workers=0."
             )
-        if not isinstance(rb.sampler, RandomSampler) or type(rb.sampler) is not RandomSampler:
+        if not committed:
+            return False  # a finite read of a buffer nobody writes to: the copy is exact
+        if not self._epoch_mode and type(rb.sampler) is not RandomSampler:
             raise RuntimeError(
-                "TorchRLBufferDataset: streaming into DataLoader workers samples committed rows "
-                f"uniformly, but the buffer uses {type(rb.sampler).__name__}, whose state lives "
-                "in the main process. Use RandomSampler (the default) or num_workers=0."
+                "TorchRLBufferDataset: DataLoader workers read a CommittedWriter buffer by "
+                f"sampling committed rows uniformly, but the buffer uses {type(rb.sampler).__name__}, "
+                "whose state lives in the main process. Use RandomSampler (the default), "
+                "epoch=True, or num_workers=0."
             )
-        stored = rb.storage._storage
-        if isinstance(stored, TensorDictBase) and not all(
-            t.is_shared() for t in stored.values(True, True) if isinstance(t, torch.Tensor)
-        ):
-            raise RuntimeError(
-                "TorchRLBufferDataset: the storage is not in shared memory in this worker (a "
-                "'fork' DataLoader gets a private copy), so new rows would never arrive. Use the "
-                "'spawn' start method (torchrl's default) or call "
-                "replay_buffer.storage._storage.share_memory_() before starting the workers."
+        stored = getattr(storage, "_storage", None)
+        if isinstance(stored, TensorDictBase):
+            shared = stored.is_memmap() or all(
+                t.is_shared() for t in stored.values(True, True) if isinstance(t, torch.Tensor)
             )
-        strings = [
-            key_to_str(k, self._sep)
-            for k in (self._columns or [])
-            if not isinstance(_probe(stored, k)[0], torch.Tensor)
-        ]
-        if strings:
-            raise RuntimeError(
-                f"TorchRLBufferDataset: the columns {strings} hold strings/History, which live in "
-                "the writer's process and reach worker processes only as a stale copy. Stream "
-                "them with num_workers=0, or leave them out with keys=[...]."
-            )
+            if not shared:
+                raise RuntimeError(
+                    "TorchRLBufferDataset: the storage is not in shared memory in this worker (a "
+                    "'fork' DataLoader gets a private copy), so new rows would never arrive. Use "
+                    "the 'spawn' start method (torchrl's default) or call "
+                    "replay_buffer.storage._storage.share_memory_() before starting the workers."
+                )
+            columns = self._columns if self._columns is not None else _column_keys(stored)
+            strings = [
+                key_to_str(k, self._sep)
+                for k in columns
+                if not isinstance(_probe(stored, k)[0], torch.Tensor)
+            ]
+            if strings:
+                raise RuntimeError(
+                    f"TorchRLBufferDataset: the columns {strings} hold strings/History, which live "
+                    "in the writer's process and reach DataLoader workers only as a copy taken "
+                    "when they started: rows written later would come with stale strings. Read "
+                    "them with num_workers=0, or leave them out with keys=[...]."
+                )
+        return True
 
     def _sample(self, generator: torch.Generator | None) -> TensorDictBase:
         rb = self._replay_buffer
@@ -671,33 +911,43 @@ class TorchRLBufferDataset(torch.utils.data.IterableDataset):
         finally:
             rb.set_rng(previous)  # the user's buffer keeps its own generator
 
-    def _check_process_safety(self, info: ShardInfo) -> None:
-        if not info.in_worker or self._num_batches is not None or self._epoch_mode:
-            return
-        storage = self._replay_buffer.storage
-        if isinstance(storage, ListStorage):
-            raise RuntimeError(
-                f"TorchRLBufferDataset: an online stream (num_batches=None) from a "
-                f"{type(storage).__name__} in a DataLoader worker reads a private copy of the "
-                "buffer taken when the worker started: rows written later are never seen. Use "
-                "num_workers=0, or a LazyTensorStorage in shared memory."
-            )
-
     def __getstate__(self) -> dict[str, Any]:
         from multiprocessing.context import get_spawning_popen
 
-        storage = self._replay_buffer.storage
-        if get_spawning_popen() is not None and isinstance(storage, ListStorage):
+        from torchrl.data import RayReplayBuffer
+
+        state = self.__dict__.copy()
+        rb = self._replay_buffer
+        if get_spawning_popen() is None:
+            # A plain pickle (e.g. a Ray task receiving the dataset): a RayReplayBuffer does not
+            # pickle in torchrl 0.14.1, its client does and reads the same actor.
+            if isinstance(rb, RayReplayBuffer):
+                state["_replay_buffer"] = rb.client()
+            return state
+        # Sent to a spawned process: a DataLoader worker.
+        if self._remote:
+            raise RuntimeError(
+                f"TorchRLBufferDataset: a {type(rb).__name__} cannot be read from DataLoader worker "
+                "processes (they are not Ray workers; every read is a call to the buffer's actor "
+                "anyway, so workers would add nothing). Use num_workers=0 "
+                "(dataloader_num_workers=0 in a Trainer)."
+            )
+        storage = rb.storage
+        if isinstance(storage, ListStorage):
             raise RuntimeError(
                 f"TorchRLBufferDataset: a {type(storage).__name__} cannot be sent to DataLoader "
                 "worker processes (torchrl sets the 'spawn' start method, and list storages "
                 "cannot be shared). Use num_workers=0, or store the rows in a LazyTensorStorage "
-                "(shared memory; strings and History need num_workers=0)."
+                "(shared memory; add writer=torchrl_trl_interop.CommittedWriter() if it is "
+                "extended while workers read; strings and History need num_workers=0)."
             )
-        return self.__dict__.copy()
+        # The worker has no process group of its own: it splits by the rank decided here.
+        state["_parent_rank"] = distributed_rank(self._split_by_rank)
+        state["_replay_buffer"] = _spawn_safe_buffer(rb)
+        return state
 
     def iter_storage(self, chunk_size: int | None = None) -> Iterator[dict[str, Any]]:
-        """Yields every stored row exactly once, in storage order (no sampling).
+        """Yields every stored row exactly once, in storage order (no sampling, no splitting).
 
         Keyword Args:
             chunk_size (int, optional): rows read per storage access; defaults to
@@ -726,12 +976,33 @@ class TorchRLBufferDataset(torch.utils.data.IterableDataset):
             return None
         return Features(features)
 
-    def as_hf_dataset(self) -> datasets.IterableDataset:
-        """Returns a streaming :class:`datasets.IterableDataset` that samples this buffer.
+    def as_hf_dataset(self, *, num_shards: int | None = None) -> datasets.IterableDataset:
+        """Returns a streaming :class:`datasets.IterableDataset` over this buffer.
 
-        Each pass over it re-samples ``num_batches`` batches (``None``: forever, so give the
-        trainer ``max_steps``). Features are explicit when they can be inferred. Built in
-        milliseconds: the buffer is never pickled to fingerprint it.
+        Sampling mode: each pass re-samples ``num_batches`` batches per shard (``None``: forever,
+        so give the trainer ``max_steps``), one seeded stream per shard. Epoch mode
+        (``epoch=True``): one pass yields every stored row exactly once; shard ``s`` of ``S``
+        holds the rows whose storage index is ``s`` mod ``S``.
+
+        The shards are what ``datasets`` and ``accelerate`` split: DataLoader workers each take
+        some shards, ``accelerate`` gives each rank its own shards
+        (``dataset.shard(num_processes, rank)``, when ``dispatch_batches=False`` and
+        ``num_shards >= num_processes``; GRPO/RLOO force ``dispatch_batches=False``), and so
+        does ``datasets.distributed.split_dataset_by_node``. With the default
+        ``dispatch_batches=True``, rank 0 reads everything and sends each rank its slice. In
+        every case each row is read once: this view never splits by rank itself.
+
+        Features are explicit when they can be inferred. Built in milliseconds: the buffer is
+        never pickled to fingerprint it.
+
+        Keyword Args:
+            num_shards (int, optional): shards of the view. Defaults to ``64`` with
+                ``epoch=True`` (enough for ranks x workers up to 64; a power of two keeps the
+                ranks' shares even) and ``1`` when sampling (one stream, upstream's behaviour;
+                more shards let DataLoader workers each stream, ``num_batches`` each).
+
+        Raises:
+            ValueError: if ``num_shards`` is not a positive int.
 
         Examples:
             >>> import torch
@@ -744,17 +1015,38 @@ class TorchRLBufferDataset(torch.utils.data.IterableDataset):
             Value('float32')
             >>> len(list(hf))
             2
+
+            In epoch mode, ranks (here through ``split_dataset_by_node``) read disjoint rows:
+
+            >>> from datasets.distributed import split_dataset_by_node
+            >>> hf = TorchRLBufferDataset(rb, batch_size=2, epoch=True).as_hf_dataset(num_shards=4)
+            >>> [sorted(r["x"] for r in split_dataset_by_node(hf, rank=k, world_size=2)) for k in (0, 1)]
+            [[0.0, 1.0], [2.0, 3.0]]
         """
         require("datasets", "TorchRLBufferDataset.as_hf_dataset")
         from datasets.io.generator import GeneratorDatasetInputStream
 
+        if num_shards is None:
+            num_shards = DEFAULT_HF_EPOCH_SHARDS if self._epoch_mode else 1
+        if isinstance(num_shards, bool) or not isinstance(num_shards, int) or num_shards <= 0:
+            raise ValueError(
+                f"TorchRLBufferDataset.as_hf_dataset: num_shards must be a positive int, got "
+                f"{num_shards!r}."
+            )
         features = self.hf_features() if len(self._replay_buffer) > 0 else None
+        # Passes per shard, in shared memory so DataLoader workers' passes count too: the epoch
+        # that seeds each shard's shuffling or stream.
+        passes = torch.zeros(num_shards, dtype=torch.int64).share_memory_()
         # A random fingerprint: without it `datasets` pickles the generator's arguments (the
         # whole buffer) to hash them, which costs seconds to minutes on a large buffer.
         return GeneratorDatasetInputStream(
             generator=_hf_generate,
             features=features,
-            gen_kwargs={"dataset": self},
+            gen_kwargs={
+                "dataset": self,
+                "shards": interleaved_shard_order(num_shards),
+                "passes": passes,
+            },
             streaming=True,
             fingerprint=uuid.uuid4().hex,
         ).read()
@@ -802,9 +1094,12 @@ class TorchRLBufferDataset(torch.utils.data.IterableDataset):
 
     def __repr__(self) -> str:
         keys = "<all>" if self._keys is None else [key_to_str(k, self._sep) for k in self._keys]
+        rb = self._replay_buffer
+        storage = "<remote>" if self._remote else type(rb.storage).__name__
+        mode = f"epoch=True, shuffle={self._shuffle}" if self._epoch_mode else "epoch=False"
         return (
-            f"{type(self).__name__}(replay_buffer={type(self._replay_buffer).__name__}("
-            f"storage={type(self._replay_buffer.storage).__name__}, len={len(self._replay_buffer)}), "
+            f"{type(self).__name__}(replay_buffer={type(rb).__name__}("
+            f"storage={storage}, len={len(rb)}), "
             f"batch_size={self._batch_size}, keys={keys}, num_batches={self._num_batches}, "
-            f"device={self._device})"
+            f"{mode}, seed={self._seed}, device={self._device})"
         )

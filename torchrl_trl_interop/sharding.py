@@ -2,15 +2,29 @@
 
 Plain functions over integers and index tensors; :class:`~torchrl_trl_interop.TorchRLBufferDataset`
 calls them in ``__iter__``, in whichever process (main, worker, rank) iterates it.
+
+An epoch is split by *storage index*: reader ``k`` of ``K`` owns the rows whose index is ``k``
+modulo ``K``. Readers that look at the buffer at different moments (a collector may be writing)
+therefore never overlap, whatever length each of them saw.
 """
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 
 import torch
 
-__all__ = ["ShardInfo", "derive_seed", "epoch_indices", "shard_info"]
+__all__ = [
+    "ShardInfo",
+    "accelerate_shards_data",
+    "derive_seed",
+    "distributed_rank",
+    "epoch_indices",
+    "interleaved_shard_order",
+    "shard_indices",
+    "shard_info",
+]
 
 _MASK63 = (1 << 63) - 1
 _MASK64 = (1 << 64) - 1
@@ -37,26 +51,82 @@ class ShardInfo:
         return self.world_size * self.num_workers
 
 
-def shard_info(*, split_by_rank: bool | None = None) -> ShardInfo:
-    """Reads the DataLoader worker (``get_worker_info``) and distributed rank of this process.
+def accelerate_shards_data() -> bool:
+    """Whether an initialized ``accelerate`` state with several processes runs in this process.
 
-    Keyword Args:
-        split_by_rank (bool, optional): ``None`` (default) uses the rank when ``torch.distributed``
-            is initialized; ``False`` ignores ranks (the trainer shards, e.g. accelerate).
+    A Hugging Face ``Trainer`` (or an ``Accelerator``) then splits the data of every DataLoader it
+    prepares across ranks itself: ``dispatch_batches=True`` (its default for iterable datasets)
+    iterates on rank 0 only and sends each rank its slice; ``dispatch_batches=False`` wraps the
+    dataset in ``IterableDatasetShard``, which iterates everything on every rank and keeps one
+    slice. A dataset that also split by rank would lose rows in both cases.
+
+    Never imports ``accelerate``: it only looks at it if something else already did.
 
     Examples:
-        >>> shard_info()
-        ShardInfo(rank=0, world_size=1, worker_id=0, num_workers=1, in_worker=False)
+        >>> accelerate_shards_data()
+        False
     """
-    rank, world_size = 0, 1
-    if split_by_rank is not False and torch.distributed.is_available():
-        if torch.distributed.is_initialized():
-            rank, world_size = torch.distributed.get_rank(), torch.distributed.get_world_size()
-        elif split_by_rank:
+    state = sys.modules.get("accelerate.state")
+    if state is None:
+        return False
+    shared = state.PartialState._shared_state
+    return bool(shared) and int(shared.get("num_processes", 1) or 1) > 1
+
+
+def distributed_rank(split_by_rank: bool | None = None) -> tuple[int, int]:
+    """``(rank, world_size)`` to split data by, as decided by ``split_by_rank``.
+
+    Keyword Args:
+        split_by_rank (bool, optional): ``True`` uses the ``torch.distributed`` rank (and raises
+            if it is not initialized); ``False`` ignores ranks; ``None`` (default) uses the rank
+            when ``torch.distributed`` is initialized and no ``accelerate`` state splits the data
+            already (see :func:`accelerate_shards_data`).
+
+    Raises:
+        RuntimeError: ``split_by_rank=True`` without an initialized process group.
+
+    Examples:
+        >>> distributed_rank()
+        (0, 1)
+        >>> distributed_rank(split_by_rank=False)
+        (0, 1)
+    """
+    if split_by_rank is False or not torch.distributed.is_available():
+        if split_by_rank:
+            raise RuntimeError(
+                "split_by_rank=True but torch.distributed is not available in this build of torch."
+            )
+        return 0, 1
+    if not torch.distributed.is_initialized():
+        if split_by_rank:
             raise RuntimeError(
                 "split_by_rank=True but torch.distributed is not initialized; call "
                 "torch.distributed.init_process_group(...) first, or leave split_by_rank=None."
             )
+        return 0, 1
+    if split_by_rank is None and accelerate_shards_data():
+        return 0, 1
+    return torch.distributed.get_rank(), torch.distributed.get_world_size()
+
+
+def shard_info(
+    *, split_by_rank: bool | None = None, rank_world: tuple[int, int] | None = None
+) -> ShardInfo:
+    """Reads the DataLoader worker (``get_worker_info``) and distributed rank of this process.
+
+    Keyword Args:
+        split_by_rank (bool, optional): see :func:`distributed_rank`.
+        rank_world (tuple of int, optional): ``(rank, world_size)`` decided by the parent process
+            of a DataLoader worker. A worker started with ``spawn`` has no process group of its
+            own, so the dataset records its parent's rank when it is pickled and passes it here.
+
+    Examples:
+        >>> shard_info()
+        ShardInfo(rank=0, world_size=1, worker_id=0, num_workers=1, in_worker=False)
+        >>> shard_info(rank_world=(1, 2))
+        ShardInfo(rank=1, world_size=2, worker_id=0, num_workers=1, in_worker=False)
+    """
+    rank, world_size = rank_world if rank_world is not None else distributed_rank(split_by_rank)
     worker = torch.utils.data.get_worker_info()
     if worker is None:
         return ShardInfo(rank, world_size)
@@ -81,10 +151,41 @@ def derive_seed(base: int, *parts: int) -> int:
         >>> derive_seed(7, 3) == derive_seed(7, 3)
         True
     """
-    x = _splitmix(base)
+    x = _splitmix(base & _MASK64)
     for part in parts:
-        x = _splitmix(x ^ _splitmix(part))
+        x = _splitmix(x ^ _splitmix(part & _MASK64))
     return x & _MASK63
+
+
+def shard_indices(
+    n: int,
+    shard_id: int,
+    num_shards: int,
+    *,
+    shuffle: bool = False,
+    seed: int = 0,
+    epoch: int = 0,
+) -> torch.Tensor:
+    """The storage indices below ``n`` that shard ``shard_id`` of ``num_shards`` owns in one epoch.
+
+    Shard ``k`` owns the indices ``k, k + K, k + 2K, ...``: the shards partition ``range(n)``,
+    and two shards never overlap even if they were given different ``n`` (rows written between
+    their reads). With ``shuffle=True`` the shard's indices come in an order drawn from
+    ``(seed, epoch, shard_id)``: reproducible, and new every epoch.
+
+    Examples:
+        >>> shard_indices(7, 1, 3).tolist()
+        [1, 4]
+        >>> sorted(shard_indices(100, 2, 4, shuffle=True, seed=3).tolist()) == list(range(2, 100, 4))
+        True
+    """
+    if num_shards <= 0 or not 0 <= shard_id < num_shards:
+        raise ValueError(f"shard_id must be in [0, {num_shards}), got {shard_id}.")
+    owned = torch.arange(shard_id, max(n, shard_id), num_shards)  # empty when n <= shard_id
+    if shuffle and owned.numel() > 1:
+        g = torch.Generator().manual_seed(derive_seed(seed, epoch, shard_id))
+        owned = owned[torch.randperm(owned.numel(), generator=g)]
+    return owned
 
 
 def epoch_indices(
@@ -97,9 +198,8 @@ def epoch_indices(
 ) -> torch.Tensor:
     """The storage indices one reader visits in one epoch over ``n`` stored rows.
 
-    Every index in ``range(n)`` goes to exactly one reader: the (optionally shuffled) order is the
-    same on every rank and worker (it depends only on ``seed`` and ``epoch``), and reader ``k`` of
-    ``K`` takes positions ``k, k + K, k + 2K, ...``.
+    Every index in ``range(n)`` goes to exactly one reader (see :func:`shard_indices`; the reader
+    is ``info.shard_id`` of ``info.num_shards``, one per rank and DataLoader worker).
 
     Examples:
         >>> both = [epoch_indices(5, ShardInfo(rank=r, world_size=2)).tolist() for r in (0, 1)]
@@ -109,9 +209,28 @@ def epoch_indices(
         >>> sorted(a.tolist()) == list(range(10))
         True
     """
-    if shuffle:
-        g = torch.Generator().manual_seed(derive_seed(seed, epoch))
-        order = torch.randperm(n, generator=g)
-    else:
-        order = torch.arange(n)
-    return order[info.shard_id :: info.num_shards]
+    return shard_indices(n, info.shard_id, info.num_shards, shuffle=shuffle, seed=seed, epoch=epoch)
+
+
+def interleaved_shard_order(num_shards: int) -> list[int]:
+    """Shard ids ordered so that any contiguous block of the list holds spread-out shard ids.
+
+    ``accelerate`` gives each rank a contiguous block of a ``datasets.IterableDataset``'s shards
+    (``dataset.shard(num_processes, rank)``). Listing shards in bit-reversed order makes the
+    block of each rank hold shard ids that are spread over the whole range, so that the rows of
+    a small buffer (fewer rows than shards) still go to every rank.
+
+    Examples:
+        >>> interleaved_shard_order(8)
+        [0, 4, 2, 6, 1, 5, 3, 7]
+        >>> interleaved_shard_order(8)[:4]  # rank 0 of 2 gets the even shards
+        [0, 4, 2, 6]
+        >>> sorted(interleaved_shard_order(6))
+        [0, 1, 2, 3, 4, 5]
+    """
+    bits = max(num_shards - 1, 0).bit_length()
+
+    def reverse(x: int) -> int:
+        return int(f"{x:0{bits}b}"[::-1], 2) if bits else 0
+
+    return sorted(range(num_shards), key=reverse)
