@@ -124,17 +124,36 @@ def _split_tensor(
     value: torch.Tensor,
     bounds: tuple[torch.Tensor, torch.Tensor, torch.Size] | None,
 ) -> list[torch.Tensor]:
-    """Splits a ``[B, ...]`` tensor into rows, trimming to the mask's span when shapes match."""
+    """Splits a ``[B, ...]`` tensor into rows, trimming to the mask's span when shapes match.
+
+    Trimming copies nothing: in the flattened ``[B * L, ...]`` tensor each row's attended span
+    is one contiguous run, so one ``split`` into (gap, span) chunks gives every row as a view.
+    """
     if bounds is not None:
         first, last, mask_shape = bounds
-        if value.shape[: len(mask_shape)] == mask_shape and len(mask_shape) == 2:
-            positions = torch.arange(mask_shape[1], device=value.device)
-            span = (positions >= first[:, None].to(value.device)) & (
-                positions < last[:, None].to(value.device)
-            )
-            lengths = (last - first).tolist()
-            return list(value[span].split(lengths))
+        if len(mask_shape) == 2 and value.shape[:2] == mask_shape and mask_shape[0] > 0:
+            rows, length = mask_shape
+            flat = value.contiguous().reshape(rows * length, *value.shape[2:])
+            gaps = torch.empty(rows + 1, dtype=torch.long)
+            gaps[0] = first[0]
+            gaps[1:-1] = (length - last[:-1]) + first[1:]
+            gaps[-1] = length - last[-1]
+            sizes = torch.stack([gaps[:-1], last - first], 1).reshape(-1).tolist()
+            sizes.append(int(gaps[-1]))
+            return list(flat.split(sizes)[1::2])
     return list(value.unbind(0))
+
+
+def _ragged_rows(batch: TensorDictBase, key: tuple[str, ...]) -> list[torch.Tensor]:
+    """Per-row tensors of a ragged column of a lazy stack, without building nested lazy stacks."""
+    if _is_lazy(batch) and batch.stack_dim == 0:
+        try:
+            rows = [td.get(key) for td in batch.tensordicts]
+        except (RuntimeError, KeyError):
+            rows = None
+        if rows is not None and all(isinstance(r, torch.Tensor) for r in rows):
+            return rows
+    return list(batch.get(key, as_list=True))
 
 
 def _trim_row(value: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -205,7 +224,7 @@ def split_columns(
     row_masks = None
     if mask_key is not None:
         if _probe(batch, mask_key)[1]:
-            row_masks = batch.get(mask_key, as_list=True)
+            row_masks = _ragged_rows(batch, mask_key)
         else:
             mask = batch.get(mask_key)
             first, last = _trim_bounds(mask)
@@ -215,7 +234,7 @@ def split_columns(
     for key in columns:
         probe, lazy = _probe(batch, key)
         if lazy and isinstance(probe, torch.Tensor):
-            rows = batch.get(key, as_list=True)
+            rows = _ragged_rows(batch, key)
             if row_masks is not None:
                 rows = [_trim_row(v, m) for v, m in zip(rows, row_masks)]
             elif bounds is not None:
@@ -379,16 +398,16 @@ class TorchRLBufferDataset(torch.utils.data.IterableDataset):
 
     What a row holds, per stored value:
 
-    ============================== ==============================================================
-    stored                         yielded
-    ============================== ==============================================================
-    tensor ``[B, ...]``            the row's tensor ``[...]`` (a ``0``-d tensor for a scalar)
-    ragged tensor (lazy stack)     the row's own true-length tensor
-    padded tensor + mask key       cut to the attended span (left or right padding alike)
-    string (``NonTensorStack``)    ``str``
-    :class:`~torchrl.data.llm.History`  a TRL message list ``[{"role", "content"}, ...]``
-    nested key ``("a", "b")``      the string key ``"a.b"`` (see ``sep`` and ``rename``)
-    ============================== ==============================================================
+    ==================================== ==============================================================
+    stored                               yielded
+    ==================================== ==============================================================
+    tensor ``[B, ...]``                  the row's tensor ``[...]`` (a ``0``-d tensor for a scalar)
+    ragged tensor (lazy stack)           the row's own true-length tensor
+    padded tensor + mask key             cut to the attended span (left or right padding alike)
+    string (``NonTensorStack``)          ``str``
+    :class:`~torchrl.data.llm.History`   a TRL message list ``[{"role", "content"}, ...]``
+    nested key ``("a", "b")``            the string key ``"a.b"`` (see ``sep`` and ``rename``)
+    ==================================== ==============================================================
 
     Who reads what, when several readers (DataLoader workers, distributed ranks) iterate it:
 
