@@ -723,7 +723,7 @@ class TorchRLBufferDataset(torch.utils.data.IterableDataset):
 
     # -- iteration -----------------------------------------------------------------------------
 
-    def _rows(self, batch: TensorDictBase) -> Iterator[dict[str, Any]]:
+    def _rows(self, batch: TensorDictBase) -> list[dict[str, Any]]:
         if self._columns is None:
             self._resolve_columns(batch)
         columns = split_columns(
@@ -733,8 +733,7 @@ class TorchRLBufferDataset(torch.utils.data.IterableDataset):
             device=self._device,
         )
         names = self._names
-        for values in zip(*columns.values()):
-            yield dict(zip(names, values))
+        return [dict(zip(names, values)) for values in zip(*columns.values())]
 
     def set_epoch(self, epoch: int) -> None:
         """Sets the epoch that seeds shuffling (epoch mode) and sampling streams (``seed=``).
@@ -989,7 +988,7 @@ class TorchRLBufferDataset(torch.utils.data.IterableDataset):
         from datasets import Features
 
         self._check_not_empty()
-        row = next(self._rows(self._read(slice(0, 1))))
+        row = self._rows(self._read(slice(0, 1)))[0]
         features = {name: _feature_of(value) for name, value in row.items()}
         if any(f is None for f in features.values()):
             return None

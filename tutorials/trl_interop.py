@@ -28,13 +28,18 @@ Every statement the text makes is checked by an ``assert`` in the code below it.
 #
 # Nothing is downloaded: the Hugging Face libraries are told to stay offline, and matplotlib
 # draws off-screen unless you chose a backend yourself. Seeds are fixed, so the run is
-# reproducible.
+# reproducible. Run as a script (``make demo``), the tutorial shows progress bars; the docs
+# build (sphinx-gallery, which defines no ``__file__`` and writes all output into the page)
+# runs without them.
 
 import copy
+import itertools
 import os
 import time
 import warnings
 from pathlib import Path
+
+T_START = time.perf_counter()
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
@@ -49,6 +54,7 @@ from tensordict import TensorDict, set_list_to_stack
 from torch.utils.data import DataLoader
 from torchrl.data import LazyStackStorage, ReplayBuffer
 from tqdm.auto import tqdm
+from transformers import DataCollatorWithPadding
 
 from torchrl_trl_interop import (
     HFRewardModelWrapper,
@@ -59,6 +65,7 @@ from torchrl_trl_interop import (
     build_preference_pairs,
     history_to_messages,
     is_message_list,
+    messages_to_history,
     split_prompt_completion,
 )
 from torchrl_trl_interop.testing import (
@@ -69,10 +76,18 @@ from torchrl_trl_interop.testing import (
     toy_tokenizer,
 )
 
-# torchrl 0.14 announces a future default of its LLM collector on every run; not our topic.
-warnings.filterwarnings("ignore", message="The env passed to LLMCollector is missing transforms")
+# Deprecation notices that torchrl, transformers and torch print on every run; not our topic.
+for message in (
+    "The env passed to LLMCollector is missing transforms",
+    "`(is_)?gradient_checkpointing",
+    "size_average and reduce args will be deprecated",
+):
+    warnings.filterwarnings("ignore", message=message)
 
-T_START = time.perf_counter()
+SHOW_PROGRESS = "__file__" in globals()  # a plain script, not the docs build
+if not SHOW_PROGRESS:
+    datasets.disable_progress_bars()
+
 torch.manual_seed(0)
 OUT_DIR = Path("outputs")  # relative to the working directory; git-ignored
 OUT_DIR.mkdir(exist_ok=True)
@@ -92,7 +107,10 @@ QUESTIONS = ["What is two plus two?", "Hello!", "How are you today?", "What is 7
 rollouts_rb = toy_collected_buffer(
     tok, prompts=QUESTIONS, repeats=2, env_batch_size=2, total_dialog_turns=8, max_new_tokens=6
 )
-print(rollouts_rb)
+print(type(rollouts_rb.storage).__name__, len(rollouts_rb), "rows")
+with set_list_to_stack(True):  # History needs tensordict's list-to-stack mode: keep it scoped
+    rollouts = rollouts_rb[:]
+print(sorted(rollouts.keys()))
 assert len(rollouts_rb) == 8
 
 # %%
@@ -101,8 +119,6 @@ assert len(rollouts_rb) == 8
 # list (or as a padded or nested tensor) instead. The History holds the whole conversation:
 # system prompt, user question and the policy's answer.
 
-with set_list_to_stack(True):  # History needs tensordict's list-to-stack mode: keep it scoped
-    rollouts = rollouts_rb[:]
 token_rows = rollouts.get(("tokens", "full"), as_list=True)
 lengths = [row.numel() for row in token_rows]
 print("tokens per rollout:", lengths)
@@ -119,10 +135,17 @@ assert [m["role"] for m in conversations[0]] == ["system", "user", "assistant"]
 
 # %%
 # :class:`~torchrl_trl_interop.TorchRLBufferDataset` turns the buffer into a torch
-# ``IterableDataset`` of flat dicts. ``keys`` selects entries (nested keys are tuples), and each
-# nested key becomes a dotted column name unless ``rename`` gives it another one. Every
-# iteration samples ``num_batches`` (default ``1``) batches of ``batch_size`` rows. Each row
-# keeps its true length, the History becomes a TRL message list, and strings stay strings.
+# ``IterableDataset`` of flat dicts. Every leaf entry is a column, and a nested key such as
+# ``("tokens", "full")`` becomes the dotted name ``"tokens.full"``:
+
+every_column = TorchRLBufferDataset(rollouts_rb, batch_size=4).column_names
+print(every_column)
+assert {"tokens.full", "masks.all_attention_mask", "history.full", "query"} <= set(every_column)
+
+# %%
+# ``keys`` selects entries (nested keys are tuples) and ``rename`` gives a column another name.
+# Every iteration samples ``num_batches`` (default ``1``) batches of ``batch_size`` rows. Each
+# row keeps its true length, the History becomes a TRL message list, and strings stay strings.
 
 dataset = TorchRLBufferDataset(
     rollouts_rb,
@@ -138,7 +161,10 @@ rows = list(dataset)
 assert len(rows) == dataset.batch_size * dataset.num_batches == 4
 row = rows[0]
 print({name: type(value).__name__ for name, value in row.items()})
-assert row["tokens.full"].ndim == 1 and row["tokens.full"].shape == row["masks.all_attention_mask"].shape
+assert (
+    row["tokens.full"].ndim == 1
+    and row["tokens.full"].shape == row["masks.all_attention_mask"].shape
+)
 assert row["tokens.full"].numel() in lengths
 assert is_message_list(row["messages"]) and isinstance(row["query"], str)
 assert row["messages"][1]["content"] == row["query"]
@@ -155,30 +181,30 @@ assert all(torch.equal(r["tokens.full"], t) for r, t in zip(epoch_rows, token_ro
 
 # %%
 # TRL trainers accept only Hugging Face ``datasets`` objects: they refuse a torch
-# ``IterableDataset`` (and a replay buffer) when they are built. The dataset gives two views:
+# ``IterableDataset``, and a replay buffer, when they are built. The dataset gives two views:
 #
 # * :meth:`~torchrl_trl_interop.TorchRLBufferDataset.to_hf_dataset`: a map-style
 #   ``datasets.Dataset`` holding every stored row once (it has a ``len``, so trainers can count
 #   epochs);
 # * :meth:`~torchrl_trl_interop.TorchRLBufferDataset.as_hf_dataset`: a streaming
-#   ``datasets.IterableDataset`` that samples the buffer on each pass (give the trainer
-#   ``max_steps``; with ``num_batches=None`` it streams forever, rows written while it runs
-#   included).
+#   ``datasets.IterableDataset`` that samples the buffer on each pass (with
+#   ``num_batches=None`` it streams forever: give the trainer ``max_steps``).
 #
 # Arrow stores no tensors: there, tensors become lists of numbers.
 
 from trl import RewardConfig, RewardTrainer
 
-try:
-    RewardTrainer(
-        model=toy_reward_model("llama", tokenizer=toy_tokenizer()),
-        args=RewardConfig(output_dir=str(OUT_DIR / "runs"), use_cpu=True, report_to="none"),
-        train_dataset=dataset,
-        processing_class=toy_tokenizer(),
-    )
-    raise AssertionError("RewardTrainer should refuse a torch IterableDataset")
-except TypeError as err:
-    print("TypeError:", err)
+for refused in (dataset, rollouts_rb):
+    try:
+        RewardTrainer(
+            model=toy_reward_model("llama", tokenizer=toy_tokenizer()),
+            args=RewardConfig(output_dir=str(OUT_DIR / "runs"), use_cpu=True, report_to="none"),
+            train_dataset=refused,
+            processing_class=toy_tokenizer(),
+        )
+        raise AssertionError(f"RewardTrainer accepted a {type(refused).__name__}")
+    except TypeError as err:
+        print("TypeError:", err)
 
 hf_dataset = dataset.to_hf_dataset()
 print(hf_dataset)
@@ -192,22 +218,24 @@ print(hf_stream.features)
 assert isinstance(hf_stream, datasets.IterableDataset)
 assert len(list(hf_stream)) == dataset.batch_size  # one sampled batch per pass
 
+endless = TorchRLBufferDataset(rollouts_rb, batch_size=4, keys=["query"], num_batches=None)
+assert len(list(itertools.islice(endless.as_hf_dataset(), 5 * len(rollouts_rb)))) == 40
+
 # %%
-# Which TRL trainer reads which columns (TRL 1.16). "Conversational" columns hold message
-# lists, which is what a History becomes:
+# Which TRL trainer reads which columns (TRL 1.16). Conversational columns hold message lists,
+# which is what a History becomes:
 #
-# =================== ============================================== =========================
-# trainer             columns                                        from a TorchRL buffer
-# =================== ============================================== =========================
-# ``RewardTrainer``   ``chosen``, ``rejected`` (+ ``prompt``,        :func:`~torchrl_trl_
-#                     ``margin``)                                    interop.build_preference_
-#                                                                    pairs` (Part 4)
-# ``DPOTrainer``      ``prompt``, ``chosen``, ``rejected``           the same pairs
-# ``SFTTrainer``      ``messages`` (or ``text``, or ``prompt`` +     ``("history", "full")``
-#                     ``completion``)                                → ``messages``
-# ``GRPOTrainer``,    ``prompt``; every other column is passed to    ``("history", "prompt")``
-# ``RLOOTrainer``     the reward functions as a keyword argument     → ``prompt``, + extras
-# =================== ============================================== =========================
+# ================== ============================================= ===========================
+# trainer            columns it reads                              from a TorchRL buffer
+# ================== ============================================= ===========================
+# ``RewardTrainer``  ``chosen``, ``rejected`` (+ ``prompt``,       pairs made by
+#                    ``margin``)                                   ``build_preference_pairs``
+# ``DPOTrainer``     ``prompt``, ``chosen``, ``rejected``          the same pairs
+# ``SFTTrainer``     ``messages`` (or ``text``, or ``prompt`` and  ``("history", "full")``
+#                    ``completion``)                               renamed ``messages``
+# ``GRPOTrainer``,   ``prompt``; every other column goes to the    ``("history", "prompt")``
+# ``RLOOTrainer``    reward functions as a keyword argument        renamed ``prompt``
+# ================== ============================================= ===========================
 #
 # ``keys`` and ``rename`` build each layout from the same rollouts:
 
@@ -241,17 +269,18 @@ scorers = {arch: toy_reward_model(arch, tokenizer=rm_tok) for arch in ("llama", 
 rm = HFRewardModelWrapper(scorers["llama"], inference_mode=True)
 print(rm)
 rm(rollouts)
-ragged_scores = {"llama": rollouts.get("reward").clone()}
-ragged_scores["gpt2"] = HFRewardModelWrapper(scorers["gpt2"], inference_mode=True)(rollouts)["reward"]
-assert rollouts.get("reward").shape == (8,)
+HFRewardModelWrapper(scorers["gpt2"], reward_key="reward_gpt2", inference_mode=True)(rollouts)
+ragged_scores = {"llama": rollouts.get("reward"), "gpt2": rollouts.get("reward_gpt2")}
+assert ragged_scores["llama"].shape == ragged_scores["gpt2"].shape == (len(rollouts_rb),)
 
 # %%
 # Sequence-classification decoders pool the rightmost token that is not
 # ``config.pad_token_id``; the attention mask plays no part in that choice, and GPT-2 (absolute
 # positions) sees a left-padded row at shifted positions. The wrapper lets the *mask* decide
 # which tokens are real, so the same rows padded on the left or on the right, with any padding
-# value, get the scores of the rows alone. The model called directly on the same padded
-# batches does not.
+# value, get the scores of the rows alone. Called directly on the same batches, the model
+# scores right-padded rows on a padding token when the padding value is not its
+# ``pad_token_id``, and GPT-2 also gets left-padded rows wrong:
 
 
 def padded(td, side, value):
@@ -281,7 +310,9 @@ for arch, model in scorers.items():
             ).logits.squeeze(-1)
         wrapper_err = (scores - ragged_scores[arch]).abs().max().item()
         raw_err = (raw - ragged_scores[arch]).abs().max().item()
-        print(f"{arch:5s} {name:5s}-padded: wrapper error {wrapper_err:.1e}, raw model {raw_err:.1e}")
+        print(
+            f"{arch:5s} {name:5s}-padded: wrapper error {wrapper_err:.1e}, raw model {raw_err:.1e}"
+        )
         assert torch.allclose(scores, ragged_scores[arch], atol=1e-5)
         if name == "right" or arch == "gpt2":
             assert not torch.allclose(raw, ragged_scores[arch], atol=1e-3)
@@ -312,9 +343,9 @@ assert torch.allclose(with_grad.detach(), no_grad, atol=1e-6)
 #
 # :class:`~torchrl_trl_interop.PaddingCollator` is a ``collate_fn`` that pads rows the way
 # ``transformers.DataCollatorWithPadding`` does (pad id and side from the tokenizer, ``int64``
-# mask), one vectorized op per column. Renamed to ``input_ids``/``attention_mask``, the rows
-# are a standard Hugging Face batch; put back into a TensorDict, they are scored exactly as the
-# buffer's own ragged rows were.
+# mask). Renamed to ``input_ids``/``attention_mask``, the rows are a standard Hugging Face
+# batch; put back into a TensorDict, they are scored exactly as the buffer's own ragged rows
+# were.
 
 round_trip = TorchRLBufferDataset(
     rollouts_rb,
@@ -323,10 +354,17 @@ round_trip = TorchRLBufferDataset(
     rename={("tokens", "full"): "input_ids", ("masks", "all_attention_mask"): "attention_mask"},
     epoch=True,  # every row once, in storage order, to compare row by row
 )
-loader = DataLoader(round_trip, batch_size=4, collate_fn=PaddingCollator(tok))
+collator = PaddingCollator(tok)
+first_rows = list(round_trip)[:4]
+reference = DataCollatorWithPadding(tok)(first_rows)
+assert all(torch.equal(collator(first_rows)[k], reference[k]) for k in reference)
+
+loader = DataLoader(round_trip, batch_size=4, collate_fn=collator)
 scores = []
 for batch in loader:
-    print({name: tuple(value.shape) for name, value in batch.items()}, "pad side:", tok.padding_side)
+    print(
+        {name: tuple(value.shape) for name, value in batch.items()}, "pad side:", tok.padding_side
+    )
     assert batch["attention_mask"].dtype == torch.int64
     td = TensorDict(
         {
@@ -347,12 +385,12 @@ print("round-trip scores match the buffer's:", scores.tolist())
 # Now the whole loop, keeping the full conversational context (system prompt, question,
 # answer) as a :class:`~torchrl.data.llm.History` from the collector to the trainer and back.
 #
-# **Collect.** The toy policy answers each of 96 arithmetic questions four times
-# (``repeats=4``); 32 other questions are held out for later. Collection runs in chunks, to
+# **Collect.** The toy policy answers each of 144 arithmetic questions eight times
+# (``repeats=8``); 48 other questions are held out for later. Collection runs in chunks, to
 # show progress; every chunk lands in one ``LazyStackStorage`` buffer, which keeps ragged rows
 # and per-row History.
 
-N_PROMPTS, REPEATS = 128, 4
+N_PROMPTS, REPEATS = 192, 8
 all_prompts = toy_prompts(N_PROMPTS)  # "What is i plus 2i?"
 held_out_prompts = all_prompts[3::4]  # split by prompt: no held-out question is trained on
 train_prompts = [p for p in all_prompts if p not in held_out_prompts]
@@ -368,7 +406,7 @@ def collect(prompts, seed):
         repeats=REPEATS,
         env_batch_size=32,
         total_dialog_turns=len(prompts) * REPEATS,
-        max_new_tokens=12,
+        max_new_tokens=16,
         storage_size=len(prompts) * REPEATS,
         seed=seed,
     )
@@ -376,7 +414,12 @@ def collect(prompts, seed):
 
 train_rb = ReplayBuffer(storage=LazyStackStorage(len(train_prompts) * REPEATS))
 chunk = 24
-with tqdm(total=len(train_prompts) * REPEATS, desc="collecting rollouts", unit="rollout") as bar:
+with tqdm(
+    total=len(train_prompts) * REPEATS,
+    desc="collecting rollouts",
+    unit="rollout",
+    disable=not SHOW_PROGRESS,
+) as bar:
     for start in range(0, len(train_prompts), chunk):
         part = collect(train_prompts[start : start + chunk], seed=start)
         with set_list_to_stack(True):
@@ -385,7 +428,8 @@ with tqdm(total=len(train_prompts) * REPEATS, desc="collecting rollouts", unit="
 with set_list_to_stack(True):
     train_rollouts = train_rb[:]
 print(f"{len(train_rb)} rollouts, e.g.", history_to_messages(train_rollouts[0]["history", "full"]))
-assert len(train_rb) == len(train_prompts) * REPEATS == 384
+assert len(train_rb) == len(train_prompts) * REPEATS == 1152
+assert len({t.numel() for t in train_rollouts.get(("tokens", "full"), as_list=True)}) > 1
 
 # %%
 # **Score.** The initial reward signal is a rule, written as a TRL reward function (the kind
@@ -416,13 +460,19 @@ assert train_rollouts["reward"].tolist() == [float(sum(map(str.isdigit, a))) for
 with set_list_to_stack(True):
     train_pairs = build_preference_pairs(train_rollouts)
     first_pair = train_pairs[0]
-    print("pair:", {k: history_to_messages(first_pair[k]) for k in ("prompt", "chosen", "rejected")})
+    print(
+        "pair:", {k: history_to_messages(first_pair[k]) for k in ("prompt", "chosen", "rejected")}
+    )
 print(f"{len(train_pairs)} training pairs from {len(train_prompts)} prompts")
 assert 0.8 * len(train_prompts) < len(train_pairs) <= len(train_prompts)
 pair_rows = TorchRLBufferDataset(train_pairs, batch_size=64).to_hf_dataset()
 assert set(pair_rows.column_names) == {"prompt", "chosen", "rejected", "margin"}
 for pair in pair_rows:
-    assert pair["margin"] == number_reward([pair["chosen"]])[0] - number_reward([pair["rejected"]])[0] > 0
+    assert (
+        pair["margin"]
+        == number_reward([pair["chosen"]])[0] - number_reward([pair["rejected"]])[0]
+        > 0
+    )
 
 # %%
 # **Train.** TRL's ``RewardTrainer`` takes the pairs as they are (conversational
@@ -436,7 +486,7 @@ trainer = RewardTrainer(
     model=reward_model,
     args=RewardConfig(
         output_dir=str(OUT_DIR / "runs"),
-        max_steps=40,
+        max_steps=60,
         per_device_train_batch_size=16,
         learning_rate=1e-3,
         max_length=256,
@@ -444,7 +494,7 @@ trainer = RewardTrainer(
         save_strategy="no",
         report_to="none",
         use_cpu=True,
-        disable_tqdm=False,
+        disable_tqdm=not SHOW_PROGRESS,
         seed=0,
     ),
     train_dataset=pair_rows,
@@ -454,21 +504,25 @@ trainer.train()
 reward_model.eval()
 train_log = [log for log in trainer.state.log_history if "loss" in log]
 print("training loss:", [round(log["loss"], 3) for log in train_log])
-assert trainer.state.global_step == 40
+assert trainer.state.global_step == 60
 assert train_log[-1]["loss"] < train_log[0]["loss"]
+first_chat = pair_rows[0]["prompt"] + pair_rows[0]["chosen"]
+chat_ids = rm_tok.apply_chat_template(first_chat, tokenize=True, return_dict=True)["input_ids"]
+assert trainer.train_dataset[0]["chosen_ids"] == chat_ids
 
 # %%
-# **Evaluate on fresh rollouts.** The policy now answers the 32 held-out questions (new
+# **Evaluate on fresh rollouts.** The policy now answers the 48 held-out questions (new
 # prompts, a new sampling seed), and the rule scores them. The trained model, wrapped by
 # :class:`~torchrl_trl_interop.HFRewardModelWrapper`, reads the History at
 # ``("history", "full")``, renders it with its tokenizer's chat template as ``RewardTrainer``
-# did, and writes its score into the rollout TensorDict next to the rule's.
+# did (same token ids, same score), and writes its score into the rollout TensorDict next to
+# the rule's. Its scores now follow the rule far more closely than the untrained model's.
 
 fresh_rb = collect(held_out_prompts, seed=1000)
 with set_list_to_stack(True):
     fresh = fresh_rb[:]
 rule(fresh)
-seen = {m[1]["content"] for m in history_to_messages(fresh["history", "full"])}
+seen = {conv[1]["content"] for conv in history_to_messages(fresh["history", "full"])}
 assert seen == set(held_out_prompts) and not seen & set(train_prompts)
 
 
@@ -484,9 +538,23 @@ def rm_on_history(model, history_key=("history", "full"), reward_key="rm_reward"
 
 trained_rm = rm_on_history(reward_model)
 trained_rm(fresh)
-print(fresh.select("reward", "rm_reward"))
+fresh_conversations = history_to_messages(fresh["history", "full"])
+print("rule  RM score  answer")
+for conv, rule_reward, rm_reward in list(
+    zip(fresh_conversations, fresh["reward"], fresh["rm_reward"])
+)[:6]:
+    print(f"{rule_reward:4.0f}  {rm_reward:+8.2f}  {conv[-1]['content']!r}")
+assert fresh["rm_reward"].shape == fresh["reward"].shape == (len(fresh_rb),)
+
+check = TensorDict({"history": {"full": messages_to_history([first_chat])}}, batch_size=[1])
+with torch.no_grad():
+    direct = reward_model(input_ids=torch.tensor([chat_ids])).logits[0, 0]
+assert torch.allclose(trained_rm(check)["rm_reward"][0], direct, atol=1e-5)
+
 correlation = {
-    name: torch.corrcoef(torch.stack([fresh["reward"], rm_on_history(m)(fresh.clone())["rm_reward"]]))[0, 1].item()
+    name: torch.corrcoef(
+        torch.stack([fresh["reward"], rm_on_history(m)(fresh.clone())["rm_reward"]])
+    )[0, 1].item()
     for name, m in (("untrained", untrained_model), ("trained", reward_model))
 }
 print("correlation of the RM score with the rule, on fresh rollouts:", correlation)
@@ -511,11 +579,14 @@ def held_out_margins(model):
     return td["chosen_score"] - td["rejected_score"]
 
 
-margins = {"untrained": held_out_margins(untrained_model), "trained": held_out_margins(reward_model)}
+margins = {
+    "untrained": held_out_margins(untrained_model),
+    "trained": held_out_margins(reward_model),
+}
 accuracy = {name: (m > 0).float().mean().item() for name, m in margins.items()}
 print(f"{len(held_out)} held-out pairs; accuracy {accuracy}")
 assert accuracy["trained"] > accuracy["untrained"]
-assert accuracy["trained"] >= 0.7
+assert accuracy["trained"] >= 0.75
 assert margins["trained"].mean() > margins["untrained"].mean()
 
 # %%
@@ -557,10 +628,10 @@ assert FIGURE.exists()
 
 from trl import GRPOConfig, GRPOTrainer
 
-trained_rm_func = as_trl_reward_func(trained_rm, processing_class=rm_tok, name="trained_rm")
-prompts, completions = zip(
-    *(split_prompt_completion(c) for c in history_to_messages(fresh["history", "full"]))
+trained_rm_func = as_trl_reward_func(
+    trained_rm, reward_key="rm_reward", processing_class=rm_tok, name="trained_rm"
 )
+prompts, completions = zip(*(split_prompt_completion(c) for c in fresh_conversations))
 bridged = trained_rm_func(prompts=list(prompts), completions=list(completions), completion_ids=None)
 assert torch.allclose(torch.tensor(bridged), fresh["rm_reward"], atol=1e-5)
 
@@ -580,7 +651,7 @@ grpo = GRPOTrainer(
         save_strategy="no",
         report_to="none",
         use_cpu=True,
-        disable_tqdm=False,
+        disable_tqdm=not SHOW_PROGRESS,
         seed=0,
     ),
     train_dataset=prompt_data,
