@@ -43,4 +43,4 @@ bench: setup
 	$(PY) benchmarks/bench_reward.py
 
 clean:
-	rm -rf docs/_build docs/auto_examples docs/generated
+	rm -rf docs/_build docs/auto_examples docs/generated tutorials/outputs outputs

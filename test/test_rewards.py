@@ -592,3 +592,17 @@ class TestBothDirectionsAgree:
             round_trip.get("reward").reshape(-1),
             torchrl_rm + torch.tensor(trl_brevity),
         )
+
+
+def test_reward_key_defaults_to_the_modules_out_key():
+    from torchrl_trl_interop import HFRewardModelWrapper, as_trl_reward_func
+    from torchrl_trl_interop.testing import toy_reward_model, toy_tokenizer
+
+    tok = toy_tokenizer()
+    rm = HFRewardModelWrapper(
+        toy_reward_model(tokenizer=tok), tokenizer=tok, text_key="text", reward_key="rm_reward"
+    )
+    func = as_trl_reward_func(rm, history_key=None, text_key="text")
+    assert func.reward_key == "rm_reward"
+    scores = func(prompts=["Hi"], completions=[" there"], completion_ids=[[1]])
+    assert len(scores) == 1 and isinstance(scores[0], float)

@@ -230,6 +230,12 @@ def _default_name(module: Any) -> str:
     return type(module).__name__
 
 
+def _default_reward_key(module: Any) -> NestedKey:
+    """The module's single out key (e.g. a wrapper built with ``reward_key="rm_reward"``)."""
+    out_keys = list(getattr(module, "out_keys", None) or [])
+    return out_keys[0] if len(out_keys) == 1 else "reward"
+
+
 def as_trl_reward_func(
     module: TensorDictModuleBase,
     *,
@@ -239,7 +245,7 @@ def as_trl_reward_func(
     attention_mask_key: NestedKey | None = _DEFAULT_MASK_KEY,
     completion_ids_key: NestedKey | None = None,
     kwargs_keys: Mapping[str, NestedKey] | None = None,
-    reward_key: NestedKey = "reward",
+    reward_key: NestedKey | None = None,
     processing_class: PreTrainedTokenizerBase | None = None,
     max_batch_size: int | None = None,
     device: torch.device | str | None = None,
@@ -283,8 +289,8 @@ def as_trl_reward_func(
             to ``("masks", "all_attention_mask")``.
         completion_ids_key (NestedKey, optional): Defaults to ``None``.
         kwargs_keys (dict, optional): dataset columns to pass to the module. Defaults to none.
-        reward_key (NestedKey, optional): where the module writes the reward. Defaults to
-            ``"reward"``.
+        reward_key (NestedKey, optional): where the module writes the reward. Defaults to the
+            module's only ``out_keys`` entry when it has exactly one, else ``"reward"``.
         processing_class (PreTrainedTokenizerBase, optional): renders/tokenizes text for
             ``text_key`` (conversational input) and ``token_key``. Defaults to ``None``.
         max_batch_size (int, optional): the most rows per module call. Defaults to ``None``
@@ -375,7 +381,7 @@ def as_trl_reward_func(
         attention_mask_key=keys.get("attention_mask_key"),
         completion_ids_key=keys.get("completion_ids_key"),
         kwargs_keys=kwargs_keys,
-        reward_key=normalize_key(reward_key),
+        reward_key=normalize_key(_default_reward_key(module) if reward_key is None else reward_key),
         processing_class=processing_class,
         max_batch_size=max_batch_size,
         device=torch.device(device) if device is not None else None,

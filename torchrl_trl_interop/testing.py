@@ -28,6 +28,8 @@ __all__ = [
     "TOY_CORPUS",
     "toy_causal_lm",
     "toy_chats",
+    "toy_collected_buffer",
+    "toy_prompts",
     "toy_reward_model",
     "toy_tokenizer",
 ]

@@ -475,10 +475,12 @@ for pair in pair_rows:
     )
 
 # %%
-# **Train.** TRL's ``RewardTrainer`` takes the pairs as they are (conversational
-# ``prompt``/``chosen``/``rejected`` plus ``margin``): it renders each conversation with the
-# reward model's chat template and learns to score ``chosen`` above ``rejected``. We keep a copy
-# of the untrained model to compare with later.
+# **Train.** TRL's ``RewardTrainer`` takes these rows as they are (conversational
+# ``prompt``/``chosen``/``rejected``, optional ``margin``): it renders each conversation with
+# the reward model's chat template and learns to score ``chosen`` above ``rejected``. With a
+# ``margin`` column its loss asks for a score gap of at least the margin; on this toy task
+# plain preferences generalised better in our runs, so we drop that column. We keep a copy of
+# the untrained model to compare with later.
 
 reward_model = toy_reward_model("llama", tokenizer=rm_tok, seed=0)
 untrained_model = copy.deepcopy(reward_model)
@@ -486,25 +488,25 @@ trainer = RewardTrainer(
     model=reward_model,
     args=RewardConfig(
         output_dir=str(OUT_DIR / "runs"),
-        max_steps=60,
+        max_steps=120,
         per_device_train_batch_size=16,
         learning_rate=1e-3,
         max_length=256,
-        logging_steps=10,
+        logging_steps=20,
         save_strategy="no",
         report_to="none",
         use_cpu=True,
         disable_tqdm=not SHOW_PROGRESS,
         seed=0,
     ),
-    train_dataset=pair_rows,
+    train_dataset=pair_rows.remove_columns("margin"),
     processing_class=rm_tok,
 )
 trainer.train()
 reward_model.eval()
 train_log = [log for log in trainer.state.log_history if "loss" in log]
 print("training loss:", [round(log["loss"], 3) for log in train_log])
-assert trainer.state.global_step == 60
+assert trainer.state.global_step == 120
 assert train_log[-1]["loss"] < train_log[0]["loss"]
 first_chat = pair_rows[0]["prompt"] + pair_rows[0]["chosen"]
 chat_ids = rm_tok.apply_chat_template(first_chat, tokenize=True, return_dict=True)["input_ids"]
@@ -516,7 +518,8 @@ assert trainer.train_dataset[0]["chosen_ids"] == chat_ids
 # :class:`~torchrl_trl_interop.HFRewardModelWrapper`, reads the History at
 # ``("history", "full")``, renders it with its tokenizer's chat template as ``RewardTrainer``
 # did (same token ids, same score), and writes its score into the rollout TensorDict next to
-# the rule's. Its scores now follow the rule far more closely than the untrained model's.
+# the rule's. Its scores now follow the rule (correlation above 0.3); the untrained model's do
+# not.
 
 fresh_rb = collect(held_out_prompts, seed=1000)
 with set_list_to_stack(True):
@@ -524,6 +527,10 @@ with set_list_to_stack(True):
 rule(fresh)
 seen = {conv[1]["content"] for conv in history_to_messages(fresh["history", "full"])}
 assert seen == set(held_out_prompts) and not seen & set(train_prompts)
+
+
+def _fmt(values):
+    return ", ".join(f"{name} {value:.2f}" for name, value in values.items())
 
 
 def rm_on_history(model, history_key=("history", "full"), reward_key="rm_reward"):
@@ -551,14 +558,14 @@ with torch.no_grad():
     direct = reward_model(input_ids=torch.tensor([chat_ids])).logits[0, 0]
 assert torch.allclose(trained_rm(check)["rm_reward"][0], direct, atol=1e-5)
 
+rm_on_history(untrained_model, reward_key="untrained_rm_reward")(fresh)
+RM_KEYS = {"untrained": "untrained_rm_reward", "trained": "rm_reward"}
 correlation = {
-    name: torch.corrcoef(
-        torch.stack([fresh["reward"], rm_on_history(m)(fresh.clone())["rm_reward"]])
-    )[0, 1].item()
-    for name, m in (("untrained", untrained_model), ("trained", reward_model))
+    name: torch.corrcoef(torch.stack([fresh["reward"], fresh[key]]))[0, 1].item()
+    for name, key in RM_KEYS.items()
 }
-print("correlation of the RM score with the rule, on fresh rollouts:", correlation)
-assert correlation["trained"] > correlation["untrained"]
+print("correlation of the RM score with the rule on fresh rollouts:", _fmt(correlation))
+assert correlation["trained"] > 0.3 > correlation["untrained"]
 
 # %%
 # The held-out preference pairs are built from the fresh rollouts the same way. With
@@ -584,14 +591,14 @@ margins = {
     "trained": held_out_margins(reward_model),
 }
 accuracy = {name: (m > 0).float().mean().item() for name, m in margins.items()}
-print(f"{len(held_out)} held-out pairs; accuracy {accuracy}")
+print(f"{len(held_out)} held-out pairs; accuracy:", _fmt(accuracy))
 assert accuracy["trained"] > accuracy["untrained"]
-assert accuracy["trained"] >= 0.75
+assert accuracy["trained"] >= 0.7 and accuracy["trained"] - accuracy["untrained"] >= 0.15
 assert margins["trained"].mean() > margins["untrained"].mean()
 
 # %%
 # The figure: held-out accuracy before and after training, the distribution of the margins,
-# and the trained model's score of every fresh rollout against the rule's reward.
+# and the mean score of the fresh rollouts by rule reward, for both models.
 
 fig, axes = plt.subplots(1, 3, figsize=(14, 4))
 names = ["untrained", "trained"]
@@ -607,12 +614,17 @@ for n, color in zip(names, ["tab:gray", "tab:blue"]):
 axes[1].axvline(0, color="k", lw=1)
 axes[1].set(xlabel="score(chosen) - score(rejected)", title="Held-out margins")
 axes[1].legend()
-axes[2].scatter(fresh["reward"].tolist(), fresh["rm_reward"].tolist(), s=12, alpha=0.6)
+digits = fresh["reward"]
+counts = [k for k in sorted(set(digits.tolist())) if (digits == k).sum() >= 3]
+for n, color in zip(names, ["tab:gray", "tab:blue"]):
+    means = [fresh[RM_KEYS[n]][digits == k].mean().item() for k in counts]
+    axes[2].plot(counts, means, "o-", color=color, label=n)
 axes[2].set(
     xlabel="rule reward (digits in the answer)",
-    ylabel="trained RM score",
+    ylabel="mean RM score",
     title=f"Fresh rollouts (n={len(fresh)})",
 )
+axes[2].legend()
 fig.tight_layout()
 FIGURE = OUT_DIR / "trl_interop_summary.png"
 fig.savefig(FIGURE, dpi=100)
