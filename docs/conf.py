@@ -43,9 +43,7 @@ sphinx_gallery_conf = {
     "within_subsection_order": "FileNameSortKey",
 }
 
-templates_path = ["_templates"]
 exclude_patterns = ["_build", "Thumbs.db", ".DS_Store", "sg_execution_times.rst"]
 html_theme = "alabaster"
-html_static_path = ["_static"]
 html_theme_options = {"description": "Mix TorchRL and Hugging Face TRL piece by piece."}
 suppress_warnings = ["config.cache"]
