@@ -22,6 +22,7 @@ from torch.utils.data import DataLoader
 from torchrl.data import LazyStackStorage, LazyTensorStorage, ReplayBuffer
 
 from torchrl_trl_interop import TorchRLBufferDataset
+from torchrl_trl_interop.testing import toy_trainer_args
 
 ROWS = 8  # 2 ranks x 2 steps x 2 rows per device: one epoch
 STEPS = 2
@@ -84,17 +85,8 @@ def _recording(trainer_cls):
 
 
 def common_args(tmp: str) -> dict:
-    return dict(
-        output_dir=tmp,
-        max_steps=STEPS,
-        per_device_train_batch_size=PER_DEVICE,
-        use_cpu=True,
-        report_to="none",
-        save_strategy="no",
-        logging_steps=1,
-        disable_tqdm=True,
-        remove_unused_columns=False,
-        seed=0,
+    return toy_trainer_args(
+        tmp, max_steps=STEPS, per_device_train_batch_size=PER_DEVICE, remove_unused_columns=False
     )
 
 

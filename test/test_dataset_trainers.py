@@ -8,17 +8,7 @@ from tensordict import TensorDict
 from torchrl.data import LazyStackStorage, LazyTensorStorage, ReplayBuffer
 
 from torchrl_trl_interop import TorchRLBufferDataset
-from torchrl_trl_interop.testing import toy_causal_lm, toy_reward_model
-
-COMMON = dict(
-    max_steps=2,
-    per_device_train_batch_size=2,
-    use_cpu=True,
-    report_to="none",
-    save_strategy="no",
-    logging_steps=1,
-    disable_tqdm=True,
-)
+from torchrl_trl_interop.testing import toy_causal_lm, toy_reward_model, toy_trainer_args
 
 
 def preference_buffer(n: int = 8) -> ReplayBuffer:
@@ -56,7 +46,7 @@ class TestRewardTrainer:
         before = weights_of(model)
         trainer = RewardTrainer(
             model=model,
-            args=RewardConfig(output_dir=str(tmp_path), max_length=64, **COMMON),
+            args=RewardConfig(max_length=64, **toy_trainer_args(tmp_path)),
             train_dataset=train,
             processing_class=tokenizer,
         )
@@ -86,12 +76,11 @@ class TestGRPOTrainer:
             model=model,
             reward_funcs=length_reward,
             args=GRPOConfig(
-                output_dir=str(tmp_path),
                 num_generations=2,
                 generation_batch_size=4,
                 max_completion_length=4,
                 learning_rate=1e-2,
-                **COMMON,
+                **toy_trainer_args(tmp_path),
             ),
             train_dataset=TorchRLBufferDataset(rb, batch_size=4).to_hf_dataset(),
             processing_class=tokenizer,

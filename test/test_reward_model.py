@@ -13,7 +13,7 @@ from tensordict import TensorDict, lazy_stack
 from torchrl_trl_interop import HFRewardModelWrapper
 from torchrl_trl_interop.conversation import messages_to_history
 from torchrl_trl_interop.reward_model import RewardOutputError, RewardShapeError
-from torchrl_trl_interop.testing import toy_chats, toy_reward_model, toy_tokenizer
+from torchrl_trl_interop.testing import toy_chats, toy_reward_model, toy_tokenizer, toy_trainer_args
 
 TOKENS = ("tokens", "full")
 MASK = ("masks", "all_attention_mask")
@@ -438,14 +438,7 @@ class TestTextAndHistory:
             "rejected": ["The fox.", "Two plus two is five."] * 2,
         }
         args = RewardConfig(
-            output_dir=str(tmp_path),
-            max_steps=2,
-            per_device_train_batch_size=2,
-            use_cpu=True,
-            report_to="none",
-            save_strategy="no",
-            logging_strategy="no",
-            dataset_num_proc=None,
+            dataset_num_proc=None, **toy_trainer_args(tmp_path, logging_strategy="no")
         )
         trainer = RewardTrainer(
             model=model, args=args, train_dataset=Dataset.from_dict(data), processing_class=tok

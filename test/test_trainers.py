@@ -20,24 +20,20 @@ from torchrl_trl_interop.preferences import build_preference_pairs
 from torchrl_trl_interop.replay_dataset import TorchRLBufferDataset
 from torchrl_trl_interop.reward_model import HFRewardModelWrapper
 from torchrl_trl_interop.rewards import TRLRewardFuncWrapper, as_trl_reward_func
-from torchrl_trl_interop.testing import toy_causal_lm, toy_chats, toy_reward_model, toy_tokenizer
+from torchrl_trl_interop.testing import (
+    toy_causal_lm,
+    toy_chats,
+    toy_reward_model,
+    toy_tokenizer,
+    toy_trainer_args,
+)
 
 QUESTIONS = ["What is two plus two?", "Hello world!", "How are you today?", "The quick brown fox"]
 ANSWERS = ["Four.", "Two plus two is four.", "The lazy dog.", "Hello!", "I am fine.", "0 1 2"]
 
 
 def common_args(tmp_path) -> dict:
-    return dict(
-        output_dir=str(tmp_path),
-        max_steps=2,
-        per_device_train_batch_size=2,
-        use_cpu=True,
-        report_to="none",
-        save_strategy="no",
-        logging_steps=1,
-        disable_tqdm=True,
-        seed=0,
-    )
+    return toy_trainer_args(tmp_path)
 
 
 def chat_ids(tok, messages, **kwargs) -> list[int]:

@@ -32,6 +32,7 @@ __all__ = [
     "toy_prompts",
     "toy_reward_model",
     "toy_tokenizer",
+    "toy_trainer_args",
 ]
 
 PAD_TOKEN = "<|endoftext|>"
@@ -341,3 +342,28 @@ def toy_collected_buffer(
             pass
         collector.shutdown()
     return rb
+
+
+def toy_trainer_args(output_dir: str, **overrides: Any) -> dict[str, Any]:
+    """Keyword arguments for a TRL/transformers ``*Config`` that trains a toy model for 2 steps on CPU.
+
+    Offline, no checkpoint, no report, one row logged per step; ``overrides`` win.
+
+    Examples:
+        >>> args = toy_trainer_args("/tmp/run", max_steps=4)
+        >>> args["max_steps"], args["use_cpu"], args["report_to"]
+        (4, True, 'none')
+    """
+    args: dict[str, Any] = {
+        "output_dir": str(output_dir),
+        "max_steps": 2,
+        "per_device_train_batch_size": 2,
+        "use_cpu": True,
+        "report_to": "none",
+        "save_strategy": "no",
+        "logging_steps": 1,
+        "disable_tqdm": True,
+        "seed": 0,
+    }
+    args.update(overrides)
+    return args
