@@ -19,6 +19,7 @@ from torchrl.data import (
 from torchrl.data.llm import History
 
 from torchrl_trl_interop import PaddingCollator, TorchRLBufferDataset
+from torchrl_trl_interop.conversation import messages_to_history
 from torchrl_trl_interop.testing import toy_chats
 
 TOKENS = ("tokens", "full")
@@ -371,3 +372,62 @@ def test_repr():
     rb = make_buffer(LazyStackStorage, lazy_stack(ragged_rows(3)))
     text = repr(TorchRLBufferDataset(rb, 2, keys=[TOKENS]))
     assert "LazyStackStorage" in text and "tokens.full" in text and "batch_size=2" in text
+
+
+class TestListToStackMode:
+    def test_history_read_when_the_user_turned_the_mode_off(self):
+        from tensordict.utils import list_to_stack
+
+        chats = toy_chats(4)
+        td = TensorDict({"history": {"full": messages_to_history(chats)}}, batch_size=[4])
+        rb = make_buffer(LazyStackStorage, td)
+        with set_list_to_stack(False):
+            rows = list(TorchRLBufferDataset(rb, 4).iter_storage())
+            assert not list_to_stack()  # the user's choice holds after our reads
+        assert [r["history.full"] for r in rows] == chats
+
+
+class TestDropInForUpstream:
+    """Code written for torchrl.modules.llm.TorchRLBufferDataset runs unchanged."""
+
+    def test_signature_is_a_superset_with_the_same_defaults(self):
+        import inspect
+
+        from torchrl.modules.llm import TorchRLBufferDataset as Upstream
+
+        ours = inspect.signature(TorchRLBufferDataset).parameters
+        theirs = inspect.signature(Upstream).parameters
+        for name, param in theirs.items():
+            assert name in ours, name
+            assert ours[name].kind == param.kind, name
+            assert ours[name].default == param.default, name
+
+    @pytest.mark.parametrize(
+        "args, kwargs, exc",
+        [
+            (([1],), {"batch_size": 2}, TypeError),
+            ((None, 0), {}, ValueError),
+            ((None, 2), {"num_batches": 0}, ValueError),
+        ],
+    )
+    def test_same_exception_types(self, args, kwargs, exc):
+        from torchrl.modules.llm import TorchRLBufferDataset as Upstream
+
+        rb = ReplayBuffer(storage=ListStorage(4))
+        args = tuple(rb if a is None else a for a in args)
+        for cls in (Upstream, TorchRLBufferDataset):
+            with pytest.raises(exc):
+                cls(*args, **kwargs)
+
+    def test_same_rows_as_upstream_on_dense_data(self):
+        from torchrl.modules.llm import TorchRLBufferDataset as Upstream
+
+        td, _ = padded_batch(12, 5, "right")
+        rb = make_buffer(LazyTensorStorage, td)
+        torch.manual_seed(3)
+        theirs = list(Upstream(rb, 6, num_batches=2))
+        torch.manual_seed(3)
+        ours = list(TorchRLBufferDataset(rb, 6, num_batches=2))
+        assert [sorted(r) for r in ours] == [sorted(r) for r in theirs]
+        for a, b in zip(ours, theirs):
+            assert all(torch.equal(a[k], b[k]) for k in b)

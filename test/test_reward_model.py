@@ -564,3 +564,18 @@ class TestDropIn:
         assert wrapper.out_keys == ["reward"]
         assert list(wrapper.state_dict()) == list(Upstream(model).state_dict())
         assert "in_keys=[('tokens', 'full'), ('masks', 'all_attention_mask')]" in repr(wrapper)
+
+
+def test_history_scored_when_the_user_turned_list_to_stack_off():
+    from tensordict import TensorDict, set_list_to_stack
+
+    tok = toy_tokenizer()
+    chats = toy_chats(3)
+    td = TensorDict({"history": {"full": messages_to_history(chats)}}, batch_size=[3])
+    rm = HFRewardModelWrapper(
+        toy_reward_model(tokenizer=tok), tokenizer=tok, history_key=("history", "full")
+    )
+    expected = rm(td.clone())["reward"]
+    with set_list_to_stack(False):
+        got = rm(td)["reward"]
+    torch.testing.assert_close(got, expected)

@@ -6,12 +6,13 @@ column once (:func:`split_columns`), and the columns are zipped into one flat di
 
 from __future__ import annotations
 
+import functools
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
-from tensordict import TensorDictBase
+from tensordict import TensorDictBase, set_list_to_stack
 from tensordict.utils import NestedKey
 from torchrl.data import (
     LazyMemmapStorage,
@@ -386,6 +387,21 @@ def _spawn_safe_buffer(replay_buffer: ReplayBuffer) -> ReplayBuffer:
 DEFAULT_HF_EPOCH_SHARDS = 64
 
 
+def _with_list_to_stack(method: Callable) -> Callable:
+    """Runs ``method`` in tensordict's list-to-stack mode (History needs it), scoped to the call.
+
+    Only non-generator methods are wrapped: a mode set around a ``yield`` would leak into the
+    consumer's code between rows.
+    """
+
+    @functools.wraps(method)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        with set_list_to_stack(True):
+            return method(*args, **kwargs)
+
+    return wrapper
+
+
 class TorchRLBufferDataset(torch.utils.data.IterableDataset):
     """A torch :class:`~torch.utils.data.IterableDataset` over a torchrl :class:`~torchrl.data.ReplayBuffer`.
 
@@ -709,6 +725,7 @@ class TorchRLBufferDataset(torch.utils.data.IterableDataset):
                 "there is nothing to sample. Extend it (e.g. run the collector) before iterating."
             )
 
+    @_with_list_to_stack
     def _read(self, index: slice | torch.Tensor, *, committed: bool = False) -> TensorDictBase:
         """Rows by storage index (no sampling), through the buffer's transforms.
 
@@ -723,6 +740,7 @@ class TorchRLBufferDataset(torch.utils.data.IterableDataset):
 
     # -- iteration -----------------------------------------------------------------------------
 
+    @_with_list_to_stack
     def _rows(self, batch: TensorDictBase) -> list[dict[str, Any]]:
         if self._columns is None:
             self._resolve_columns(batch)
@@ -846,7 +864,8 @@ class TorchRLBufferDataset(torch.utils.data.IterableDataset):
         done = 0
         while num_batches is None or done < num_batches:
             if committed:
-                batch = read_committed(rb, self._batch_size, generator)
+                with set_list_to_stack(True):
+                    batch = read_committed(rb, self._batch_size, generator)
             else:
                 batch = self._sample(generator)
             yield from self._rows(batch)
@@ -918,6 +937,7 @@ class TorchRLBufferDataset(torch.utils.data.IterableDataset):
                 )
         return True
 
+    @_with_list_to_stack
     def _sample(self, generator: torch.Generator | None) -> TensorDictBase:
         rb = self._replay_buffer
         if generator is None:

@@ -28,7 +28,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
-from tensordict import TensorDictBase, is_non_tensor
+from tensordict import TensorDictBase, is_non_tensor, set_list_to_stack
 from tensordict.nn import TensorDictModuleBase
 from tensordict.utils import NestedKey
 from torch import nn
@@ -686,14 +686,16 @@ class HFRewardModelWrapper(TensorDictModuleBase):
     ) -> tuple[torch.Tensor, torch.Tensor, tuple[int, ...], torch.device | None]:
         from torchrl.data.llm import History
 
-        history = _get_entry(tensordict, self._history_key, "history_key")
+        with set_list_to_stack(True):  # scoped: reading a ragged History needs the mode
+            history = _get_entry(tensordict, self._history_key, "history_key")
+            messages = history_to_messages(history) if isinstance(history, History) else None
         if not isinstance(history, History):
             raise TypeError(
                 f"HFRewardModelWrapper: history_key={self._history_key!r} holds a "
                 f"{type(history).__name__}; expected a torchrl.data.llm.History."
             )
         batch_shape = tuple(history.batch_size[:-1])
-        conversations = _flatten_conversations(history_to_messages(history), len(batch_shape))
+        conversations = _flatten_conversations(messages, len(batch_shape))
         token_lists = [
             # as trl.data_utils._tokenize renders conversational RewardTrainer data
             self._tokenizer.apply_chat_template(
