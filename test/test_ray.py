@@ -107,7 +107,7 @@ def test_trainer_reads_what_a_ray_task_writes(ray_tasks, ray_buffer, tokenizer, 
     from trl import RewardConfig, RewardTrainer
     from trl.trainer.reward_trainer import DataCollatorForPreference
 
-    from torchrl_trl_interop.testing import toy_reward_model
+    from torchrl_trl_interop.testing import toy_reward_model, toy_trainer_args
 
     rb = ray_buffer
     rb.extend(preference_rows(0, 8))
@@ -127,15 +127,9 @@ def test_trainer_reads_what_a_ray_task_writes(ray_tasks, ray_buffer, tokenizer, 
     trainer = RewardTrainer(
         model=toy_reward_model("llama", tokenizer=tokenizer),
         args=RewardConfig(
-            output_dir=str(tmp_path),
-            max_steps=4,
-            per_device_train_batch_size=4,
             max_length=64,
             remove_unused_columns=False,
-            use_cpu=True,
-            report_to="none",
-            save_strategy="no",
-            disable_tqdm=True,
+            **toy_trainer_args(tmp_path, max_steps=4, per_device_train_batch_size=4),
         ),
         train_dataset=TorchRLBufferDataset(rb, 4, num_batches=None).as_hf_dataset(),
         processing_class=tokenizer,

@@ -446,7 +446,7 @@ class TestTRLOnline:
         from transformers import TrainerCallback
         from trl import GRPOConfig, GRPOTrainer
 
-        from torchrl_trl_interop.testing import toy_causal_lm
+        from torchrl_trl_interop.testing import toy_causal_lm, toy_trainer_args
 
         def prompts(version: int) -> TensorDict:
             return TensorDict(
@@ -473,17 +473,11 @@ class TestTRLOnline:
             model=toy_causal_lm(tokenizer=tokenizer),
             reward_funcs=reward,
             args=GRPOConfig(
-                output_dir=str(tmp_path),
-                max_steps=2,
                 shuffle_dataset=False,
-                per_device_train_batch_size=2,
                 num_generations=2,
                 generation_batch_size=2,
                 max_completion_length=4,
-                use_cpu=True,
-                report_to="none",
-                save_strategy="no",
-                disable_tqdm=True,
+                **toy_trainer_args(tmp_path),
             ),
             train_dataset=TorchRLBufferDataset(rb, 1, num_batches=None).as_hf_dataset(),
             processing_class=tokenizer,

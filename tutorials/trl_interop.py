@@ -74,6 +74,7 @@ from torchrl_trl_interop.testing import (
     toy_prompts,
     toy_reward_model,
     toy_tokenizer,
+    toy_trainer_args,
 )
 
 # Deprecation notices that torchrl, transformers and torch print on every run; not our topic.
@@ -198,7 +199,7 @@ for refused in (dataset, rollouts_rb):
     try:
         RewardTrainer(
             model=toy_reward_model("llama", tokenizer=toy_tokenizer()),
-            args=RewardConfig(output_dir=str(OUT_DIR / "runs"), use_cpu=True, report_to="none"),
+            args=RewardConfig(**toy_trainer_args(OUT_DIR / "runs")),
             train_dataset=refused,
             processing_class=toy_tokenizer(),
         )
@@ -487,17 +488,15 @@ untrained_model = copy.deepcopy(reward_model)
 trainer = RewardTrainer(
     model=reward_model,
     args=RewardConfig(
-        output_dir=str(OUT_DIR / "runs"),
-        max_steps=120,
-        per_device_train_batch_size=16,
-        learning_rate=1e-3,
         max_length=256,
-        logging_steps=20,
-        save_strategy="no",
-        report_to="none",
-        use_cpu=True,
-        disable_tqdm=not SHOW_PROGRESS,
-        seed=0,
+        learning_rate=1e-3,
+        **toy_trainer_args(
+            OUT_DIR / "runs",
+            max_steps=120,
+            per_device_train_batch_size=16,
+            logging_steps=20,
+            disable_tqdm=not SHOW_PROGRESS,
+        ),
     ),
     train_dataset=pair_rows.remove_columns("margin"),
     processing_class=rm_tok,
@@ -654,17 +653,11 @@ grpo = GRPOTrainer(
     model=toy_causal_lm(tokenizer=tok),
     reward_funcs=[trained_rm_func, number_reward],
     args=GRPOConfig(
-        output_dir=str(OUT_DIR / "runs"),
-        max_steps=2,
-        per_device_train_batch_size=4,
         num_generations=2,
         max_completion_length=12,
-        logging_steps=1,
-        save_strategy="no",
-        report_to="none",
-        use_cpu=True,
-        disable_tqdm=not SHOW_PROGRESS,
-        seed=0,
+        **toy_trainer_args(
+            OUT_DIR / "runs", per_device_train_batch_size=4, disable_tqdm=not SHOW_PROGRESS
+        ),
     ),
     train_dataset=prompt_data,
     processing_class=tok,
