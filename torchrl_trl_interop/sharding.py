@@ -20,7 +20,6 @@ __all__ = [
     "accelerate_shards_data",
     "derive_seed",
     "distributed_rank",
-    "epoch_indices",
     "interleaved_shard_order",
     "shard_indices",
     "shard_info",
@@ -186,30 +185,6 @@ def shard_indices(
         g = torch.Generator().manual_seed(derive_seed(seed, epoch, shard_id))
         owned = owned[torch.randperm(owned.numel(), generator=g)]
     return owned
-
-
-def epoch_indices(
-    n: int,
-    info: ShardInfo,
-    *,
-    shuffle: bool = False,
-    seed: int = 0,
-    epoch: int = 0,
-) -> torch.Tensor:
-    """The storage indices one reader visits in one epoch over ``n`` stored rows.
-
-    Every index in ``range(n)`` goes to exactly one reader (see :func:`shard_indices`; the reader
-    is ``info.shard_id`` of ``info.num_shards``, one per rank and DataLoader worker).
-
-    Examples:
-        >>> both = [epoch_indices(5, ShardInfo(rank=r, world_size=2)).tolist() for r in (0, 1)]
-        >>> both
-        [[0, 2, 4], [1, 3]]
-        >>> a = epoch_indices(10, ShardInfo(), shuffle=True, seed=1, epoch=0)
-        >>> sorted(a.tolist()) == list(range(10))
-        True
-    """
-    return shard_indices(n, info.shard_id, info.num_shards, shuffle=shuffle, seed=seed, epoch=epoch)
 
 
 def interleaved_shard_order(num_shards: int) -> list[int]:
