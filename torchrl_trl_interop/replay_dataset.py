@@ -94,6 +94,11 @@ def _column_keys(td: Any, prefix: tuple[str, ...] = ()) -> list[tuple[str, ...]]
     return out
 
 
+def _non_tensor_columns(td: Any, columns: Sequence[tuple[str, ...]]) -> list[tuple[str, ...]]:
+    """The columns holding strings or History (anything not a tensor) in ``td``."""
+    return [k for k in columns if not isinstance(_probe(td, k)[0], torch.Tensor)]
+
+
 def _is_container(value: Any) -> bool:
     from tensordict import is_non_tensor, is_tensorclass
 
@@ -706,7 +711,7 @@ class TorchRLBufferDataset(torch.utils.data.IterableDataset):
                 "give them distinct names with rename={...}."
             )
         if not self._remote and isinstance(self._replay_buffer.storage, LazyMemmapStorage):
-            strings = [k for k in columns if not isinstance(_probe(batch, k)[0], torch.Tensor)]
+            strings = _non_tensor_columns(batch, columns)
             if strings:
                 raise ValueError(
                     "TorchRLBufferDataset: the buffer uses LazyMemmapStorage, which keeps a single "
@@ -781,13 +786,17 @@ class TorchRLBufferDataset(torch.utils.data.IterableDataset):
         rank_world = self._parent_rank if in_worker else None
         return shard_info(split_by_rank=self._split_by_rank, rank_world=rank_world)
 
-    def __iter__(self) -> Iterator[dict[str, Any]]:
+    def _start_pass(self) -> tuple[ShardInfo, bool]:
+        """Checks a pass can start here; returns who reads and whether to read through the seqlock."""
         self._check_not_empty()
         info = self._shard_info()
+        streaming = self._num_batches is None and not self._epoch_mode
+        return info, self._check_reader(info.in_worker, streaming=streaming)
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        info, committed = self._start_pass()
         epoch = self._epoch
         self._epoch += 1
-        streaming = self._num_batches is None and not self._epoch_mode
-        committed = self._check_reader(info.in_worker, streaming=streaming)
         if self._epoch_mode:
             yield from self._iter_epoch(info.shard_id, info.num_shards, epoch, committed)
         else:
@@ -801,10 +810,7 @@ class TorchRLBufferDataset(torch.utils.data.IterableDataset):
 
     def _iter_hf_shard(self, shard: int, num_shards: int, epoch: int) -> Iterator[dict[str, Any]]:
         """The rows of one shard of :meth:`as_hf_dataset` (``datasets`` assigns shards)."""
-        self._check_not_empty()
-        info = self._shard_info()
-        streaming = self._num_batches is None and not self._epoch_mode
-        committed = self._check_reader(info.in_worker, streaming=streaming)
+        info, committed = self._start_pass()
         if self._epoch_mode:
             yield from self._iter_epoch(shard, num_shards, epoch, committed)
         else:
@@ -923,11 +929,7 @@ class TorchRLBufferDataset(torch.utils.data.IterableDataset):
                     "replay_buffer.storage._storage.share_memory_() before starting the workers."
                 )
             columns = self._columns if self._columns is not None else _column_keys(stored)
-            strings = [
-                key_to_str(k, self._sep)
-                for k in columns
-                if not isinstance(_probe(stored, k)[0], torch.Tensor)
-            ]
+            strings = [key_to_str(k, self._sep) for k in _non_tensor_columns(stored, columns)]
             if strings:
                 raise RuntimeError(
                     f"TorchRLBufferDataset: the columns {strings} hold strings/History, which live "
