@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from torchrl_trl_interop import PaddingCollator
-from torchrl_trl_interop.collate import pad_rows
+from torchrl_trl_interop.padding import pad_rows
 
 
 def rows_of(lengths, *, with_mask=True, mask_dtype=torch.int64, label=True, seed=0):

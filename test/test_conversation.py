@@ -15,9 +15,9 @@ from torchrl_trl_interop.conversation import (
     is_conversational,
     is_message_list,
     messages_to_history,
-    rows_to_tensordict,
     split_prompt_completion,
 )
+from torchrl_trl_interop.rows import rows_to_tensordict
 from torchrl_trl_interop.testing import toy_chats
 
 

@@ -212,7 +212,7 @@ class TestErrors:
             build_preference_pairs(group_rollouts([[("a", "x", 1.0)]]), replay_buffer=[])
 
     def test_missing_history(self):
-        with pytest.raises(KeyError, match=r"history_key 'messages' not found in rollouts"):
+        with pytest.raises(KeyError, match=r"history_key='messages' not found in rollouts"):
             build_preference_pairs(group_rollouts([[("a", "x", 1.0)]]), history_key="messages")
 
     def test_history_type(self):
@@ -221,7 +221,7 @@ class TestErrors:
             build_preference_pairs(td)
 
     def test_missing_reward(self):
-        with pytest.raises(KeyError, match="reward_key 'score' not found"):
+        with pytest.raises(KeyError, match="reward_key='score' not found"):
             build_preference_pairs(group_rollouts([[("a", "x", 1.0)]]), reward_key="score")
 
     def test_reward_type(self):
@@ -237,7 +237,7 @@ class TestErrors:
             build_preference_pairs(td)
 
     def test_missing_group_key(self):
-        with pytest.raises(KeyError, match="group_key 'pid' not found"):
+        with pytest.raises(KeyError, match="group_key='pid' not found"):
             build_preference_pairs(group_rollouts([[("a", "x", 1.0)]]), group_key="pid")
 
     def test_no_batch_dim(self):
@@ -290,7 +290,7 @@ class TestFromCollector:
         from torchrl.envs.llm.transforms import DataLoadingPrimer
         from torchrl.modules.llm import TransformersWrapper
 
-        from torchrl_trl_interop.rewards import TRLRewardFuncWrapper
+        from torchrl_trl_interop import TRLRewardFuncWrapper
         from torchrl_trl_interop.testing import toy_causal_lm, toy_tokenizer
 
         tok = toy_tokenizer(padding_side="left")

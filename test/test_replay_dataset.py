@@ -252,7 +252,7 @@ class TestErrors:
     @pytest.mark.parametrize("bad", [0, -2, 1.5, "x"])
     def test_bad_num_batches(self, bad):
         rb = ReplayBuffer(storage=ListStorage(4))
-        with pytest.raises(ValueError, match="num_batches must be a positive int, or None"):
+        with pytest.raises(ValueError, match="num_batches must be a positive int or None"):
             TorchRLBufferDataset(rb, 2, num_batches=bad)
 
     def test_empty_buffer_says_so_before_sampling(self):

@@ -10,9 +10,8 @@ import pytest
 import torch
 from tensordict import TensorDict, lazy_stack
 
-from torchrl_trl_interop import HFRewardModelWrapper
+from torchrl_trl_interop import HFRewardModelWrapper, RewardOutputError, RewardShapeError
 from torchrl_trl_interop.conversation import messages_to_history
-from torchrl_trl_interop.reward_model import RewardOutputError, RewardShapeError
 from torchrl_trl_interop.testing import toy_chats, toy_reward_model, toy_tokenizer, toy_trainer_args
 
 TOKENS = ("tokens", "full")

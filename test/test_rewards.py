@@ -11,13 +11,13 @@ import torch
 from tensordict import TensorDict, lazy_stack, set_list_to_stack
 from tensordict.nn import TensorDictModuleBase, TensorDictSequential
 
+from torchrl_trl_interop import TRLRewardFuncWrapper, as_trl_reward_func
 from torchrl_trl_interop.conversation import (
     history_to_messages,
     messages_to_history,
     split_prompt_completion,
 )
 from torchrl_trl_interop.reward_model import HFRewardModelWrapper
-from torchrl_trl_interop.rewards import TRLRewardFuncWrapper, as_trl_reward_func
 from torchrl_trl_interop.testing import toy_chats, toy_reward_model, toy_tokenizer
 
 # -- fixtures ------------------------------------------------------------------------------
@@ -230,7 +230,9 @@ class TestAsTRLRewardFuncErrors:
             as_trl_reward_func(AnswerLength(), name=3)
 
     def test_max_batch_size(self):
-        with pytest.raises(ValueError, match="max_batch_size=0; expected None or a positive int"):
+        with pytest.raises(
+            ValueError, match="max_batch_size must be a positive int or None, got max_batch_size=0"
+        ):
             as_trl_reward_func(AnswerLength(), max_batch_size=0)
 
     def test_tokens_need_a_tokenizer(self):

@@ -15,11 +15,11 @@ import torch
 from tensordict import TensorDict, set_list_to_stack
 from torchrl.data import LazyStackStorage, ReplayBuffer
 
+from torchrl_trl_interop import TRLRewardFuncWrapper, as_trl_reward_func
 from torchrl_trl_interop.conversation import history_to_messages, messages_to_history
 from torchrl_trl_interop.preferences import build_preference_pairs
 from torchrl_trl_interop.replay_dataset import TorchRLBufferDataset
 from torchrl_trl_interop.reward_model import HFRewardModelWrapper
-from torchrl_trl_interop.rewards import TRLRewardFuncWrapper, as_trl_reward_func
 from torchrl_trl_interop.testing import (
     toy_causal_lm,
     toy_chats,

@@ -15,28 +15,29 @@ from typing import Any
 
 __version__ = "0.1.0"
 
-# public name -> submodule defining it
+# public name -> submodule defining it, by direction (docs/api.rst follows the same groups)
 _EXPORTS: dict[str, str] = {
-    # TorchRL -> TRL
+    # TorchRL -> TRL: buffers as datasets
     "TorchRLBufferDataset": "replay_dataset",
     "PaddingCollator": "collate",
     "CommittedWriter": "online",
-    # TRL -> TorchRL
+    "split_columns": "columns",
+    # TRL -> TorchRL: reward models as modules, TRL data into buffers
     "HFRewardModelWrapper": "reward_model",
-    "RewardOutputError": "reward_model",
-    "RewardShapeError": "reward_model",
+    "RewardOutputError": "pooling",
+    "RewardShapeError": "pooling",
     "replay_buffer_from_hf": "buffer_from_hf",
     "build_preference_pairs": "preferences",
     # reward functions, both ways
-    "as_trl_reward_func": "rewards",
-    "TRLRewardFuncWrapper": "rewards",
+    "as_trl_reward_func": "trl_reward_func",
+    "TRLRewardFuncWrapper": "reward_func_module",
     # conversations
-    "split_prompt_completion": "conversation",
-    "rows_to_tensordict": "conversation",
     "history_to_messages": "conversation",
     "messages_to_history": "conversation",
+    "split_prompt_completion": "conversation",
     "is_conversational": "conversation",
     "is_message_list": "conversation",
+    "rows_to_tensordict": "rows",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -1,4 +1,7 @@
-"""Private helpers shared by every module: optional-dependency flags and key handling."""
+"""Private helpers shared by every module: optional dependencies, keys, argument checks.
+
+Every other module of the package imports from here; this module imports nothing of the package.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +9,9 @@ import importlib.util
 from collections.abc import Iterable
 from typing import Any
 
-from tensordict.utils import NestedKey
+import torch
+from tensordict import NonTensorData, NonTensorStack, TensorDictBase
+from tensordict.utils import NestedKey, unravel_key
 
 _has_transformers = importlib.util.find_spec("transformers") is not None
 _has_trl = importlib.util.find_spec("trl") is not None
@@ -14,6 +19,13 @@ _has_datasets = importlib.util.find_spec("datasets") is not None
 _has_ray = importlib.util.find_spec("ray") is not None
 
 _EXTRA_OF = {"transformers": "hf", "trl": "hf", "datasets": "hf", "accelerate": "hf", "ray": "ray"}
+
+#: The keys TorchRL's LLM wrappers write (``TransformersWrapper``, ``vLLMWrapper``).
+TOKEN_KEY: tuple[str, ...] = ("tokens", "full")
+ATTENTION_MASK_KEY: tuple[str, ...] = ("masks", "all_attention_mask")
+HISTORY_KEY: tuple[str, ...] = ("history", "full")
+
+Key = tuple[str, ...]
 
 
 def require(package: str, feature: str) -> None:
@@ -26,27 +38,139 @@ def require(package: str, feature: str) -> None:
         )
 
 
-def normalize_key(key: NestedKey) -> str | tuple[str, ...]:
-    """Returns ``key`` as a plain string or a flat tuple of strings (``("a",)`` -> ``"a"``)."""
+# -- keys ----------------------------------------------------------------------------------------
+
+
+def _is_nested_key(key: Any) -> bool:
     if isinstance(key, str):
-        return key
-    if isinstance(key, tuple) and key and all(isinstance(k, str) for k in key):
-        flat: list[str] = []
-        for part in key:
-            flat.append(part)
-        return flat[0] if len(flat) == 1 else tuple(flat)
-    raise TypeError(
-        f"Expected a key as a str or a non-empty tuple of str (a tensordict NestedKey), "
-        f"got {key!r} of type {type(key).__name__}."
-    )
+        return True
+    return isinstance(key, tuple) and len(key) > 0 and all(_is_nested_key(k) for k in key)
 
 
-def key_to_str(key: NestedKey, sep: str = ".") -> str:
-    """Flattens a nested key into one string: ``("tokens", "full")`` -> ``"tokens.full"``."""
-    key = normalize_key(key)
-    return key if isinstance(key, str) else sep.join(key)
+def as_key(key: NestedKey, arg: str = "key") -> Key:
+    """Returns ``key`` in the package's one internal form: a flat tuple of str.
+
+    Any tensordict ``NestedKey`` is accepted (``"a"``, ``("a", "b")``, ``("a", ("b", "c"))``);
+    it is flattened with :func:`tensordict.utils.unravel_key`.
+
+    Raises:
+        TypeError: if ``key`` is not a str or a non-empty (nested) tuple of str; the message
+            names ``arg``.
+    """
+    if not _is_nested_key(key):
+        raise TypeError(
+            f"{arg}={key!r} is not a key. Expected a key: a str or a non-empty tuple of str (a "
+            f"tensordict NestedKey), got {type(key).__name__}."
+        )
+    flat = unravel_key(key)
+    return (flat,) if isinstance(flat, str) else flat
+
+
+def as_optional_key(key: NestedKey | None, arg: str = "key") -> Key | None:
+    """:func:`as_key`, passing ``None`` through (an optional input that is not used)."""
+    return None if key is None else as_key(key, arg)
+
+
+def as_keys(keys: NestedKey | Iterable[NestedKey], arg: str) -> list[Key]:
+    """A list of keys in internal form; a single str or tuple key counts as one key."""
+    if isinstance(keys, (str, tuple)):
+        return [as_key(keys, arg)]
+    if not isinstance(keys, Iterable) or isinstance(keys, (bytes, dict)):
+        raise TypeError(
+            f"{arg} should be a list of keys (str or tuple of str), got {type(keys).__name__}."
+        )
+    return [as_key(k, f"{arg}[{i}]") for i, k in enumerate(keys)]
+
+
+def public_key(key: Key) -> NestedKey:
+    """tensordict's canonical form of an internal key (``("a",)`` -> ``"a"``), for ``in_keys``."""
+    return key[0] if len(key) == 1 else key
+
+
+def key_to_str(key: Key, sep: str = ".") -> str:
+    """Joins an internal key into one string: ``("tokens", "full")`` -> ``"tokens.full"``."""
+    return sep.join(key)
 
 
 def format_keys(keys: Iterable[Any]) -> str:
     """Formats a collection of keys for an error message, sorted for readability."""
-    return "[" + ", ".join(sorted(repr(k) for k in keys)) + "]"
+    return (
+        "["
+        + ", ".join(sorted(repr(public_key(k) if isinstance(k, tuple) else k) for k in keys))
+        + "]"
+    )
+
+
+def _is_leaf(cls: type) -> bool:
+    # tensors, non-tensor data (text) and tensorclasses (History) are leaves; sub-tensordicts not
+    return not issubclass(cls, TensorDictBase) or bool(getattr(cls, "_is_non_tensor", False))
+
+
+def keys_present(td: TensorDictBase) -> str:
+    """The leaf keys of ``td`` (a History counts as one), formatted for an error message."""
+    return format_keys(td.keys(include_nested=True, leaves_only=True, is_leaf=_is_leaf))
+
+
+def get_entry(
+    td: TensorDictBase,
+    key: Key,
+    arg: str,
+    owner: str,
+    hint: str = "",
+    where: str = "the input tensordict",
+) -> Any:
+    """``td.get(key)``, as a list of rows when the entry is a ragged lazy stack.
+
+    Raises:
+        KeyError: if ``key`` is absent; the message names ``arg``, ``where`` it was looked for,
+            the keys present, and ``hint`` (what to do) or a default hint.
+    """
+    if key not in td.keys(include_nested=True):
+        hint = hint or f"Pass {arg}=... naming the entry that holds it."
+        raise KeyError(
+            f"{owner}: {arg}={public_key(key)!r} not found in {where} (found {keys_present(td)}). "
+            f"{hint}"
+        )
+    try:
+        return td.get(key)
+    except RuntimeError:
+        # a ragged lazy stack cannot be stacked into one tensor: read it row by row
+        return td.get(key, as_list=True)
+
+
+def module_repr(module: Any, before: Iterable[str], after: Iterable[str] = ()) -> str:
+    """A module's repr in tensordict's layout: one field per line, keys between ``before``/``after``."""
+    fields = [*before, f"in_keys={module.in_keys}", f"out_keys={module.out_keys}", *after]
+    body = ",\n    ".join(fields)
+    return f"{type(module).__name__}(\n    {body})"
+
+
+# -- argument checks -----------------------------------------------------------------------------
+
+
+def check_positive_int(value: Any, arg: str, owner: str, *, allow_none: bool = False) -> None:
+    """Raises a :class:`ValueError` unless ``value`` is a positive int (or ``None`` if allowed)."""
+    if value is None and allow_none:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        expected = "a positive int or None" if allow_none else "a positive int"
+        raise ValueError(f"{owner}: {arg} must be {expected}, got {arg}={value!r}.")
+
+
+# -- values --------------------------------------------------------------------------------------
+
+
+def flatten_nested(nested: Any, depth: int) -> list:
+    """Flattens ``depth`` levels of list nesting: ``depth=0`` gives ``[nested]``."""
+    if depth == 0:
+        return [nested]
+    if depth == 1:
+        return list(nested)
+    return [item for sub in nested for item in flatten_nested(sub, depth - 1)]
+
+
+def to_python(value: Any) -> Any:
+    """A tensor or a tensordict non-tensor entry as plain Python (``tolist``); anything else as is."""
+    if isinstance(value, (torch.Tensor, NonTensorData, NonTensorStack)):
+        return value.tolist()
+    return value

@@ -12,12 +12,11 @@ import itertools
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from tensordict import set_list_to_stack
 from tensordict.utils import NestedKey
 from torchrl.data import LazyStackStorage, ReplayBuffer
 
-from ._utils import format_keys
-from .conversation import _rows_to_tensordict
+from ._utils import check_positive_int, format_keys
+from .rows import extend_with_rows
 
 if TYPE_CHECKING:  # pragma: no cover
     import datasets
@@ -121,13 +120,8 @@ def replay_buffer_from_hf(
         >>> TorchRLBufferDataset(rb, batch_size=2).to_hf_dataset().to_list() == data.to_list()
         True
     """
-    for name, value in (("max_rows", max_rows), ("chunk_size", chunk_size)):
-        if value is not None and (
-            isinstance(value, bool) or not isinstance(value, int) or value <= 0
-        ):
-            raise ValueError(
-                f"replay_buffer_from_hf: {name} must be a positive int, got {value!r}."
-            )
+    check_positive_int(max_rows, "max_rows", "replay_buffer_from_hf", allow_none=True)
+    check_positive_int(chunk_size, "chunk_size", "replay_buffer_from_hf")
     if replay_buffer is not None:
         if not isinstance(replay_buffer, ReplayBuffer):
             raise TypeError(
@@ -195,9 +189,7 @@ def replay_buffer_from_hf(
                 ) from err
         else:
             chunk = [dict(row) for row in chunk]
-        with set_list_to_stack(True):
-            td, kinds = _rows_to_tensordict(chunk, dict(rename or {}), kinds)
-            replay_buffer.extend(td)
+        kinds = extend_with_rows(replay_buffer, chunk, rename=dict(rename or {}), kinds=kinds)
         written += len(chunk)
     if written == 0:
         raise ValueError("replay_buffer_from_hf: the dataset has no rows; nothing to store.")

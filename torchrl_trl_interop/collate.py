@@ -6,12 +6,14 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
-from torch.nn.utils.rnn import pad_sequence
+
+from ._utils import check_positive_int
+from .padding import position_mask
 
 if TYPE_CHECKING:  # pragma: no cover
     from transformers import PreTrainedTokenizerBase
 
-__all__ = ["PaddingCollator", "pad_rows"]
+__all__ = ["PaddingCollator"]
 
 # Keys padded the way ``tokenizer.pad`` pads them, with the value it uses.
 _TOKEN_KEYS = ("input_ids", "attention_mask", "token_type_ids", "special_tokens_mask")
@@ -20,43 +22,6 @@ _LABEL_ALIASES = ("label", "label_ids")
 
 def _as_tensor(value: Any) -> torch.Tensor:
     return value if isinstance(value, torch.Tensor) else torch.as_tensor(value)
-
-
-def pad_rows(
-    rows: Sequence[torch.Tensor],
-    padding_value: float | int | bool,
-    *,
-    padding_side: str = "right",
-    pad_to_multiple_of: int | None = None,
-) -> torch.Tensor:
-    """Pads 1-d (or ``[L, ...]``) tensors along their first dim into one ``[B, L_max, ...]`` tensor.
-
-    Args:
-        rows (sequence of Tensor): the rows, all with the same trailing shape and dtype.
-        padding_value (number): the fill value.
-
-    Keyword Args:
-        padding_side (str, optional): ``"right"`` or ``"left"``. Defaults to ``"right"``.
-        pad_to_multiple_of (int, optional): round ``L_max`` up to a multiple of this.
-
-    Examples:
-        >>> import torch
-        >>> pad_rows([torch.tensor([1, 2, 3]), torch.tensor([4])], 0, padding_side="left")
-        tensor([[1, 2, 3],
-                [0, 0, 4]])
-    """
-    if padding_side not in ("left", "right"):
-        raise ValueError(f"padding_side must be 'left' or 'right', got {padding_side!r}.")
-    out = pad_sequence(
-        list(rows), batch_first=True, padding_value=padding_value, padding_side=padding_side
-    )
-    if pad_to_multiple_of:
-        length = out.shape[1]
-        target = -(-length // pad_to_multiple_of) * pad_to_multiple_of
-        if target != length:
-            extra = out.new_full((out.shape[0], target - length, *out.shape[2:]), padding_value)
-            out = torch.cat([extra, out] if padding_side == "left" else [out, extra], dim=1)
-    return out
 
 
 class PaddingCollator:
@@ -120,12 +85,9 @@ class PaddingCollator:
             )
         if padding_side is not None and padding_side not in ("left", "right"):
             raise ValueError(f"padding_side must be 'left' or 'right', got {padding_side!r}.")
-        if pad_to_multiple_of is not None and (
-            not isinstance(pad_to_multiple_of, int) or pad_to_multiple_of <= 0
-        ):
-            raise ValueError(
-                f"pad_to_multiple_of must be a positive int or None, got {pad_to_multiple_of!r}."
-            )
+        check_positive_int(
+            pad_to_multiple_of, "pad_to_multiple_of", "PaddingCollator", allow_none=True
+        )
         self.tokenizer = tokenizer
         self.pad_token_id = pad_token_id
         self.padding_side = padding_side
@@ -163,11 +125,7 @@ class PaddingCollator:
         width = max(lengths)
         if self.pad_to_multiple_of:
             width = -(-width // self.pad_to_multiple_of) * self.pad_to_multiple_of
-        lengths_t = torch.tensor(lengths)
-        positions = torch.arange(width)
-        if side == "right":
-            return positions < lengths_t[:, None]
-        return positions >= (width - lengths_t)[:, None]
+        return position_mask(torch.tensor(lengths), width, side)
 
     def __call__(self, rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         if not rows:

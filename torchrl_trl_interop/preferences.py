@@ -16,21 +16,14 @@ from tensordict import TensorDictBase, set_list_to_stack
 from tensordict.utils import NestedKey
 from torchrl.data import LazyStackStorage, ReplayBuffer
 
-from ._utils import normalize_key
-from .conversation import _rows_to_tensordict, history_to_messages, split_prompt_completion
+from ._utils import Key, as_key, as_optional_key, get_entry, public_key
+from .columns import row_values
+from .conversation import split_prompt_completion
+from .rows import extend_with_rows
+
+_OWNER = "build_preference_pairs"
 
 __all__ = ["build_preference_pairs"]
-
-
-def _keys_of(td: TensorDictBase) -> list[str]:
-    return sorted(str(k) for k in td.keys(True, True))
-
-
-def _flatten(nested: Any, depth: int) -> list:
-    """Flattens ``depth`` levels of list nesting (one level per leading batch dim)."""
-    if depth <= 1:
-        return list(nested)
-    return [item for sub in nested for item in _flatten(sub, depth - 1)]
 
 
 def _hashable(value: Any) -> Hashable:
@@ -41,71 +34,42 @@ def _hashable(value: Any) -> Hashable:
     return value
 
 
-def _read_messages(td: TensorDictBase, key: NestedKey, where: str) -> list:
+def _read_messages(td: TensorDictBase, key: Key, where: str) -> list:
     """One message list per element of ``td``'s batch, flattened in row-major order."""
     from torchrl.data.llm import History
 
-    if key not in td.keys(True):
-        raise KeyError(
-            f"build_preference_pairs: history_key {key!r} not found in {where} (keys: "
-            f"{_keys_of(td)}). Pass history_key=... (TorchRL's LLM wrappers write "
-            "('history', 'full'))."
-        )
-    history = td.get(key)
+    hint = "Pass history_key=... (TorchRL's LLM wrappers write ('history', 'full'))."
+    history = get_entry(td, key, "history_key", _OWNER, hint, where)
     if not isinstance(history, History):
         raise TypeError(
-            f"build_preference_pairs: {where}[{key!r}] is a {type(history).__name__}, expected a "
+            f"{_OWNER}: {where}[{public_key(key)!r}] is a {type(history).__name__}, expected a "
             "torchrl.data.llm.History (one conversation per rollout)."
         )
-    if history.ndim != td.ndim + 1:
-        raise ValueError(
-            f"build_preference_pairs: {where}[{key!r}] has batch size {tuple(history.batch_size)}; "
-            f"expected the rollouts' batch size {tuple(td.batch_size)} plus one turn dimension."
-        )
-    return _flatten(history_to_messages(history), td.ndim)
+    return row_values(td, key, "history_key", _OWNER)
 
 
-def _read_rewards(td: TensorDictBase, key: NestedKey, where: str) -> list[float]:
-    if key not in td.keys(True):
-        raise KeyError(
-            f"build_preference_pairs: reward_key {key!r} not found in {where} (keys: "
-            f"{_keys_of(td)}). Score the rollouts first (e.g. with HFRewardModelWrapper or "
-            "TRLRewardFuncWrapper) or pass reward_key=...."
-        )
-    reward = td.get(key)
+def _read_rewards(td: TensorDictBase, key: Key, where: str) -> list[float]:
+    hint = (
+        "Score the rollouts first (e.g. with HFRewardModelWrapper or TRLRewardFuncWrapper) or "
+        "pass reward_key=...."
+    )
+    reward = get_entry(td, key, "reward_key", _OWNER, hint, where)
     if not isinstance(reward, torch.Tensor):
         raise TypeError(
-            f"build_preference_pairs: {where}[{key!r}] is a {type(reward).__name__}, expected a "
+            f"{_OWNER}: {where}[{public_key(key)!r}] is a {type(reward).__name__}, expected a "
             "float tensor with one reward per rollout."
         )
     if reward.shape[: td.ndim] != td.batch_size or reward[(0,) * td.ndim].numel() != 1:
         raise ValueError(
-            f"build_preference_pairs: {where}[{key!r}] has shape {tuple(reward.shape)}; expected "
+            f"{_OWNER}: {where}[{public_key(key)!r}] has shape {tuple(reward.shape)}; expected "
             f"one reward per rollout, shape {tuple(td.batch_size)} (trailing 1s allowed)."
         )
     return reward.reshape(-1).double().tolist()
 
 
-def _read_group_ids(td: TensorDictBase, key: NestedKey, where: str) -> list[Hashable]:
-    from torchrl.data.llm import History
-
-    if key not in td.keys(True):
-        raise KeyError(
-            f"build_preference_pairs: group_key {key!r} not found in {where} (keys: "
-            f"{_keys_of(td)})."
-        )
-    value = td.get(key)
-    if isinstance(value, History):
-        return [_hashable(m) for m in _flatten(history_to_messages(value), td.ndim)]
-    if isinstance(value, torch.Tensor):
-        if value.shape[: td.ndim] != td.batch_size:
-            raise ValueError(
-                f"build_preference_pairs: {where}[{key!r}] has shape {tuple(value.shape)}; "
-                f"expected leading dims {tuple(td.batch_size)}."
-            )
-        return [_hashable(v) for v in value.reshape(td.batch_size.numel(), -1).tolist()]
-    values = value.tolist() if hasattr(value, "tolist") else value
-    return [_hashable(v) for v in _flatten(values, td.ndim)]
+def _read_group_ids(td: TensorDictBase, key: Key, where: str) -> list[Hashable]:
+    get_entry(td, key, "group_key", _OWNER, "Pass group_key=... naming the group ids.", where)
+    return [_hashable(v) for v in row_values(td, key, "group_key", _OWNER)]
 
 
 def _as_list(rollouts: Any) -> list[TensorDictBase]:
@@ -289,9 +253,9 @@ def build_preference_pairs(
             "build_preference_pairs: replay_buffer must be a torchrl ReplayBuffer, got "
             f"{type(replay_buffer).__name__}."
         )
-    history_key = normalize_key(history_key)
-    reward_key = normalize_key(reward_key)
-    group_key = None if group_key is None else normalize_key(group_key)
+    history_key = as_key(history_key, "history_key")
+    reward_key = as_key(reward_key, "reward_key")
+    group_key = as_optional_key(group_key, "group_key")
 
     # 1. Flat records (group id, prompt, completion, reward), in rollout order.
     with set_list_to_stack(True):  # reading History needs it; scoped, never global
@@ -336,12 +300,10 @@ def build_preference_pairs(
     if replay_buffer is None:
         replay_buffer = ReplayBuffer(storage=LazyStackStorage(max_size=max(len(rows), 1)))
     if rows:
-        rename = {"chosen": normalize_key(chosen_key), "rejected": normalize_key(rejected_key)}
+        rename = {"chosen": chosen_key, "rejected": rejected_key}
         if prompt_key is not None:
-            rename["prompt"] = normalize_key(prompt_key)
+            rename["prompt"] = prompt_key
         if margin_key is not None:
-            rename["margin"] = normalize_key(margin_key)
-        with set_list_to_stack(True):
-            pairs, _ = _rows_to_tensordict(rows, rename, None)
-            replay_buffer.extend(pairs)
+            rename["margin"] = margin_key
+        extend_with_rows(replay_buffer, rows, rename=rename)
     return replay_buffer

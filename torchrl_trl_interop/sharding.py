@@ -11,8 +11,10 @@ therefore never overlap, whatever length each of them saw.
 from __future__ import annotations
 
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 __all__ = [
@@ -156,34 +158,57 @@ def derive_seed(base: int, *parts: int) -> int:
     return x & _MASK63
 
 
+def _priorities(indices: torch.Tensor, seed: int) -> np.ndarray:
+    """A pseudo-random 64-bit priority per storage index, a function of ``(seed, index)`` only."""
+    with np.errstate(over="ignore"):
+        x = indices.numpy().astype(np.uint64) ^ np.uint64(_splitmix(seed & _MASK64))
+        x = x + np.uint64(0x9E3779B97F4A7C15)
+        x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        return x ^ (x >> np.uint64(31))
+
+
 def shard_indices(
     n: int,
-    shard_id: int,
+    shard_id: int | Sequence[int],
     num_shards: int,
     *,
     shuffle: bool = False,
     seed: int = 0,
     epoch: int = 0,
 ) -> torch.Tensor:
-    """The storage indices below ``n`` that shard ``shard_id`` of ``num_shards`` owns in one epoch.
+    """The storage indices below ``n`` that shard(s) ``shard_id`` of ``num_shards`` read in one epoch.
 
     Shard ``k`` owns the indices ``k, k + K, k + 2K, ...``: the shards partition ``range(n)``,
     and two shards never overlap even if they were given different ``n`` (rows written between
-    their reads). With ``shuffle=True`` the shard's indices come in an order drawn from
-    ``(seed, epoch, shard_id)``: reproducible, and new every epoch.
+    their reads). Several shards may be read by one reader (``shard_id`` a list): their indices
+    are merged. Without ``shuffle`` they come in storage order; with ``shuffle=True`` in an order
+    drawn from ``(seed, epoch)`` that does not depend on ``n`` or on the shards: every index has
+    one random priority per epoch, so a reader of all shards visits a uniform permutation of
+    the whole buffer, and readers of a few shards visit their rows spread over all of it.
 
     Examples:
         >>> shard_indices(7, 1, 3).tolist()
         [1, 4]
+        >>> shard_indices(8, [0, 3], 4).tolist()
+        [0, 3, 4, 7]
         >>> sorted(shard_indices(100, 2, 4, shuffle=True, seed=3).tolist()) == list(range(2, 100, 4))
         True
+        >>> every = shard_indices(20, list(range(4)), 4, shuffle=True, seed=3, epoch=1)
+        >>> [i for i in every.tolist() if i % 4 == 2] == shard_indices(20, 2, 4, shuffle=True, seed=3, epoch=1).tolist()
+        True
     """
-    if num_shards <= 0 or not 0 <= shard_id < num_shards:
-        raise ValueError(f"shard_id must be in [0, {num_shards}), got {shard_id}.")
-    owned = torch.arange(shard_id, max(n, shard_id), num_shards)  # empty when n <= shard_id
+    ids = [shard_id] if isinstance(shard_id, int) else list(shard_id)
+    if num_shards <= 0 or not all(0 <= k < num_shards for k in ids):
+        raise ValueError(f"shard ids must be in [0, {num_shards}), got {shard_id}.")
+    if len(ids) == 1:
+        owned = torch.arange(ids[0], max(n, ids[0]), num_shards)  # empty when n <= shard_id
+    else:
+        owned = torch.arange(n)
+        owned = owned[torch.isin(owned % num_shards, torch.tensor(ids, dtype=torch.long))]
     if shuffle and owned.numel() > 1:
-        g = torch.Generator().manual_seed(derive_seed(seed, epoch, shard_id))
-        owned = owned[torch.randperm(owned.numel(), generator=g)]
+        order = np.argsort(_priorities(owned, derive_seed(seed, epoch)), kind="stable")
+        owned = owned[torch.from_numpy(order)]
     return owned
 
 

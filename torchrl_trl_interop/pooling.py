@@ -1,0 +1,127 @@
+"""How a reward comes out of an HF model: the pooled token, the output's reward tensor, its shape.
+
+``*ForSequenceClassification`` decoders (Llama, Qwen, GPT2, ...) pool the rightmost token whose
+id is not ``config.pad_token_id``; the attention mask plays no part (see the project BRIEF).
+:func:`choose_fill` picks the padding value that makes that token every row's last real one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import torch
+
+__all__ = [
+    "RewardOutputError",
+    "RewardShapeError",
+    "check_reward_shape",
+    "choose_fill",
+    "extract_reward",
+    "pooling_pad_id",
+    "text_config",
+]
+
+
+class RewardShapeError(ValueError, RuntimeError):
+    """The reward model returned a tensor that is not one scalar per row.
+
+    Subclasses both :class:`ValueError` (a bad shape is a bad value) and :class:`RuntimeError`
+    (what upstream ``HFRewardModelWrapper`` raises), so either ``except`` clause catches it.
+    """
+
+
+class RewardOutputError(TypeError, RuntimeError):
+    """The reward model returned an object the wrapper cannot read a reward tensor from.
+
+    Subclasses both :class:`TypeError` (a wrong type) and :class:`RuntimeError` (what upstream
+    ``HFRewardModelWrapper`` raises).
+    """
+
+
+def extract_reward(out: Any) -> torch.Tensor:
+    """Reads the reward tensor from ``logits``, ``rewards``, a mapping, a tuple or a tensor.
+
+    Examples:
+        >>> import torch
+        >>> extract_reward({"logits": torch.ones(2, 1)}).shape
+        torch.Size([2, 1])
+    """
+    if isinstance(out, torch.Tensor):
+        return out
+    for name in ("logits", "rewards"):
+        value = getattr(out, name, None)
+        if isinstance(value, torch.Tensor):
+            return value
+    if isinstance(out, Mapping):
+        for name in ("logits", "rewards"):
+            if isinstance(out.get(name), torch.Tensor):
+                return out[name]
+    if isinstance(out, (tuple, list)) and out and isinstance(out[0], torch.Tensor):
+        return out[0]
+    raise RewardOutputError(
+        "HFRewardModelWrapper: could not read a reward from the model output of type "
+        f"{type(out).__name__}. Expected a tensor, an output with a 'logits' or 'rewards' tensor "
+        "attribute (or mapping entry), or a tuple whose first element is the reward tensor."
+    )
+
+
+def check_reward_shape(model: Any, reward: torch.Tensor, n: int) -> torch.Tensor:
+    """``reward`` as ``[n]``; raises :class:`RewardShapeError` unless it is ``[n]`` or ``[n, 1]``."""
+    if reward.shape == (n, 1):
+        return reward.squeeze(-1)
+    if reward.shape == (n,):
+        return reward
+    num_labels = getattr(getattr(model, "config", None), "num_labels", None)
+    hint = (
+        f" The model config has num_labels={num_labels}; reward models need num_labels=1."
+        if num_labels not in (None, 1)
+        else ""
+    )
+    raise RewardShapeError(
+        f"HFRewardModelWrapper: expected one scalar reward per row, shape [{n}] or [{n}, 1], "
+        f"but the model returned shape {list(reward.shape)}.{hint}"
+    )
+
+
+def text_config(model: Any) -> Any:
+    """The config whose ``pad_token_id`` the model's pooling reads, or ``None``."""
+    config = getattr(model, "config", None)
+    if config is None:
+        config = getattr(getattr(model, "module", None), "config", None)  # DDP and the like
+    if config is not None and hasattr(config, "get_text_config"):
+        config = config.get_text_config()  # where Generic*ForSequenceClassification reads it
+    return config if hasattr(config, "pad_token_id") else None
+
+
+def choose_fill(config: Any, ids: torch.Tensor, lengths: torch.Tensor) -> tuple[int, int | None]:
+    """Returns ``(fill value, pad id to set on the config for the call or None)``.
+
+    ``ids [N, T]`` are right-packed rows of ``lengths``. The model's own pad id is the fill when
+    no row ends with it; otherwise (``pad_token_id == eos_token_id``, or no pad id) a spare id
+    that no row ends with, so the pooled "rightmost non-pad token" is every row's last real one.
+    """
+    if config is None:
+        return 0, None
+    pad = config.pad_token_id
+    last = ids[torch.arange(ids.shape[0], device=ids.device), lengths - 1]
+    if pad is not None and not bool((last == pad).any()):
+        return int(pad), None  # the model's own pad id: nothing to change
+    taken = set(last.tolist())
+    spare = next(i for i in range(len(taken) + 1) if i not in taken)
+    return spare, spare
+
+
+@contextlib.contextmanager
+def pooling_pad_id(config: Any, pad_id: int | None) -> Iterator[None]:
+    """Sets ``config.pad_token_id`` to ``pad_id`` for the duration of the block."""
+    if config is None or pad_id is None or config.pad_token_id == pad_id:
+        yield
+        return
+    old = config.pad_token_id
+    config.pad_token_id = pad_id
+    try:
+        yield
+    finally:
+        config.pad_token_id = old
