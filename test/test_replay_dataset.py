@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import time
-
 import pytest
 import torch
 from tensordict import TensorDict, lazy_stack, set_list_to_stack
@@ -319,12 +317,21 @@ class TestHuggingFace:
         for row in got:
             assert row["tokens.full"] == rows[row["row_id"]]["tokens", "full"].tolist()
 
-    def test_as_hf_dataset_is_fast_on_a_large_list_storage(self):
-        rb = make_buffer(ListStorage, lazy_stack(ragged_rows(2000)), size=2000)
-        start = time.perf_counter()
-        TorchRLBufferDataset(rb, 8).as_hf_dataset()
-        # Not a timing assertion on our speed: a guard that the buffer is not pickled (tens of s).
-        assert time.perf_counter() - start < 20
+    def test_as_hf_dataset_never_hashes_or_pickles_the_buffer(self, monkeypatch):
+        """Upstream lets ``datasets`` pickle the whole buffer to fingerprint it (42 s on 20k rows)."""
+        import pickle
+
+        from datasets import fingerprint
+
+        def refuse(*args, **kwargs):
+            raise AssertionError("the buffer was hashed or pickled to build the view")
+
+        monkeypatch.setattr(fingerprint.Hasher, "hash", classmethod(refuse))
+        monkeypatch.setattr(fingerprint.Hasher, "update", refuse)
+        monkeypatch.setattr(pickle, "dumps", refuse)
+        rb = make_buffer(ListStorage, lazy_stack(ragged_rows(200)), size=200)
+        hf = TorchRLBufferDataset(rb, 8).as_hf_dataset()
+        assert len(list(hf)) == 8
 
     def test_through_dataloader_and_data_collator_with_padding(self, tokenizer):
         from transformers import DataCollatorWithPadding
@@ -385,6 +392,16 @@ class TestListToStackMode:
             rows = list(TorchRLBufferDataset(rb, 4).iter_storage())
             assert not list_to_stack()  # the user's choice holds after our reads
         assert [r["history.full"] for r in rows] == chats
+
+    @pytest.mark.parametrize("view", ["to_hf_dataset", "as_hf_dataset"])
+    def test_every_view_reads_history_with_the_mode_off(self, view):
+        """Regression: ``to_hf_dataset`` split columns outside the scoped mode and raised."""
+        chats = toy_chats(4)
+        td = TensorDict({"history": {"full": messages_to_history(chats)}}, batch_size=[4])
+        rb = make_buffer(LazyStackStorage, td)
+        with set_list_to_stack(False):
+            hf = getattr(TorchRLBufferDataset(rb, 4, epoch=view == "as_hf_dataset"), view)()
+            assert sorted(map(str, (r["history.full"] for r in hf))) == sorted(map(str, chats))
 
 
 class TestDropInForUpstream:

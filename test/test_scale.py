@@ -31,7 +31,6 @@ from torchrl.data import (
 )
 
 from torchrl_trl_interop import CommittedWriter, TorchRLBufferDataset
-from torchrl_trl_interop import replay_dataset as rd
 from torchrl_trl_interop.online import read_committed, read_committed_rows
 from torchrl_trl_interop.sharding import (
     ShardInfo,
@@ -85,10 +84,21 @@ def ids_of(batches) -> list[int]:
 
 @pytest.fixture
 def fake_reader(monkeypatch):
-    """Makes the dataset believe it runs as a given (rank, worker): ``fake_reader(ShardInfo(...))``."""
+    """Makes the dataset believe it runs as a given (rank, worker): ``fake_reader(ShardInfo(...))``.
+
+    Through torch's own seams only (``torch.distributed`` and ``get_worker_info``), as a real
+    rank or DataLoader worker would see them.
+    """
 
     def install(info: ShardInfo) -> None:
-        monkeypatch.setattr(rd, "shard_info", lambda **kwargs: info)
+        distributed = info.world_size > 1
+        monkeypatch.setattr(torch.distributed, "is_initialized", lambda: distributed)
+        monkeypatch.setattr(torch.distributed, "get_rank", lambda group=None: info.rank)
+        monkeypatch.setattr(torch.distributed, "get_world_size", lambda group=None: info.world_size)
+        worker = None
+        if info.in_worker or info.num_workers > 1:
+            worker = type("WorkerInfo", (), {"id": info.worker_id, "num_workers": info.num_workers})
+        monkeypatch.setattr(torch.utils.data, "get_worker_info", lambda: worker)
 
     return install
 

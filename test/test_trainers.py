@@ -13,7 +13,7 @@ from collections import Counter
 import pytest
 import torch
 from tensordict import TensorDict, set_list_to_stack
-from torchrl.data import LazyStackStorage, ReplayBuffer
+from torchrl.data import LazyStackStorage, LazyTensorStorage, ReplayBuffer
 
 from torchrl_trl_interop import TRLRewardFuncWrapper, as_trl_reward_func
 from torchrl_trl_interop.conversation import history_to_messages, messages_to_history
@@ -267,3 +267,87 @@ def test_sft_trainer(tmp_path, tok):
     expected = Counter(tuple(chat_ids(tok, c)) for c in stored)
     consumed = Counter(tuple(e["input_ids"]) for e in recorder.examples)
     assert consumed == expected
+
+
+def preference_buffer(n: int = 8) -> ReplayBuffer:
+    prompts = [f"What is {i} plus {i}?" for i in range(n)]
+    td = TensorDict(
+        {
+            "prompt": prompts,
+            "chosen": [f" It is {2 * i}." for i in range(n)],
+            "rejected": [" I do not know." for _ in range(n)],
+        },
+        batch_size=[n],
+    )
+    rb = ReplayBuffer(storage=LazyStackStorage(100))
+    rb.extend(td)
+    return rb
+
+
+def weights_of(model):
+    return [p.detach().clone() for p in model.parameters()]
+
+
+def changed(before, model):
+    return any(not torch.equal(a, b.detach()) for a, b in zip(before, model.parameters()))
+
+
+# Standard-format (string) rows, on both Hugging Face views and a tensor storage.
+
+
+class TestStandardFormat:
+    @pytest.mark.parametrize("view", ["to_hf_dataset", "as_hf_dataset"])
+    def test_reward_trainer_on_both_views(self, view, tokenizer, tmp_path):
+        from trl import RewardConfig, RewardTrainer
+
+        rb = preference_buffer()
+        ds = TorchRLBufferDataset(rb, batch_size=4, num_batches=None)
+        train = getattr(ds, view)()
+        model = toy_reward_model("llama", tokenizer=tokenizer)
+        before = weights_of(model)
+        trainer = RewardTrainer(
+            model=model,
+            args=RewardConfig(max_length=64, **toy_trainer_args(tmp_path)),
+            train_dataset=train,
+            processing_class=tokenizer,
+        )
+        result = trainer.train()
+        assert trainer.state.global_step == 2
+        assert torch.isfinite(torch.tensor(result.training_loss))
+        assert changed(before, model)
+
+    def test_grpo_trains_from_a_prompt_buffer(self, tokenizer, tmp_path):
+        from trl import GRPOConfig, GRPOTrainer
+
+        prompts = [f"Count to {i}:" for i in range(8)]
+        td = TensorDict({"prompt": prompts, "target": torch.arange(8)}, batch_size=[8])
+        rb = ReplayBuffer(storage=LazyTensorStorage(8))
+        rb.extend(td)
+        seen = []
+
+        def length_reward(prompts, completions, completion_ids, target, **kwargs):
+            seen.extend(zip(prompts, target))
+            return [float(len(c)) for c in completions]
+
+        model = toy_causal_lm(tokenizer=tokenizer)
+        before = weights_of(model)
+        trainer = GRPOTrainer(
+            model=model,
+            reward_funcs=length_reward,
+            args=GRPOConfig(
+                num_generations=2,
+                generation_batch_size=4,
+                max_completion_length=4,
+                learning_rate=1e-2,
+                **toy_trainer_args(tmp_path),
+            ),
+            train_dataset=TorchRLBufferDataset(rb, batch_size=4).to_hf_dataset(),
+            processing_class=tokenizer,
+        )
+        trainer.train()
+        assert trainer.state.global_step == 2
+        assert seen, "the reward function was never called"
+        stored = dict(zip(prompts, range(8)))
+        # Every row the trainer consumed is a stored row, columns intact.
+        assert all(stored[p] == t for p, t in seen)
+        assert changed(before, model)

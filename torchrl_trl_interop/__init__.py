@@ -22,12 +22,12 @@ _EXPORTS: dict[str, str] = {
     "PaddingCollator": "collate",
     "CommittedWriter": "online",
     "split_columns": "columns",
+    "build_preference_pairs": "preferences",
     # TRL -> TorchRL: reward models as modules, TRL data into buffers
     "HFRewardModelWrapper": "reward_model",
     "RewardOutputError": "pooling",
     "RewardShapeError": "pooling",
     "replay_buffer_from_hf": "buffer_from_hf",
-    "build_preference_pairs": "preferences",
     # reward functions, both ways
     "as_trl_reward_func": "trl_reward_func",
     "TRLRewardFuncWrapper": "reward_func_module",

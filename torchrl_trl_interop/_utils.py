@@ -13,11 +13,6 @@ import torch
 from tensordict import NonTensorData, NonTensorStack, TensorDictBase
 from tensordict.utils import NestedKey, unravel_key
 
-_has_transformers = importlib.util.find_spec("transformers") is not None
-_has_trl = importlib.util.find_spec("trl") is not None
-_has_datasets = importlib.util.find_spec("datasets") is not None
-_has_ray = importlib.util.find_spec("ray") is not None
-
 _EXTRA_OF = {"transformers": "hf", "trl": "hf", "datasets": "hf", "accelerate": "hf", "ray": "ray"}
 
 #: The keys TorchRL's LLM wrappers write (``TransformersWrapper``, ``vLLMWrapper``).

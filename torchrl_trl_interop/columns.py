@@ -2,14 +2,14 @@
 
 :func:`split_columns` splits a batch once per column (never once per row): tensors become
 per-row tensors (cut to the attended span of a mask), strings become ``str``, History becomes
-TRL message lists (through :mod:`~torchrl_trl_interop.conversation`). :func:`resolve_schema`
+TRL message lists (through :mod:`~torchrl_trl_interop.conversation`). :class:`Selection`
 decides which columns a dataset yields and under which names.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -22,7 +22,16 @@ from tensordict import (
 )
 from tensordict.utils import NestedKey
 
-from ._utils import Key, as_keys, as_optional_key, flatten_nested, get_entry, key_to_str, public_key
+from ._utils import (
+    Key,
+    as_key,
+    as_keys,
+    as_optional_key,
+    flatten_nested,
+    get_entry,
+    key_to_str,
+    public_key,
+)
 from .conversation import history_to_messages
 from .padding import split_rows, trim_bounds, trim_row
 
@@ -30,7 +39,7 @@ __all__ = [
     "Schema",
     "column_keys",
     "non_tensor_columns",
-    "resolve_schema",
+    "Selection",
     "row_values",
     "split_columns",
 ]
@@ -205,77 +214,107 @@ class Schema:
     names: list[str]
 
 
-def resolve_schema(
-    batch: Any,
-    *,
-    keys: Sequence[Key] | None,
-    rename: Mapping[Key, str],
-    attention_mask_key: Key | None,
-    sep: str,
-) -> Schema:
-    """Checks ``keys``, ``rename`` and ``attention_mask_key`` against a sampled batch.
+@dataclass(frozen=True)
+class Selection:
+    """Which columns to read and how to name them: ``keys`` (``None``: every leaf, a key naming a
+    sub-tensordict selects its leaves), ``rename``, the mask that trims tensors, ``sep``."""
 
-    A key in ``keys`` naming a sub-tensordict selects all its leaves; output names are
-    ``rename[key]`` or the key joined with ``sep``.
+    keys: list[Key] | None = None
+    rename: Mapping[Key, str] = field(default_factory=dict)
+    attention_mask_key: Key | None = None
+    sep: str = "."
 
-    Raises:
-        TypeError: if ``batch`` is not a TensorDict.
-        KeyError: if a key is not stored, or ``rename`` names a key that ``keys`` leaves out.
-        ValueError: if two columns get the same output name.
+    @classmethod
+    def from_args(
+        cls,
+        keys: NestedKey | Sequence[NestedKey] | None,
+        rename: Mapping[NestedKey, str] | None,
+        attention_mask_key: NestedKey | None,
+        sep: str,
+    ) -> Selection:
+        """A selection from a dataset's arguments, checked (any key form is accepted).
 
-    Examples:
-        >>> import torch
-        >>> from tensordict import TensorDict
-        >>> td = TensorDict({"tokens": {"full": torch.zeros(2, 3)}, "r": torch.zeros(2)}, [2])
-        >>> resolve_schema(td, keys=None, rename={("r",): "reward"}, attention_mask_key=None, sep=".")
-        Schema(columns=[('tokens', 'full'), ('r',)], names=['tokens.full', 'reward'])
-    """
-    if not isinstance(batch, TensorDictBase):
-        raise TypeError(
-            "TorchRLBufferDataset: the replay buffer returned a "
-            f"{type(batch).__name__}, not a TensorDict. Store TensorDicts (e.g. "
-            "rb.extend(TensorDict({...}, batch_size=[n]))) so columns have names."
-        )
-    available = column_keys(batch)
-    available_set = set(available)
-    stored = sorted(key_to_str(k, sep) for k in available)
-    if keys is None:
-        columns = available
-    else:
-        columns = []
-        for key in keys:
-            matched = [k for k in available if k[: len(key)] == key]
-            if not matched:
-                raise KeyError(
-                    f"TorchRLBufferDataset: key {public_key(key)!r} from keys= is not in the "
-                    f"replay buffer's data; stored keys are {stored}. Fix keys=[...] or write the "
-                    "key into the buffer."
+        Raises:
+            TypeError: if a key is not a key.
+            ValueError: if an output name or ``sep`` is not a non-empty str.
+        """
+        if not isinstance(sep, str) or not sep:
+            raise ValueError(f"TorchRLBufferDataset: sep must be a non-empty str, got {sep!r}.")
+        names: dict[Key, str] = {}
+        for key, name in (rename or {}).items():
+            if not isinstance(name, str) or not name:
+                raise ValueError(
+                    f"TorchRLBufferDataset: rename maps {key!r} to {name!r}; output names must be "
+                    "non-empty str."
                 )
-            columns.extend(k for k in matched if k not in columns)
-    for key in rename:
-        if key not in available_set:
-            raise KeyError(
-                f"TorchRLBufferDataset: rename= key {public_key(key)!r} is not in the replay "
-                f"buffer's data; stored keys are {stored}."
+            names[as_key(key, "rename")] = name
+        keys = None if keys is None else as_keys(keys, "keys")
+        return cls(keys, names, as_optional_key(attention_mask_key, "attention_mask_key"), sep)
+
+    def resolve(self, batch: Any) -> Schema:
+        """Checks the selection against a sampled batch; output names are ``rename[key]`` or the
+        key joined with ``sep``.
+
+        Raises:
+            TypeError: if ``batch`` is not a TensorDict.
+            KeyError: if a key is not stored, or ``rename`` names a key that ``keys`` leaves out.
+            ValueError: if two columns get the same output name.
+
+        Examples:
+            >>> import torch
+            >>> from tensordict import TensorDict
+            >>> td = TensorDict({"tokens": {"full": torch.zeros(2, 3)}, "r": torch.zeros(2)}, [2])
+            >>> Selection(rename={("r",): "reward"}).resolve(td)
+            Schema(columns=[('tokens', 'full'), ('r',)], names=['tokens.full', 'reward'])
+        """
+        if not isinstance(batch, TensorDictBase):
+            raise TypeError(
+                "TorchRLBufferDataset: the replay buffer returned a "
+                f"{type(batch).__name__}, not a TensorDict. Store TensorDicts (e.g. "
+                "rb.extend(TensorDict({...}, batch_size=[n]))) so columns have names."
             )
-        if key not in columns:
+        sep = self.sep
+        available = column_keys(batch)
+        available_set = set(available)
+        stored = sorted(key_to_str(k, sep) for k in available)
+        if self.keys is None:
+            columns = available
+        else:
+            columns = []
+            for key in self.keys:
+                matched = [k for k in available if k[: len(key)] == key]
+                if not matched:
+                    raise KeyError(
+                        f"TorchRLBufferDataset: key {public_key(key)!r} from keys= is not in the "
+                        f"replay buffer's data; stored keys are {stored}. Fix keys=[...] or write "
+                        "the key into the buffer."
+                    )
+                columns.extend(k for k in matched if k not in columns)
+        for key in self.rename:
+            if key not in available_set:
+                raise KeyError(
+                    f"TorchRLBufferDataset: rename= key {public_key(key)!r} is not in the replay "
+                    f"buffer's data; stored keys are {stored}."
+                )
+            if key not in columns:
+                raise KeyError(
+                    f"TorchRLBufferDataset: rename= key {public_key(key)!r} is not among the "
+                    f"selected keys {[key_to_str(k, sep) for k in columns]}; add it to keys=[...]."
+                )
+        mask_key = self.attention_mask_key
+        if mask_key is not None and mask_key not in available_set:
             raise KeyError(
-                f"TorchRLBufferDataset: rename= key {public_key(key)!r} is not among the selected "
-                f"keys {[key_to_str(k, sep) for k in columns]}; add it to keys=[...]."
+                f"TorchRLBufferDataset: attention_mask_key {public_key(mask_key)!r} is not in the "
+                f"replay buffer's data; stored keys are {stored}."
             )
-    if attention_mask_key is not None and attention_mask_key not in available_set:
-        raise KeyError(
-            f"TorchRLBufferDataset: attention_mask_key {public_key(attention_mask_key)!r} is not "
-            f"in the replay buffer's data; stored keys are {stored}."
-        )
-    names = [rename.get(k, key_to_str(k, sep)) for k in columns]
-    if len(set(names)) != len(names):
-        dupes = sorted({n for n in names if names.count(n) > 1})
-        raise ValueError(
-            f"TorchRLBufferDataset: several keys map to the output name(s) {dupes}; "
-            "give them distinct names with rename={...}."
-        )
-    return Schema(columns, names)
+        names = [self.rename.get(k, key_to_str(k, sep)) for k in columns]
+        if len(set(names)) != len(names):
+            dupes = sorted({n for n in names if names.count(n) > 1})
+            raise ValueError(
+                f"TorchRLBufferDataset: several keys map to the output name(s) {dupes}; "
+                "give them distinct names with rename={...}."
+            )
+        return Schema(columns, names)
 
 
 def row_values(td: TensorDictBase, key: Key, arg: str, owner: str) -> list:

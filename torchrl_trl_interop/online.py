@@ -86,10 +86,12 @@ def committed_length(replay_buffer: Any) -> int:
         >>> import torch
         >>> from tensordict import TensorDict
         >>> from torchrl.data import LazyTensorStorage, ReplayBuffer
-        >>> rb = ReplayBuffer(storage=LazyTensorStorage(8), writer=CommittedWriter())
-        >>> _ = rb.extend(TensorDict({"x": torch.arange(3)}, batch_size=[3]))
-        >>> committed_length(rb)
-        3
+        >>> writer = CommittedWriter()
+        >>> rb = ReplayBuffer(storage=LazyTensorStorage(8), writer=writer, batch_size=2)
+        >>> for n in (3, 2):
+        ...     _ = rb.extend(TensorDict({"x": torch.arange(n)}, batch_size=[n]))
+        >>> committed_length(rb), writer.committed
+        (5, (4, 5))
     """
     return int(replay_buffer.writer._commit_log[1])
 
@@ -169,10 +171,8 @@ def read_committed(
 
     Examples:
         >>> import torch
-        >>> from tensordict import TensorDict
-        >>> from torchrl.data import LazyTensorStorage, ReplayBuffer
-        >>> rb = ReplayBuffer(storage=LazyTensorStorage(8), writer=CommittedWriter())
-        >>> _ = rb.extend(TensorDict({"x": torch.arange(3)}, batch_size=[3]))
+        >>> from torchrl_trl_interop.testing import toy_buffer
+        >>> rb = toy_buffer(3, writer=CommittedWriter())
         >>> read_committed(rb, 4, torch.Generator().manual_seed(0))["x"].shape
         torch.Size([4])
     """

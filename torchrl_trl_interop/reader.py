@@ -8,14 +8,14 @@ what: :class:`~torchrl_trl_interop.TorchRLBufferDataset` does.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator
 from typing import Any
 
 import torch
 from tensordict import TensorDictBase, set_list_to_stack
 
 from ._utils import Key
-from .columns import Schema, resolve_schema, split_columns
+from .columns import Schema, Selection, split_columns
 from .online import committed_length, read_committed, read_committed_rows
 from .workers import (
     check_picklable_for_workers,
@@ -36,16 +36,14 @@ class BufferReader:
         batch_size (int): rows per sampled batch and per storage read.
 
     Keyword Args:
-        keys, rename, attention_mask_key, device, sep: as in
-            :class:`~torchrl_trl_interop.TorchRLBufferDataset` (keys in internal tuple form).
+        selection (Selection, optional): the columns to read and their names. Defaults to
+            every leaf column, under its dotted name.
+        device (torch.device, optional): tensors are moved there.
 
     Examples:
         >>> import torch
-        >>> from tensordict import TensorDict
-        >>> from torchrl.data import LazyTensorStorage, ReplayBuffer
-        >>> rb = ReplayBuffer(storage=LazyTensorStorage(4))
-        >>> _ = rb.extend(TensorDict({"x": torch.arange(4)}, batch_size=[4]))
-        >>> reader = BufferReader(rb, 2, rename={("x",): "id"})
+        >>> from torchrl_trl_interop.testing import toy_buffer
+        >>> reader = BufferReader(toy_buffer(4), 2, selection=Selection(rename={("x",): "id"}))
         >>> [row["id"].item() for row in reader.epoch_rows(torch.tensor([3, 1, 2]))]
         [3, 1, 2]
     """
@@ -55,19 +53,13 @@ class BufferReader:
         replay_buffer: Any,
         batch_size: int,
         *,
-        keys: Sequence[Key] | None = None,
-        rename: Mapping[Key, str] | None = None,
-        attention_mask_key: Key | None = None,
+        selection: Selection | None = None,
         device: torch.device | None = None,
-        sep: str = ".",
     ) -> None:
         self.replay_buffer = replay_buffer
         self.batch_size = batch_size
-        self.keys = keys
-        self.rename = dict(rename or {})
-        self.attention_mask_key = attention_mask_key
+        self.selection = selection if selection is not None else Selection()
         self.device = device
-        self.sep = sep
         self._schema: Schema | None = None
 
     def __len__(self) -> int:
@@ -84,14 +76,8 @@ class BufferReader:
             if batch is None:
                 self.check_not_empty()
                 batch = self.read(torch.arange(1))
-            schema = resolve_schema(
-                batch,
-                keys=self.keys,
-                rename=self.rename,
-                attention_mask_key=self.attention_mask_key,
-                sep=self.sep,
-            )
-            check_storage_columns(self.replay_buffer, batch, schema.columns, self.sep)
+            schema = self.selection.resolve(batch)
+            check_storage_columns(self.replay_buffer, batch, schema.columns, self.selection.sep)
             self._schema = schema
         return self._schema
 
@@ -131,7 +117,7 @@ class BufferReader:
         columns = split_columns(
             batch,
             keys=schema.columns,
-            attention_mask_key=self.attention_mask_key,
+            attention_mask_key=self.selection.attention_mask_key,
             device=self.device,
         )
         return dict(zip(schema.names, columns.values()))

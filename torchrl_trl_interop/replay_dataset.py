@@ -17,9 +17,10 @@ import torch
 from tensordict.utils import NestedKey
 from torchrl.data import ReplayBuffer
 
-from ._utils import Key, as_key, as_keys, as_optional_key, check_positive_int, key_to_str, require
+from ._utils import check_positive_int, key_to_str, require
+from .columns import Selection
 from .reader import BufferReader
-from .sharding import ShardInfo, derive_seed, distributed_rank, shard_indices, shard_info
+from .sharding import ReadMode, ShardInfo, derive_seed, distributed_rank, shard_indices, shard_info
 from .workers import (
     check_reader,
     check_sampler_copies,
@@ -152,59 +153,20 @@ class TorchRLBufferDataset(torch.utils.data.IterableDataset):
                 f"TensorDictReplayBuffer, RayReplayBuffer, ...), got {type(replay_buffer).__name__}."
             )
         check_positive_int(batch_size, "batch_size", owner)
-        check_positive_int(num_batches, "num_batches", owner, allow_none=True)  # None: a stream
-        if not isinstance(sep, str) or not sep:
-            raise ValueError(f"TorchRLBufferDataset: sep must be a non-empty str, got {sep!r}.")
-        if shuffle and not epoch:
-            raise ValueError(
-                "TorchRLBufferDataset: shuffle=True only applies to epoch=True (sampling is "
-                "already random); drop shuffle=True or pass epoch=True."
-            )
-        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
-            raise ValueError(f"TorchRLBufferDataset: seed must be an int or None, got {seed!r}.")
-        if epoch and num_batches != 1:
-            raise ValueError(
-                "TorchRLBufferDataset: num_batches has no effect with epoch=True (one pass yields "
-                f"every stored row once); got num_batches={num_batches!r}. Leave it at its default."
-            )
+        # ``epoch`` is the flag; ``self._epoch`` counts the passes
+        self._mode = ReadMode(num_batches, bool(epoch), bool(shuffle), seed, split_by_rank)
         if remote and seed is not None and not epoch:
             raise ValueError(
                 f"TorchRLBufferDataset: seed={seed!r} cannot seed a {type(replay_buffer).__name__}: "
                 "its actor samples for every reader (readers get distinct rows without seeds). "
                 "Drop seed=, or pass epoch=True (the seed then orders each epoch)."
             )
-        if split_by_rank not in (None, True, False):
-            raise ValueError(
-                f"TorchRLBufferDataset: split_by_rank must be None, True or False, got "
-                f"{split_by_rank!r}."
-            )
-        self._num_batches = num_batches
-        self._sep = sep
-        self._reads_whole_epochs = bool(epoch)  # the ``epoch`` flag; ``self._epoch`` counts them
-        self._shuffle = bool(shuffle)
-        self._seed = seed
-        self._split_by_rank = split_by_rank
         self._epoch = 0
         # (rank, world size) decided by the process that started this DataLoader worker.
         self._parent_rank: tuple[int, int] | None = None
-        self._keys = None if keys is None else as_keys(keys, "keys")
-        names: dict[Key, str] = {}
-        for key, name in (rename or {}).items():
-            if not isinstance(name, str) or not name:
-                raise ValueError(
-                    f"TorchRLBufferDataset: rename maps {key!r} to {name!r}; output names must be "
-                    "non-empty str."
-                )
-            names[as_key(key, "rename")] = name
-        self._reader = BufferReader(
-            replay_buffer,
-            batch_size,
-            keys=self._keys,
-            rename=names,
-            attention_mask_key=as_optional_key(attention_mask_key, "attention_mask_key"),
-            device=torch.device(device) if device is not None else None,
-            sep=sep,
-        )
+        selection = Selection.from_args(keys, rename, attention_mask_key, sep)
+        device = torch.device(device) if device is not None else None
+        self._reader = BufferReader(replay_buffer, batch_size, selection=selection, device=device)
         if len(replay_buffer) > 0:
             self._reader.schema()
 
@@ -223,7 +185,7 @@ class TorchRLBufferDataset(torch.utils.data.IterableDataset):
     @property
     def num_batches(self) -> int | None:
         """Batches per iteration (``None``: unbounded)."""
-        return self._num_batches
+        return self._mode.num_batches
 
     @property
     def column_names(self) -> list[str]:
@@ -241,12 +203,8 @@ class TorchRLBufferDataset(torch.utils.data.IterableDataset):
         not advance it). Without calls, each pass in this process advances it.
 
         Examples:
-            >>> import torch
-            >>> from tensordict import TensorDict
-            >>> from torchrl.data import LazyTensorStorage, ReplayBuffer
-            >>> rb = ReplayBuffer(storage=LazyTensorStorage(8))
-            >>> _ = rb.extend(TensorDict({"x": torch.arange(8)}, batch_size=[8]))
-            >>> ds = TorchRLBufferDataset(rb, 8, epoch=True, shuffle=True, seed=0)
+            >>> from torchrl_trl_interop.testing import toy_buffer
+            >>> ds = TorchRLBufferDataset(toy_buffer(8), 8, epoch=True, shuffle=True, seed=0)
             >>> ds.set_epoch(3)
             >>> first = [int(r["x"]) for r in ds]
             >>> ds.set_epoch(3)
@@ -259,7 +217,7 @@ class TorchRLBufferDataset(torch.utils.data.IterableDataset):
         """This process's rank and DataLoader worker: the rank is decided here, only."""
         in_worker = torch.utils.data.get_worker_info() is not None
         rank_world = self._parent_rank if in_worker else None
-        return shard_info(split_by_rank=self._split_by_rank, rank_world=rank_world)
+        return shard_info(split_by_rank=self._mode.split_by_rank, rank_world=rank_world)
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         info = self._shard_info()
@@ -301,23 +259,23 @@ class TorchRLBufferDataset(torch.utils.data.IterableDataset):
         committed = check_reader(
             reader.replay_buffer,
             in_worker=info.in_worker,
-            streaming=self._num_batches is None and not self._reads_whole_epochs,
-            sampling=not self._reads_whole_epochs,
+            streaming=self._mode.streaming,
+            sampling=not self._mode.epoch,
             columns=reader.known_columns,
-            sep=self._sep,
+            sep=reader.selection.sep,
         )
-        if self._reads_whole_epochs:
-            seed = self._seed if self._seed is not None else 0
+        if self._mode.epoch:
+            seed = self._mode.seed_or_default
             n = reader.length(committed)
             indices = shard_indices(
-                n, slots, num_slots, shuffle=self._shuffle, seed=seed, epoch=epoch
+                n, slots, num_slots, shuffle=self._mode.shuffle, seed=seed, epoch=epoch
             )
             yield from reader.epoch_rows(indices[skip:], committed)
             return
         remote = is_remote(reader.replay_buffer)
         if not remote:
             check_sampler_copies(reader.replay_buffer, copies)
-        base = self._seed
+        base = self._mode.seed
         if base is None and (num_slots > 1 or info.in_worker):
             base = int(torch.randint(2**62, (1,)))  # from torch's RNG: new for every pass
         rows = (
@@ -327,7 +285,7 @@ class TorchRLBufferDataset(torch.utils.data.IterableDataset):
                 None
                 if base is None or remote
                 else torch.Generator().manual_seed(derive_seed(base, info.rank, slot, epoch)),
-                self._num_batches,
+                self._mode.num_batches,
                 committed,
             )
         )
@@ -354,7 +312,7 @@ class TorchRLBufferDataset(torch.utils.data.IterableDataset):
         if get_spawning_popen() is not None:
             # A DataLoader worker has no process group of its own: it splits by the rank
             # decided here. (The reader makes its buffer safe to send.)
-            state["_parent_rank"] = distributed_rank(self._split_by_rank)
+            state["_parent_rank"] = distributed_rank(self._mode.split_by_rank)
         return state
 
     # -- Hugging Face views --------------------------------------------------------------------
@@ -412,7 +370,7 @@ class TorchRLBufferDataset(torch.utils.data.IterableDataset):
         from .hf_views import iterable_view
 
         if num_shards is None:
-            num_shards = DEFAULT_HF_EPOCH_SHARDS if self._reads_whole_epochs else 1
+            num_shards = DEFAULT_HF_EPOCH_SHARDS if self._mode.epoch else 1
         check_positive_int(num_shards, "num_shards", "TorchRLBufferDataset.as_hf_dataset")
         features = self.hf_features() if len(self._reader) > 0 else None
         return iterable_view(self._iter_hf_slots, num_shards, features)
@@ -428,14 +386,16 @@ class TorchRLBufferDataset(torch.utils.data.IterableDataset):
                 ``max(batch_size, 4096)``.
 
         Examples:
+            Ragged rows keep their own length:
+
             >>> import torch
-            >>> from tensordict import TensorDict
-            >>> from torchrl.data import LazyTensorStorage, ReplayBuffer
-            >>> rb = ReplayBuffer(storage=LazyTensorStorage(10))
-            >>> _ = rb.extend(TensorDict({"x": torch.arange(4)}, batch_size=[4]))
+            >>> from tensordict import TensorDict, lazy_stack
+            >>> from torchrl.data import LazyStackStorage, ReplayBuffer
+            >>> rb = ReplayBuffer(storage=LazyStackStorage(10))
+            >>> _ = rb.extend(lazy_stack([TensorDict({"ids": torch.arange(n)}) for n in (1, 3)]))
             >>> ds = TorchRLBufferDataset(rb, batch_size=2).to_hf_dataset()
-            >>> len(ds), list(ds["x"])
-            (4, [0, 1, 2, 3])
+            >>> len(ds), ds["ids"][:]
+            (2, [[0], [0, 1, 2]])
         """
         require("datasets", "TorchRLBufferDataset.to_hf_dataset")
         from .hf_views import map_view
@@ -445,13 +405,15 @@ class TorchRLBufferDataset(torch.utils.data.IterableDataset):
         return map_view((self._reader.columns(batch) for batch in batches), features)
 
     def __repr__(self) -> str:
-        keys = "<all>" if self._keys is None else [key_to_str(k, self._sep) for k in self._keys]
+        selection = self._reader.selection
+        keys = selection.keys
+        keys = "<all>" if keys is None else [key_to_str(k, selection.sep) for k in keys]
         rb = self._reader.replay_buffer
         storage = "<remote>" if is_remote(rb) else type(rb.storage).__name__
-        mode = f"epoch=True, shuffle={self._shuffle}" if self._reads_whole_epochs else "epoch=False"
+        mode = f"epoch=True, shuffle={self._mode.shuffle}" if self._mode.epoch else "epoch=False"
         return (
             f"{type(self).__name__}(replay_buffer={type(rb).__name__}("
             f"storage={storage}, len={len(rb)}), "
-            f"batch_size={self.batch_size}, keys={keys}, num_batches={self._num_batches}, "
-            f"{mode}, seed={self._seed}, device={self._reader.device})"
+            f"batch_size={self.batch_size}, keys={keys}, num_batches={self._mode.num_batches}, "
+            f"{mode}, seed={self._mode.seed}, device={self._reader.device})"
         )

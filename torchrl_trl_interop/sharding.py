@@ -17,7 +17,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from ._utils import check_positive_int
+
 __all__ = [
+    "ReadMode",
     "ShardInfo",
     "accelerate_shards_data",
     "derive_seed",
@@ -50,6 +53,61 @@ class ShardInfo:
     def num_shards(self) -> int:
         """Number of readers sharing the data."""
         return self.world_size * self.num_workers
+
+
+@dataclass(frozen=True)
+class ReadMode:
+    """How a pass reads: ``num_batches`` sampled batches, or every stored row once (``epoch``).
+
+    ``seed`` orders epochs (``0`` when ``None``, so that every rank agrees) or seeds per-reader
+    sampling streams; ``split_by_rank`` is explained by :func:`distributed_rank`.
+
+    Raises:
+        ValueError: on a bad value or a combination that would do nothing (the message says
+            which option to change).
+
+    Examples:
+        >>> ReadMode(epoch=True, shuffle=True).seed_or_default
+        0
+    """
+
+    num_batches: int | None = 1
+    epoch: bool = False
+    shuffle: bool = False
+    seed: int | None = None
+    split_by_rank: bool | None = None
+
+    def __post_init__(self) -> None:
+        owner = "TorchRLBufferDataset"
+        check_positive_int(self.num_batches, "num_batches", owner, allow_none=True)
+        if self.shuffle and not self.epoch:
+            raise ValueError(
+                f"{owner}: shuffle=True only applies to epoch=True (sampling is already random); "
+                "drop shuffle=True or pass epoch=True."
+            )
+        if self.seed is not None and (
+            isinstance(self.seed, bool) or not isinstance(self.seed, int)
+        ):
+            raise ValueError(f"{owner}: seed must be an int or None, got {self.seed!r}.")
+        if self.epoch and self.num_batches != 1:
+            raise ValueError(
+                f"{owner}: num_batches has no effect with epoch=True (one pass yields every "
+                f"stored row once); got num_batches={self.num_batches!r}. Leave it at its default."
+            )
+        if self.split_by_rank not in (None, True, False):
+            raise ValueError(
+                f"{owner}: split_by_rank must be None, True or False, got {self.split_by_rank!r}."
+            )
+
+    @property
+    def streaming(self) -> bool:
+        """An unbounded sampled stream (``num_batches=None``)."""
+        return self.num_batches is None and not self.epoch
+
+    @property
+    def seed_or_default(self) -> int:
+        """The seed that orders epochs."""
+        return self.seed if self.seed is not None else 0
 
 
 def accelerate_shards_data() -> bool:

@@ -27,6 +27,7 @@ __all__ = [
     "CHATML_TEMPLATE",
     "TOY_CORPUS",
     "toy_causal_lm",
+    "toy_buffer",
     "toy_chats",
     "toy_collected_buffer",
     "toy_prompts",
@@ -111,43 +112,29 @@ def toy_tokenizer(*, padding_side: str = "right", vocab_size: int = 384) -> PreT
     return tokenizer
 
 
-_ARCHS = ("llama", "gpt2", "bert")
+#: Sizes of the toy configs: one layer, width 32, 4 heads, 1024 positions.
+_LLAMA_SIZES = {
+    "hidden_size": 32,
+    "intermediate_size": 64,
+    "num_hidden_layers": 1,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 1024,
+}
+_TOY_SIZES = {
+    "llama": _LLAMA_SIZES,
+    "gpt2": {"n_embd": 32, "n_layer": 1, "n_head": 4, "n_positions": 1024},
+    "bert": {k: v for k, v in _LLAMA_SIZES.items() if k != "num_key_value_heads"},
+}
 
 
 def _toy_config(arch: str, vocab_size: int, pad_token_id: int | None, **overrides: Any):
     from transformers import BertConfig, GPT2Config, LlamaConfig
 
-    if arch == "llama":
-        cfg = LlamaConfig(
-            vocab_size=vocab_size,
-            hidden_size=32,
-            intermediate_size=64,
-            num_hidden_layers=1,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            max_position_embeddings=1024,
-        )
-    elif arch == "gpt2":
-        cfg = GPT2Config(
-            vocab_size=vocab_size,
-            n_embd=32,
-            n_layer=1,
-            n_head=4,
-            n_positions=1024,
-            bos_token_id=None,
-            eos_token_id=2,
-        )
-    elif arch == "bert":
-        cfg = BertConfig(
-            vocab_size=vocab_size,
-            hidden_size=32,
-            intermediate_size=64,
-            num_hidden_layers=1,
-            num_attention_heads=4,
-            max_position_embeddings=1024,
-        )
-    else:
-        raise ValueError(f"Unknown toy architecture {arch!r}; expected one of {_ARCHS}.")
+    classes = {"llama": LlamaConfig, "gpt2": GPT2Config, "bert": BertConfig}
+    if arch not in classes:
+        raise ValueError(f"Unknown toy architecture {arch!r}; expected one of {tuple(classes)}.")
+    cfg = classes[arch](vocab_size=vocab_size, **_TOY_SIZES[arch])
     cfg.pad_token_id = pad_token_id
     cfg.bos_token_id = None
     cfg.eos_token_id = 2  # <|im_end|>
@@ -249,6 +236,29 @@ def toy_chats(n: int = 4, *, seed: int = 0) -> list[list[dict[str, str]]]:
             chat.append({"role": roles[t % 2], "content": text})
         chats.append(chat)
     return chats
+
+
+def toy_buffer(n: int = 8, *, storage: Any = None, **buffer_kwargs: Any):
+    """A ``ReplayBuffer`` holding ``n`` rows with one column ``"x" = arange(n)``, for examples.
+
+    Keyword Args:
+        storage (Storage, optional): defaults to ``LazyTensorStorage(max(n, 1))``.
+        **buffer_kwargs: passed to ``ReplayBuffer`` (``writer=``, ``batch_size=``, ...).
+
+    Examples:
+        >>> rb = toy_buffer(4)
+        >>> len(rb), rb[:]["x"].tolist()
+        (4, [0, 1, 2, 3])
+    """
+    import torch
+    from tensordict import TensorDict
+    from torchrl.data import LazyTensorStorage, ReplayBuffer
+
+    storage = storage if storage is not None else LazyTensorStorage(max(n, 1))
+    rb = ReplayBuffer(storage=storage, **buffer_kwargs)
+    if n:
+        rb.extend(TensorDict({"x": torch.arange(n)}, batch_size=[n]))
+    return rb
 
 
 def toy_prompts(n: int = 8) -> list[str]:

@@ -26,11 +26,12 @@ from .columns import column_keys, non_tensor_columns
 from .online import CommittedWriter
 
 __all__ = [
+    "check_picklable_for_workers",
     "check_reader",
     "check_sampler_copies",
     "check_storage_columns",
-    "check_picklable_for_workers",
     "is_remote",
+    "picklable_remote",
     "sample",
     "spawn_safe_buffer",
 ]
