@@ -206,6 +206,28 @@ def split_columns(
     return out
 
 
+def _check_mask_column(batch: TensorDictBase, key: Key) -> None:
+    """Refuses a mask column that is not a per-token bool or int mask (it would trim nothing)."""
+    value, lazy = _probe(batch, key)
+    token_dims = value.ndim - (0 if lazy else batch.ndim) if isinstance(value, torch.Tensor) else 0
+    if (
+        not isinstance(value, torch.Tensor)
+        or value.is_floating_point()
+        or value.is_complex()
+        or token_dims < 1
+    ):
+        what = (
+            f"a {value.dtype} tensor with {token_dims} dim(s) per row"
+            if isinstance(value, torch.Tensor)
+            else f"a {type(value).__name__}"
+        )
+        raise TypeError(
+            f"TorchRLBufferDataset: attention_mask_key {public_key(key)!r} holds {what}; expected "
+            "a bool or int mask with one entry per token (e.g. ('masks', 'all_attention_mask')). "
+            "Pass the mask's key, or attention_mask_key=None."
+        )
+
+
 @dataclass(frozen=True)
 class Schema:
     """What a dataset yields: the stored ``columns`` (internal keys) and their output ``names``."""
@@ -240,6 +262,11 @@ class Selection:
         """
         if not isinstance(sep, str) or not sep:
             raise ValueError(f"TorchRLBufferDataset: sep must be a non-empty str, got {sep!r}.")
+        if rename is not None and not isinstance(rename, Mapping):
+            raise TypeError(
+                f"TorchRLBufferDataset: rename must be a dict {{stored key: output name}}, got a "
+                f"{type(rename).__name__}: {rename!r:.100}."
+            )
         names: dict[Key, str] = {}
         for key, name in (rename or {}).items():
             if not isinstance(name, str) or not name:
@@ -302,11 +329,13 @@ class Selection:
                     f"selected keys {[key_to_str(k, sep) for k in columns]}; add it to keys=[...]."
                 )
         mask_key = self.attention_mask_key
-        if mask_key is not None and mask_key not in available_set:
-            raise KeyError(
-                f"TorchRLBufferDataset: attention_mask_key {public_key(mask_key)!r} is not in the "
-                f"replay buffer's data; stored keys are {stored}."
-            )
+        if mask_key is not None:
+            if mask_key not in available_set:
+                raise KeyError(
+                    f"TorchRLBufferDataset: attention_mask_key {public_key(mask_key)!r} is not in "
+                    f"the replay buffer's data; stored keys are {stored}."
+                )
+            _check_mask_column(batch, mask_key)
         names = [self.rename.get(k, key_to_str(k, sep)) for k in columns]
         if len(set(names)) != len(names):
             dupes = sorted({n for n in names if names.count(n) > 1})

@@ -18,11 +18,13 @@ from ._utils import Key
 from .columns import Schema, Selection, split_columns
 from .online import committed_length, read_committed, read_committed_rows
 from .workers import (
+    check_overwrites,
     check_picklable_for_workers,
     check_storage_columns,
     picklable_remote,
     sample,
     spawn_safe_buffer,
+    write_mark,
 )
 
 __all__ = ["BufferReader"]
@@ -129,13 +131,22 @@ class BufferReader:
         return [dict(zip(names, values)) for values in zip(*columns.values())]
 
     def epoch_rows(
-        self, indices: torch.Tensor, committed: bool = False
+        self,
+        indices: torch.Tensor,
+        committed: bool = False,
+        since: tuple[int, int] | None = None,
     ) -> Iterator[dict[str, Any]]:
-        """The rows at storage ``indices``, in that order, ``batch_size`` indices per read."""
+        """The rows at storage ``indices``, in that order, ``batch_size`` indices per read.
+
+        ``since`` (a :func:`~torchrl_trl_interop.workers.write_mark` taken when the pass chose
+        its rows): a row overwritten before it was read raises instead of being replaced.
+        """
         if indices.numel() == 0:  # torch splits an empty tensor into one empty chunk
             return
         for chunk in indices.split(self.batch_size):
-            yield from self.rows(self.read(chunk, committed=committed))
+            batch = self.read(chunk, committed=committed)
+            check_overwrites(self.replay_buffer, since, chunk)
+            yield from self.rows(batch)
 
     def sampled_rows(
         self, generator: torch.Generator | None, num_batches: int | None, committed: bool = False
@@ -149,9 +160,13 @@ class BufferReader:
     def storage_batches(self, chunk_size: int) -> Iterator[TensorDictBase]:
         """Every stored row once, in storage order, ``chunk_size`` rows per read."""
         self.check_not_empty()
+        since = write_mark(self.replay_buffer)
         n = len(self.replay_buffer)
         for start in range(0, n, chunk_size):
-            yield self.read(torch.arange(start, min(start + chunk_size, n)))
+            index = torch.arange(start, min(start + chunk_size, n))
+            batch = self.read(index)
+            check_overwrites(self.replay_buffer, since, index)
+            yield batch
 
     def __getstate__(self) -> dict[str, Any]:
         from multiprocessing.context import get_spawning_popen

@@ -9,7 +9,6 @@ the Hugging Face views) reads batches from the buffer and splits each one into c
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -19,13 +18,10 @@ from torchrl.data import ReplayBuffer
 
 from ._utils import check_positive_int, key_to_str, require
 from .columns import Selection
+from .passes import PassCounter, read_pass, stream_base
 from .reader import BufferReader
-from .sharding import ReadMode, ShardInfo, derive_seed, distributed_rank, shard_indices, shard_info
-from .workers import (
-    check_reader,
-    check_sampler_copies,
-    is_remote,
-)
+from .sharding import ReadMode, ShardInfo, distributed_rank, shard_info
+from .workers import check_one_dim_storage, is_remote
 
 if TYPE_CHECKING:  # pragma: no cover
     import datasets
@@ -153,15 +149,16 @@ class TorchRLBufferDataset(torch.utils.data.IterableDataset):
                 f"TensorDictReplayBuffer, RayReplayBuffer, ...), got {type(replay_buffer).__name__}."
             )
         check_positive_int(batch_size, "batch_size", owner)
-        # ``epoch`` is the flag; ``self._epoch`` counts the passes
-        self._mode = ReadMode(num_batches, bool(epoch), bool(shuffle), seed, split_by_rank)
+        check_one_dim_storage(replay_buffer)
+        # ``epoch`` is the flag; ``self._passes`` counts the epochs
+        self._mode = ReadMode(num_batches, epoch, shuffle, seed, split_by_rank)
         if remote and seed is not None and not epoch:
             raise ValueError(
                 f"TorchRLBufferDataset: seed={seed!r} cannot seed a {type(replay_buffer).__name__}: "
                 "its actor samples for every reader (readers get distinct rows without seeds). "
                 "Drop seed=, or pass epoch=True (the seed then orders each epoch)."
             )
-        self._epoch = 0
+        self._passes = PassCounter()  # the epoch counter, the pass in progress
         # (rank, world size) decided by the process that started this DataLoader worker.
         self._parent_rank: tuple[int, int] | None = None
         selection = Selection.from_args(keys, rename, attention_mask_key, sep)
@@ -211,7 +208,40 @@ class TorchRLBufferDataset(torch.utils.data.IterableDataset):
             >>> first == [int(r["x"]) for r in ds]
             True
         """
-        self._epoch = int(epoch)
+        self._passes.set_epoch(epoch)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where this reader is: the epoch of the pass, the rows it yielded, its stream seed.
+
+        The protocol of torchdata's ``StatefulDataLoader`` (which calls it in each DataLoader
+        worker) and of ``accelerate``: :meth:`load_state_dict` on a new dataset over the same
+        buffer makes the next pass yield exactly the rows an uninterrupted run would have
+        yielded next. Between passes the state names the next epoch and 0 rows.
+
+        Examples:
+            >>> from torchrl_trl_interop.testing import toy_buffer
+            >>> ds = TorchRLBufferDataset(toy_buffer(6), 2, epoch=True, shuffle=True)
+            >>> whole = [int(r["x"]) for r in ds]  # epoch 0, uninterrupted
+            >>> ds.set_epoch(0)
+            >>> it = iter(ds)
+            >>> first = [int(next(it)["x"]) for _ in range(4)]
+            >>> state = ds.state_dict()
+            >>> state["epoch"], state["rows"]
+            (0, 4)
+            >>> resumed = TorchRLBufferDataset(toy_buffer(6), 2, epoch=True, shuffle=True)
+            >>> resumed.load_state_dict(state)
+            >>> first + [int(r["x"]) for r in resumed] == whole
+            True
+        """
+        return self._passes.state_dict()
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Restores a :meth:`state_dict`: the next pass resumes that epoch after its rows.
+
+        Raises:
+            ValueError: if ``state_dict`` is not a state of this dataset.
+        """
+        self._passes.load_state_dict(state_dict)
 
     def _shard_info(self) -> ShardInfo:
         """This process's rank and DataLoader worker: the rank is decided here, only."""
@@ -221,11 +251,19 @@ class TorchRLBufferDataset(torch.utils.data.IterableDataset):
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         info = self._shard_info()
-        epoch = self._epoch
-        self._epoch += 1
-        yield from self._iter_slots(
-            [info.shard_id], info.num_shards, epoch, info=info, copies=info.num_shards
+        state = self._passes.start(self._mode, info.num_shards, info)
+        rows = read_pass(
+            self._reader,
+            self._mode,
+            [info.shard_id],
+            info.num_shards,
+            state["epoch"],
+            info=info,
+            copies=info.num_shards,
+            base=state["base"],
+            skip=state["rows"],
         )
+        yield from self._passes.track(state, rows)
 
     def _iter_hf_slots(
         self, slots: list[int], num_slots: int, epoch: int, skip: int
@@ -233,63 +271,18 @@ class TorchRLBufferDataset(torch.utils.data.IterableDataset):
         """What a Hugging Face view reads: ``datasets`` gives the slots, epoch and position."""
         info = self._shard_info()
         copies = info.num_workers if num_slots > 1 else 1  # sampler copies: one per worker
-        yield from self._iter_slots(slots, num_slots, epoch, info=info, copies=copies, skip=skip)
-
-    def _iter_slots(
-        self,
-        slots: list[int],
-        num_slots: int,
-        epoch: int,
-        *,
-        info: ShardInfo,
-        copies: int,
-        skip: int = 0,
-    ) -> Iterator[dict[str, Any]]:
-        """The one dispatcher of every iterating view: the rows of ``slots`` in ``epoch``.
-
-        Epoch mode: slot ``s`` of ``num_slots`` owns the storage indices equal to ``s`` modulo
-        ``num_slots`` (:func:`~torchrl_trl_interop.sharding.shard_indices`); the length is
-        snapshot when the pass starts, so rows written during it wait for the next one. Sampling:
-        each slot draws ``num_batches`` batches from its own stream, seeded from ``(seed, rank,
-        slot, epoch)`` when ``seed`` is given or several readers need distinct streams, else by
-        the buffer's own sampler. The first ``skip`` rows are left out (a resumed view).
-        """
-        reader = self._reader
-        reader.check_not_empty()
-        committed = check_reader(
-            reader.replay_buffer,
-            in_worker=info.in_worker,
-            streaming=self._mode.streaming,
-            sampling=not self._mode.epoch,
-            columns=reader.known_columns,
-            sep=reader.selection.sep,
+        base = stream_base(self._mode, num_slots, info)
+        yield from read_pass(
+            self._reader,
+            self._mode,
+            slots,
+            num_slots,
+            epoch,
+            info=info,
+            copies=copies,
+            base=base,
+            skip=skip,
         )
-        if self._mode.epoch:
-            seed = self._mode.seed_or_default
-            n = reader.length(committed)
-            indices = shard_indices(
-                n, slots, num_slots, shuffle=self._mode.shuffle, seed=seed, epoch=epoch
-            )
-            yield from reader.epoch_rows(indices[skip:], committed)
-            return
-        remote = is_remote(reader.replay_buffer)
-        if not remote:
-            check_sampler_copies(reader.replay_buffer, copies)
-        base = self._mode.seed
-        if base is None and (num_slots > 1 or info.in_worker):
-            base = int(torch.randint(2**62, (1,)))  # from torch's RNG: new for every pass
-        rows = (
-            row
-            for slot in slots
-            for row in reader.sampled_rows(
-                None
-                if base is None or remote
-                else torch.Generator().manual_seed(derive_seed(base, info.rank, slot, epoch)),
-                self._mode.num_batches,
-                committed,
-            )
-        )
-        yield from itertools.islice(rows, skip, None)
 
     def iter_storage(self, chunk_size: int | None = None) -> Iterator[dict[str, Any]]:
         """Yields every stored row exactly once, in storage order (no sampling, no splitting).
@@ -326,7 +319,15 @@ class TorchRLBufferDataset(torch.utils.data.IterableDataset):
         from .hf_views import features_of
 
         self._reader.check_not_empty()
-        return features_of(self._reader.rows(self._reader.read(torch.arange(1)))[0])
+        row = self._reader.rows(self._reader.read(torch.arange(1)))[0]
+        for name, value in row.items():
+            if isinstance(value, torch.Tensor) and value.is_complex():
+                raise TypeError(
+                    f"TorchRLBufferDataset: column {name!r} holds {value.dtype} values, which "
+                    "Arrow (and so datasets) cannot store. Store the real and imaginary parts "
+                    "as two float columns, or leave the column out with keys=[...]."
+                )
+        return features_of(row)
 
     def as_hf_dataset(self, *, num_shards: int | None = None) -> datasets.IterableDataset:
         """Returns a streaming :class:`datasets.IterableDataset` over this buffer.

@@ -79,6 +79,12 @@ class ReadMode:
 
     def __post_init__(self) -> None:
         owner = "TorchRLBufferDataset"
+        for name in ("epoch", "shuffle"):
+            if not isinstance(getattr(self, name), (bool, np.bool_)):
+                raise TypeError(
+                    f"{owner}: {name} must be a bool (True or False), got "
+                    f"{getattr(self, name)!r} of type {type(getattr(self, name)).__name__}."
+                )
         check_positive_int(self.num_batches, "num_batches", owner, allow_none=True)
         if self.shuffle and not self.epoch:
             raise ValueError(

@@ -18,6 +18,7 @@ from torchrl.data import (
     ListStorage,
     RandomSampler,
     ReplayBuffer,
+    RoundRobinWriter,
     SamplerWithoutReplacement,
 )
 
@@ -26,6 +27,8 @@ from .columns import column_keys, non_tensor_columns
 from .online import CommittedWriter
 
 __all__ = [
+    "check_one_dim_storage",
+    "check_overwrites",
     "check_picklable_for_workers",
     "check_reader",
     "check_sampler_copies",
@@ -34,6 +37,7 @@ __all__ = [
     "picklable_remote",
     "sample",
     "spawn_safe_buffer",
+    "write_mark",
 ]
 
 
@@ -233,3 +237,62 @@ def check_reader(
                 "them with num_workers=0, or leave them out with keys=[...]."
             )
     return True
+
+
+def check_one_dim_storage(replay_buffer: Any) -> None:
+    """Refuses storages with more than one batch dimension (``LazyTensorStorage(n, ndim=2)``).
+
+    torchrl indexes them along their first dimension, not by stored element, so "every stored
+    row once" has no meaning the dataset could keep (sampling draws elements, a storage read
+    gives a ``[k, ...]`` block of them).
+    """
+    ndim = 1 if is_remote(replay_buffer) else getattr(replay_buffer.storage, "ndim", 1)
+    if ndim != 1:
+        raise ValueError(
+            f"TorchRLBufferDataset: the buffer's {type(replay_buffer.storage).__name__} has "
+            f"ndim={ndim}; the dataset reads storages with one batch dimension (ndim=1), one row "
+            "per stored element. Store the rows flat: extend a storage built with ndim=1 with "
+            "data.reshape(-1) (e.g. [time, envs] -> [time * envs])."
+        )
+
+
+def write_mark(replay_buffer: Any) -> tuple[int, int] | None:
+    """``(writes so far, cursor)`` of a round-robin writer; ``None`` where writes can't be located.
+
+    Both live in shared memory (``multiprocessing.Value``), so a DataLoader worker reads the
+    writer's current values.
+    """
+    writer = None if is_remote(replay_buffer) else replay_buffer.writer
+    if not isinstance(writer, RoundRobinWriter):
+        return None
+    return int(writer._write_count), int(writer._cursor)
+
+
+def check_overwrites(replay_buffer: Any, since: tuple[int, int] | None, read: torch.Tensor) -> None:
+    """Raises if writes since ``since`` (a :func:`write_mark`) replaced any row in ``read``.
+
+    Round-robin writes go to consecutive slots from the cursor, so the replaced slots are known;
+    writes that cannot be located (``write_at``, ``empty``, more than a full wrap) count as
+    replacing every slot.
+    """
+    if since is None or read.numel() == 0:
+        return
+    now = write_mark(replay_buffer)
+    written = now[0] - since[0]
+    if written == 0:
+        return
+    capacity = replay_buffer.storage.max_size
+    if 0 < written < capacity and (since[1] + written) % capacity == now[1]:
+        slots = (since[1] + torch.arange(written)) % capacity
+        replaced = read[torch.isin(read, slots)]
+    else:
+        replaced = read
+    if replaced.numel():
+        raise RuntimeError(
+            f"TorchRLBufferDataset: {replaced.numel()} row(s) of this epoch pass (storage "
+            f"indices {replaced[:8].tolist()}) were overwritten by the buffer's writer before the "
+            "pass read them, so the pass cannot yield the rows stored when it began (epoch mode "
+            "reads each of those exactly once). Pause writing during an epoch pass, give the "
+            "buffer room for what is written meanwhile (a larger max_size), or read with "
+            "sampling (epoch=False)."
+        )
