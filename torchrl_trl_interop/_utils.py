@@ -52,6 +52,8 @@ def as_key(key: NestedKey, arg: str = "key") -> Key:
         TypeError: if ``key`` is not a str or a non-empty (nested) tuple of str; the message
             names ``arg``.
     """
+    if type(key) is tuple and key and all(type(k) is str for k in key):
+        return key  # already in internal form (the hot path: keys resolved once, used per batch)
     if not _is_nested_key(key):
         raise TypeError(
             f"{arg}={key!r} is not a key. Expected a key: a str or a non-empty tuple of str (a "
