@@ -3,6 +3,8 @@
 * TorchRL -> TRL: :class:`TorchRLBufferDataset` exposes a torchrl ``ReplayBuffer`` as a torch
   ``IterableDataset`` of flat dicts and as Hugging Face ``datasets`` objects.
 * TRL -> TorchRL: :class:`HFRewardModelWrapper` scores TensorDicts with any HF reward model.
+* The online loop: :func:`as_trl_rollout_func` makes a TorchRL environment ``GRPOTrainer``'s
+  rollout engine; :func:`as_reward_transform` puts TRL rewards inside TorchRL environments.
 
 Every public name is imported lazily, so ``import torchrl_trl_interop`` never imports
 ``transformers``, ``trl`` or ``datasets``; a feature that needs one imports it when used.
@@ -21,12 +23,15 @@ _EXPORTS: dict[str, str] = {
     "TorchRLBufferDataset": "replay_dataset",
     "PaddingCollator": "collate",
     "CommittedWriter": "online",
+    "as_trl_rollout_func": "rollout_func",
     # TRL -> TorchRL
     "HFRewardModelWrapper": "reward_model",
     "RewardOutputError": "reward_model",
     "RewardShapeError": "reward_model",
     "replay_buffer_from_hf": "buffer_from_hf",
     "build_preference_pairs": "preferences",
+    "RewardTransform": "reward_transform",
+    "as_reward_transform": "reward_transform",
     # reward functions, both ways
     "as_trl_reward_func": "rewards",
     "TRLRewardFuncWrapper": "rewards",
