@@ -37,8 +37,10 @@ class RewardTransform(Transform):
     At each ``env.step`` the transform reads the step's input (the policy's output, where
     ``history_key`` holds the conversation ending with the turn just generated), runs ``module``
     on the rows to score, without gradients, and writes the reward to the step's output with the
-    shape of the environment's reward spec (``[*batch, 1]``; the spec is added if the environment
-    had none). A row is scored when its last turn at ``history_key`` has one of the
+    shape of the environment's reward spec. If the environment has none, the spec is added with
+    shape ``[*batch, 1, 1]``, as torchrl's LLM reward parsers (``GSM8KRewardParser``) write it: a
+    token and a feature dimension, so ``MCAdvantage``'s advantage broadcasts over the tokens in
+    ``GRPOLoss``. A row is scored when its last turn at ``history_key`` has one of the
     ``completion_roles`` and, with ``only_done=True``, when the step ends its episode (a sparse,
     trajectory-level reward); other rows get ``0.0``. A row the module leaves unscored (TRL
     reward functions all returning ``None``) keeps the module's ``NaN``.
@@ -81,8 +83,9 @@ class RewardTransform(Transform):
         >>> full = ChatHistory(full=messages_to_history(chats), batch_size=[2])
         >>> action = TensorDict({"history": full}, batch_size=[2])  # what the policy writes
         >>> env.step(action)["next", "reward"]
-        tensor([[1.],
-                [0.]])
+        tensor([[[1.]],
+        <BLANKLINE>
+                [[0.]]])
     """
 
     def __init__(
@@ -169,7 +172,10 @@ class RewardTransform(Transform):
         if rows.any():
             reward[rows] = self._score(tensordict, rows)
         spec = self.parent.full_reward_spec if self.parent is not None else None
-        target = spec[self.reward_key].shape if spec is not None and self.reward_key in spec.keys(True) else (*shape, 1)
+        if spec is not None and self.reward_key in spec.keys(True):
+            target = spec[self.reward_key].shape
+        else:
+            target = (*shape, 1, 1)
         device = next_tensordict.device or "cpu"
         reward = reward.reshape(target).to(device)
         existing = next_tensordict.get(self.reward_key, None)
@@ -187,7 +193,7 @@ class RewardTransform(Transform):
     def transform_reward_spec(self, reward_spec: Composite) -> Composite:
         if self.reward_key not in reward_spec.keys(True):
             reward_spec[self.reward_key] = Unbounded(
-                shape=(*reward_spec.shape, 1), dtype=torch.float32, device=reward_spec.device
+                shape=(*reward_spec.shape, 1, 1), dtype=torch.float32, device=reward_spec.device
             )
         return reward_spec
 

@@ -66,11 +66,9 @@ class _TrainerModelPolicy(TransformersWrapper):
             prefer_tokens=True,
         )
         self.temperature = float(temperature)
-        self.generate_kwargs = {
-            "generation_config": generation_config,
-            "output_logits": True,
-            "return_dict_in_generate": True,
-        }
+        generation_config.output_logits = True
+        generation_config.return_dict_in_generate = True
+        self.generate_kwargs = {"generation_config": generation_config}
 
     def _log_probs_generate(self, tokens, logits, pad_val=-100, pad: bool = True):
         if pad:
@@ -178,13 +176,30 @@ def _find_env_problem(env: Any) -> str | None:
     return None
 
 
-def _render(history: Any, policy: Any, tokenizer: Any) -> list[str]:
-    """The prompt text the policy renders for ``history`` (``[B, T]``), as the policy does."""
-    kwargs = {}
-    for name in ("chat_template_name", "chat_template"):
-        if getattr(policy, name, None) is not None:
-            kwargs[name] = getattr(policy, name)
-    return history.apply_chat_template(tokenizer=tokenizer, add_generation_prompt=True, **kwargs)
+def _template_kwargs(policy: Any) -> dict[str, Any]:
+    names = ("chat_template_name", "chat_template")
+    return {n: getattr(policy, n) for n in names if getattr(policy, n, None) is not None}
+
+
+def _render(history: Any, policy: Any, tokenizer: Any, *, add_generation_prompt: bool) -> list:
+    """``history`` (``[B, T]``) rendered with the policy's chat template, as the policy renders it."""
+    return history.apply_chat_template(
+        tokenizer=getattr(policy, "tokenizer", None) or tokenizer,
+        add_generation_prompt=add_generation_prompt,
+        **_template_kwargs(policy),
+    )
+
+
+_PROBE = "\x00torchrl_trl_interop\x00"
+
+
+def _turn_closing(policy: Any, tokenizer: Any) -> str:
+    """The text the chat template writes after an assistant turn's content (ChatML: ``<|im_end|>\\n``)."""
+    from torchrl.data.llm import History
+
+    probe = History.from_chats([[{"role": "user", "content": "?"}, {"role": "assistant", "content": _PROBE}]])
+    text = _render(probe, policy, tokenizer, add_generation_prompt=False)[0]
+    return text.split(_PROBE, 1)[1] if _PROBE in text else ""
 
 
 def _history_row_to_messages(history: Any) -> list[dict[str, Any]]:
@@ -328,25 +343,44 @@ class _EnvRolloutFunc:
         return td
 
     def _env_tokens(
-        self, td: Any, policy: Any, tokenizer: Any, rows: list[_Rollout], turn: int
+        self,
+        td: Any,
+        policy: Any,
+        tokenizer: Any,
+        rows: list[_Rollout],
+        answered: list[str],
+        turn: int,
     ) -> None:
-        """Appends, per active row, the tokens the environment added before the next turn."""
+        """Appends, per active row, the tokens the environment added before the next turn.
+
+        ``answered`` is each conversation rendered up to the turn just taken (before the step:
+        tool transforms extend that History in place). The environment's text is what the next
+        prompt adds to it; before it comes the template's close of the assistant turn, less the
+        eos token the policy already generated. Parsed contents are not compared with the
+        sampled text (torchrl strips whitespace from parsed answers).
+        """
         history = td.get((getattr(policy, "history_key", _HISTORY_KEY), "prompt"))
-        texts = _render(history, policy, getattr(policy, "tokenizer", None) or tokenizer)
+        texts = _render(history, policy, tokenizer, add_generation_prompt=True)
+        closing = _turn_closing(policy, tokenizer)
         for i, row in enumerate(rows):
             if not row.active:
                 continue
-            so_far = tokenizer.decode(row.prompt_ids + row.completion_ids, skip_special_tokens=False)
-            if not texts[i].startswith(so_far):
+            if not texts[i].startswith(answered[i]):
                 raise ValueError(
-                    f"as_trl_rollout_func: after turn {turn} the chat template renders "
-                    f"rollout {i} as text that does not extend what the model saw and produced "
-                    f"(rendered {texts[i][:200]!r}..., produced {so_far[-200:]!r}). The template "
-                    "must render earlier turns unchanged (templates that drop past reasoning do "
-                    "not); use max_turns=1 or such a template."
+                    f"as_trl_rollout_func: after turn {turn} the chat template renders rollout "
+                    f"{i}'s next prompt ({texts[i][-200:]!r}) as text that does not extend the "
+                    f"conversation so far ({answered[i][-200:]!r}). Multi-turn rollouts need a "
+                    "template that renders earlier turns unchanged (templates that drop past "
+                    "reasoning do not); use max_turns=1 or such a template."
                 )
-            extra = tokenizer(texts[i][len(so_far) :], add_special_tokens=False)["input_ids"]
-            row.extend(list(extra), None, True)
+            close = closing
+            last = row.completion_ids[-1] if row.completion_ids else None
+            if last in tokenizer.all_special_ids:
+                eos_text = tokenizer.decode([last], skip_special_tokens=False)
+                if close.startswith(eos_text):
+                    close = close[len(eos_text) :]
+            text = close + texts[i][len(answered[i]) :]
+            row.extend(list(tokenizer(text, add_special_tokens=False)["input_ids"]), None, True)
 
     def _add_reward(self, td: Any, rows: list[_Rollout]) -> None:
         reward = td.get(self.reward_key, None)
@@ -364,16 +398,21 @@ class _EnvRolloutFunc:
             td = self._reset(prompts)
             for turn in range(self.max_turns):
                 td = self._policy_step(td, policy, rows, turn, recompute)
+                last_turn = turn == self.max_turns - 1
+                answered = None
+                if not last_turn:
+                    full = td.get((getattr(policy, "history_key", _HISTORY_KEY), "full"))
+                    answered = _render(full, policy, tokenizer, add_generation_prompt=False)
                 td = self.env.step(td)
                 self._add_reward(td, rows)
                 done = td.get(self.done_key, None)
                 if done is not None:
                     for row, d in zip(rows, done.reshape(len(rows), -1).any(-1).tolist()):
                         row.active = row.active and not d
-                if turn == self.max_turns - 1 or not any(r.active for r in rows):
+                if last_turn or not any(r.active for r in rows):
                     break
                 td = self.env.step_mdp(td)
-                self._env_tokens(td, policy, tokenizer, rows, turn)
+                self._env_tokens(td, policy, tokenizer, rows, answered, turn)
         return rows
 
     # -- the call TRL makes ---------------------------------------------------------------------
@@ -529,7 +568,9 @@ def as_trl_rollout_func(
         TypeError: if ``env`` cannot receive a prompt at reset (not a ChatEnv).
         ValueError: if ``env`` is not in history mode, has more than one batch dimension or holds
             a ``DataLoadingPrimer``; if ``max_turns`` is not a positive int; if ``policy``
-            returns no log-probs (``return_log_probs=False``) and ``recompute_logprobs=False``.
+            returns no log-probs (``return_log_probs=False``) and ``recompute_logprobs=False``,
+            samples several answers per prompt (``num_samples``), or has ``prefer_tokens=False``
+            with ``max_turns > 1``.
 
     Examples:
         >>> from torchrl.envs.llm import ChatEnv
@@ -556,6 +597,13 @@ def as_trl_rollout_func(
                 "(return_log_probs=False) and recompute_logprobs=False; build it with "
                 "return_log_probs=True or let the trainer's model score the tokens "
                 "(recompute_logprobs=True)."
+            )
+        if max_turns > 1 and getattr(policy, "prefer_tokens", True) is False:
+            raise ValueError(
+                f"as_trl_rollout_func: max_turns={max_turns} needs a policy that continues from "
+                f"the rollout's tokens, but {type(policy).__name__} has prefer_tokens=False (it "
+                "would re-tokenize the conversation, so the trainer would score other tokens "
+                "than those sampled). Build it with prefer_tokens=True."
             )
         if getattr(policy, "num_samples", None) not in (None, 1):
             raise ValueError(
