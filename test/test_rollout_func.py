@@ -187,7 +187,11 @@ class TestMultiTurn:
         tok = toy_tokenizer()
         # the env answers every turn with a tool message and ends the episode after 2 turns
         env = toy_chat_env(
-            tok, batch_size=4, reply=True, max_steps=2, transforms=[as_reward_transform(answer_length)]
+            tok,
+            batch_size=4,
+            reply=True,
+            max_steps=2,
+            transforms=[as_reward_transform(answer_length)],
         )
         recorder, rewards = RolloutRecorder(as_trl_rollout_func(env, max_turns=3)), RewardRecorder()
         trainer = grpo_trainer(tmp_path, tok, recorder, rewards)
@@ -266,7 +270,9 @@ class TestUserPolicy:
         trainer, env = real_trainer
         policy = self.policy(trainer, tokenizer=toy_tokenizer(vocab_size=300))
         with pytest.raises(ValueError, match="not the trainer's processing_class.*vocabulary"):
-            as_trl_rollout_func(env, policy=policy)([[{"role": "user", "content": "Hi"}]] * 4, trainer)
+            as_trl_rollout_func(env, policy=policy)(
+                [[{"role": "user", "content": "Hi"}]] * 4, trainer
+            )
 
     def test_policy_without_logprobs(self, real_trainer):
         trainer, env = real_trainer

@@ -107,7 +107,9 @@ class RewardTransform(Transform):
                 "reward functions use as_reward_transform(func)."
             )
         self.module_reward_key = (
-            _module_reward_key(module) if module_reward_key is None else unravel_key(module_reward_key)
+            _module_reward_key(module)
+            if module_reward_key is None
+            else unravel_key(module_reward_key)
         )
         self.reward_key = unravel_key(reward_key)
         self.history_key = None if history_key is None else unravel_key(history_key)
@@ -122,10 +124,14 @@ class RewardTransform(Transform):
     def _call(self, next_tensordict: TensorDictBase) -> TensorDictBase:
         return next_tensordict  # rewards are written at step time, from the step's input
 
-    def _reset(self, tensordict: TensorDictBase, tensordict_reset: TensorDictBase) -> TensorDictBase:
+    def _reset(
+        self, tensordict: TensorDictBase, tensordict_reset: TensorDictBase
+    ) -> TensorDictBase:
         return tensordict_reset
 
-    def _scored_rows(self, tensordict: TensorDictBase, next_tensordict: TensorDictBase) -> torch.Tensor:
+    def _scored_rows(
+        self, tensordict: TensorDictBase, next_tensordict: TensorDictBase
+    ) -> torch.Tensor:
         n = tensordict.batch_size.numel()
         scored = torch.ones(n, dtype=torch.bool)
         if self.history_key is not None:
@@ -135,9 +141,10 @@ class RewardTransform(Transform):
                     f"the step's input (keys: {sorted(map(str, tensordict.keys(True, True)))}). "
                     "Pass history_key=... (or None to score every row)."
                 )
+            flat = tensordict if tensordict.ndim == 1 else tensordict.reshape(-1)
             with set_list_to_stack(True):
-                roles = tensordict.get(self.history_key).reshape(n, -1).role
-                roles = roles.tolist() if hasattr(roles, "tolist") else roles
+                roles = flat.get(self.history_key).role
+                roles = roles.tolist() if hasattr(roles, "tolist") else list(roles)
             last = [[r for r in row if r != "<none>"][-1:] for row in roles]
             scored &= torch.tensor([bool(r) and r[0] in self.completion_roles for r in last])
         if self.only_done:
