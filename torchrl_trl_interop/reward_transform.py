@@ -36,11 +36,11 @@ class RewardTransform(Transform):
 
     At each ``env.step`` the transform reads the step's input (the policy's output, where
     ``history_key`` holds the conversation ending with the turn just generated), runs ``module``
-    on the rows to score, without gradients, and writes the reward to the step's output with the
-    shape of the environment's reward spec. If the environment has none, the spec is added with
-    shape ``[*batch, 1, 1]``, as torchrl's LLM reward parsers (``GSM8KRewardParser``) write it: a
-    token and a feature dimension, so ``MCAdvantage``'s advantage broadcasts over the tokens in
-    ``GRPOLoss``. A row is scored when its last turn at ``history_key`` has one of the
+    on the rows to score, without gradients, and writes the reward to the step's output. Its
+    shape is that of a reward already there, else ``[*batch, 1, 1]`` as torchrl's LLM reward
+    parsers (``GSM8KRewardParser``) write it: a token and a feature dimension, so that
+    ``MCAdvantage``'s advantage broadcasts over the tokens in ``GRPOLoss``. The reward spec is
+    added with that shape if the environment has none. A row is scored when its last turn at ``history_key`` has one of the
     ``completion_roles`` and, with ``only_done=True``, when the step ends its episode (a sparse,
     trajectory-level reward); other rows get ``0.0``. A row the module leaves unscored (TRL
     reward functions all returning ``None``) keeps the module's ``NaN``.
@@ -178,14 +178,9 @@ class RewardTransform(Transform):
         reward = torch.zeros(shape.numel())
         if rows.any():
             reward[rows] = self._score(tensordict, rows)
-        spec = self.parent.full_reward_spec if self.parent is not None else None
-        if spec is not None and self.reward_key in spec.keys(True):
-            target = spec[self.reward_key].shape
-        else:
-            target = (*shape, 1, 1)
-        device = next_tensordict.device or "cpu"
-        reward = reward.reshape(target).to(device)
         existing = next_tensordict.get(self.reward_key, None)
+        target = existing.shape if existing is not None else (*shape, 1, 1)  # the spec's shape
+        reward = reward.reshape(target).to(next_tensordict.device or "cpu")
         if existing is not None:
             if not self.accumulate:
                 raise ValueError(
