@@ -75,6 +75,7 @@ class TrainerModelPolicy(TransformersWrapper):
             return_log_probs=True,
             pad_output=False,
             prefer_tokens=True,
+            device=next(model.parameters()).device,  # prompts go where the model is
         )
         self.temperature = float(temperature)
         generation_config.output_logits = True
