@@ -3,6 +3,8 @@
 * TorchRL -> TRL: :class:`TorchRLBufferDataset` exposes a torchrl ``ReplayBuffer`` as a torch
   ``IterableDataset`` of flat dicts and as Hugging Face ``datasets`` objects.
 * TRL -> TorchRL: :class:`HFRewardModelWrapper` scores TensorDicts with any HF reward model.
+* The online loop: :func:`as_trl_rollout_func` makes a TorchRL environment ``GRPOTrainer``'s
+  rollout engine; :func:`as_reward_transform` puts TRL rewards inside TorchRL environments.
 
 Every public name is imported lazily, so ``import torchrl_trl_interop`` never imports
 ``transformers``, ``trl`` or ``datasets``; a feature that needs one imports it when used.
@@ -23,11 +25,14 @@ _EXPORTS: dict[str, str] = {
     "CommittedWriter": "online",
     "split_columns": "columns",
     "build_preference_pairs": "preferences",
-    # TRL -> TorchRL: reward models as modules, TRL data into buffers
+    "as_trl_rollout_func": "rollout_func",
+    # TRL -> TorchRL: reward models as modules, TRL data into buffers and environments
     "HFRewardModelWrapper": "reward_model",
     "RewardOutputError": "pooling",
     "RewardShapeError": "pooling",
     "replay_buffer_from_hf": "buffer_from_hf",
+    "RewardTransform": "reward_transform",
+    "as_reward_transform": "reward_transform",
     # reward functions, both ways
     "as_trl_reward_func": "trl_reward_func",
     "TRLRewardFuncWrapper": "reward_func_module",

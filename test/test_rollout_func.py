@@ -1,0 +1,340 @@
+"""TorchRL environments as TRL GRPO's rollout engine: ``GRPOTrainer(rollout_func=as_trl_rollout_func(env))``.
+
+Real ``GRPOTrainer.train()`` runs on toy models, single-turn and multi-turn (an environment that
+answers every assistant turn with a tool message), conversational prompts. Log-probs are checked
+against the trainer model's own forward pass at the time of the rollout.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+
+import pytest
+import torch
+from torchrl.envs import PendulumEnv
+from torchrl.envs.llm import ChatEnv
+from torchrl.envs.llm.transforms.dataloading import DataLoadingPrimer
+from torchrl.modules.llm import TransformersWrapper
+
+from torchrl_trl_interop import as_reward_transform, as_trl_rollout_func
+from torchrl_trl_interop.testing import (
+    IM_START,
+    toy_causal_lm,
+    toy_chat_env,
+    toy_prompts,
+    toy_tokenizer,
+    toy_trainer_args,
+)
+
+# GRPOTrainer warns that rollout_func is experimental (TRL 1.16); expected here
+pytestmark = pytest.mark.filterwarnings("ignore:You are using 'rollout_func'")
+
+TOL = 1e-4
+
+
+def answer_length(completions, **kwargs):
+    """A TRL reward function, run inside the environment: length of the last answer."""
+    return [float(len(c[-1]["content"])) for c in completions]
+
+
+def own_logprobs(model, prompt_ids, completion_ids, temperature):
+    """The model's own log-probs of ``completion_ids`` after ``prompt_ids``: one plain forward."""
+    ids = torch.tensor([prompt_ids + completion_ids])
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits[0].float() / temperature
+    p = len(prompt_ids)
+    targets = torch.tensor(completion_ids)[:, None]
+    return logits[p - 1 : -1].log_softmax(-1).gather(-1, targets).squeeze(-1)
+
+
+class RolloutRecorder:
+    """Wraps a rollout function; keeps each call's prompts, output and the model's own log-probs."""
+
+    def __init__(self, rollout_func):
+        self.rollout_func = rollout_func
+        self.calls = []
+
+    def __call__(self, prompts, trainer):
+        out = self.rollout_func(prompts, trainer)
+        model = trainer.accelerator.unwrap_model(trainer.model)
+        own = [
+            own_logprobs(model, p, c, trainer.temperature)
+            for p, c in zip(out["prompt_ids"], out["completion_ids"])
+        ]
+        self.calls.append((copy.deepcopy(prompts), out, own))
+        return out
+
+
+class RewardRecorder:
+    """A one-line GRPO reward function: the environment's reward. Records its keyword arguments."""
+
+    __name__ = "env_reward"
+
+    def __init__(self):
+        self.calls = []
+
+    def __call__(self, prompts, completions, completion_ids, history, env_reward, **kwargs):
+        self.calls.append({"history": history, "env_reward": env_reward, "n": len(completions)})
+        return list(env_reward)
+
+
+def conversational_dataset(n=8):
+    from datasets import Dataset
+
+    return Dataset.from_dict({"prompt": [[{"role": "user", "content": p}] for p in toy_prompts(n)]})
+
+
+def grpo_trainer(tmp_path, tokenizer, rollout_func, reward_func, **overrides):
+    from trl import GRPOConfig, GRPOTrainer
+
+    args = {
+        "num_generations": 2,
+        "max_completion_length": 6,
+        "learning_rate": 1e-2,
+        "bf16": False,  # GRPOConfig defaults to bf16 autocast, on CPU too: compare in fp32
+        # a random toy model may sample <|im_start|>, which torchrl parses as a new turn
+        "generation_kwargs": {"suppress_tokens": [tokenizer.convert_tokens_to_ids(IM_START)]},
+        **toy_trainer_args(tmp_path, max_steps=3, per_device_train_batch_size=4),
+    }
+    args.update(overrides)
+    return GRPOTrainer(
+        model=toy_causal_lm(tokenizer=tokenizer),
+        reward_funcs=reward_func,
+        args=GRPOConfig(**args),
+        train_dataset=conversational_dataset(),
+        processing_class=tokenizer,
+        rollout_func=rollout_func,
+    )
+
+
+def runs(mask):
+    """``[1, 1, 0, 1]`` -> ``[(1, 0, 2), (0, 2, 3), (1, 3, 4)]``: (value, start, stop) runs."""
+    out, start = [], 0
+    for i in range(1, len(mask) + 1):
+        if i == len(mask) or mask[i] != mask[start]:
+            out.append((mask[start], start, i))
+            start = i
+    return out
+
+
+def check_rows_and_rewards(recorder, rewards, group):
+    """One row per prompt entry, in order; reward functions got history and env_reward per row."""
+    assert recorder.calls and len(rewards.calls) == len(recorder.calls)
+    for (prompts, out, _), got in zip(recorder.calls, rewards.calls):
+        assert {k: len(v) for k, v in out.items()} == dict.fromkeys(out, len(prompts))
+        for start in range(0, len(prompts), group):
+            assert all(p == prompts[start] for p in prompts[start : start + group])
+        for prompt, history in zip(prompts, out["history"]):
+            assert history[: len(prompt)] == prompt  # row i is prompt i's rollout
+        assert got["n"] == len(prompts)
+        assert got["history"] == out["history"]
+        assert got["env_reward"] == out["env_reward"]
+        assert all(isinstance(r, float) for r in got["env_reward"])
+
+
+def weights_of(model):
+    return [p.detach().clone() for p in model.parameters()]
+
+
+def moved(before, model):
+    return any(not torch.equal(a, b) for a, b in zip(before, model.parameters()))
+
+
+class TestSingleTurn:
+    def test_trains_on_env_rollouts(self, tmp_path):
+        tok = toy_tokenizer()
+        # env batch 2 < 4 prompts per call: every call runs two resets
+        env = toy_chat_env(tok, batch_size=2, transforms=[as_reward_transform(answer_length)])
+        recorder, rewards = RolloutRecorder(as_trl_rollout_func(env)), RewardRecorder()
+        trainer = grpo_trainer(tmp_path, tok, recorder, rewards, temperature=0.8)
+        before = weights_of(trainer.model)
+        trainer.train()
+
+        assert trainer.state.global_step == 3
+        assert moved(before, trainer.model)
+        check_rows_and_rewards(recorder, rewards, group=2)
+        for _, out, own in recorder.calls:
+            for i, history in enumerate(out["history"]):
+                assert [m["role"] for m in history] == ["user", "assistant"]
+                assert out["env_mask"][i] == [1] * len(out["completion_ids"][i])
+                assert out["env_reward"][i] == float(len(history[-1]["content"]))
+                logprobs = torch.tensor(out["logprobs"][i])
+                torch.testing.assert_close(logprobs, own[i], atol=TOL, rtol=0)
+                assert logprobs[0] != 0.0  # torchrl 0.14.1 writes 0.0 here
+
+    def test_samples_with_the_trainers_current_weights(self, real_trainer):
+        trainer, env = real_trainer
+        rollout_func = as_trl_rollout_func(env)
+        prompts = [[{"role": "user", "content": "Hi"}]] * 4
+        forced = 65
+
+        def force(module, args, output):
+            output[..., forced] += 1e4  # in place on the trainer's own model object
+            return output
+
+        model = trainer.accelerator.unwrap_model(trainer.model)
+        handle = model.lm_head.register_forward_hook(force)
+        try:
+            out = rollout_func(prompts, trainer)
+        finally:
+            handle.remove()
+        assert all(ids == [forced] * len(ids) and ids for ids in out["completion_ids"])
+
+
+class TestMultiTurn:
+    def test_env_tokens_are_masked(self, tmp_path):
+        tok = toy_tokenizer()
+        # the env answers every turn with a tool message and ends the episode after 2 turns
+        env = toy_chat_env(
+            tok,
+            batch_size=4,
+            reply=True,
+            max_steps=2,
+            transforms=[as_reward_transform(answer_length)],
+        )
+        recorder, rewards = RolloutRecorder(as_trl_rollout_func(env, max_turns=3)), RewardRecorder()
+        trainer = grpo_trainer(tmp_path, tok, recorder, rewards)
+        before = weights_of(trainer.model)
+        trainer.train()
+
+        assert trainer.state.global_step == 3
+        assert moved(before, trainer.model)
+        check_rows_and_rewards(recorder, rewards, group=2)
+        env_text = re.compile(
+            r"(<\|im_end\|>)?\n<\|im_start\|>tool\n(\d+) characters<\|im_end\|>\n<\|im_start\|>assistant\n"
+        )
+        for _, out, own in recorder.calls:
+            for i, history in enumerate(out["history"]):
+                ids, mask = out["completion_ids"][i], out["env_mask"][i]
+                assert [m["role"] for m in history] == ["user", "assistant", "tool", "assistant"]
+                segments = runs(mask)
+                assert [value for value, _, _ in segments] == [1, 0, 1]  # done after 2 turns
+                (_, a0, b0), (_, a1, b1), (_, a2, b2) = segments
+                first, env_part, second = ids[a0:b0], ids[a1:b1], ids[a2:b2]
+                match = env_text.fullmatch(tok.decode(env_part, skip_special_tokens=False))
+                assert match is not None
+                # the env closes the assistant turn only when the policy did not (no eos)
+                assert (match.group(1) is None) == (first[-1] == tok.eos_token_id)
+                assert history[2]["content"] == f"{match.group(2)} characters"
+                for tokens, message in ((first, history[1]), (second, history[3])):
+                    decoded = tok.decode(tokens, skip_special_tokens=True)
+                    assert decoded.strip() == message["content"].strip()
+                logprobs = torch.tensor(out["logprobs"][i])
+                policy = torch.tensor(mask, dtype=torch.bool)
+                torch.testing.assert_close(logprobs[policy], own[i][policy], atol=TOL, rtol=0)
+                assert torch.all(logprobs[~policy] == 0.0)
+                answers = [m["content"] for m in history if m["role"] == "assistant"]
+                assert out["env_reward"][i] == float(sum(len(a) for a in answers))
+
+
+@pytest.fixture(scope="module")
+def real_trainer(tmp_path_factory):
+    """A constructed (not trained) GRPOTrainer on a toy model, and a batch-4 chat env."""
+    tok = toy_tokenizer()
+    env = toy_chat_env(tok, batch_size=4)
+    trainer = grpo_trainer(
+        tmp_path_factory.mktemp("grpo"), tok, as_trl_rollout_func(env), RewardRecorder()
+    )
+    return trainer, env
+
+
+class TestUserPolicy:
+    def policy(self, trainer, **kwargs):
+        model = trainer.accelerator.unwrap_model(trainer.model)
+        args = {
+            "tokenizer": trainer.processing_class,
+            "input_mode": "history",
+            "generate": True,
+            "generate_kwargs": {"max_new_tokens": 4, "do_sample": True},
+            "pad_output": False,
+            "return_log_probs": True,
+        }
+        args.update(kwargs)
+        return TransformersWrapper(model, **args)
+
+    def test_transformers_wrapper_logprobs_are_recomputed(self, real_trainer):
+        trainer, env = real_trainer
+        prompts = [[{"role": "user", "content": p}] for p in toy_prompts(2) for _ in range(2)]
+        policy = self.policy(trainer)
+        out = as_trl_rollout_func(env, policy=policy)(prompts, trainer)
+        model = trainer.accelerator.unwrap_model(trainer.model)
+        for p, c, lp in zip(out["prompt_ids"], out["completion_ids"], out["logprobs"]):
+            own = own_logprobs(model, p, c, trainer.temperature)
+            torch.testing.assert_close(torch.tensor(lp), own, atol=TOL, rtol=0)
+        # without the recompute: torchrl 0.14.1's wrapper writes 0.0 for the first token
+        raw = as_trl_rollout_func(env, policy=policy, recompute_logprobs=False)(prompts, trainer)
+        assert [lp[0] for lp in raw["logprobs"]] == [0.0] * 4
+
+    def test_tokenizer_mismatch(self, real_trainer):
+        trainer, env = real_trainer
+        policy = self.policy(trainer, tokenizer=toy_tokenizer(vocab_size=300))
+        with pytest.raises(ValueError, match="not the trainer's processing_class.*vocabulary"):
+            as_trl_rollout_func(env, policy=policy)(
+                [[{"role": "user", "content": "Hi"}]] * 4, trainer
+            )
+
+    def test_policy_without_logprobs(self, real_trainer):
+        trainer, env = real_trainer
+        policy = self.policy(trainer, return_log_probs=False)
+        with pytest.raises(ValueError, match="returns no log-probs"):
+            as_trl_rollout_func(env, policy=policy, recompute_logprobs=False)
+        # a policy that says nothing about log-probs, and writes none, fails at the call
+        from tensordict.nn import TensorDictModuleBase
+
+        class Opaque(TensorDictModuleBase):
+            in_keys, out_keys = policy.in_keys, policy.out_keys
+
+            def forward(self, td):
+                return policy(td)
+
+        rollout_func = as_trl_rollout_func(env, policy=Opaque(), recompute_logprobs=False)
+        with pytest.raises(KeyError, match="wrote no log-probs"):
+            rollout_func([[{"role": "user", "content": "Hi"}]] * 4, trainer)
+
+    def test_multi_turn_needs_prefer_tokens(self, real_trainer):
+        trainer, env = real_trainer
+        with pytest.raises(ValueError, match="prefer_tokens=False"):
+            as_trl_rollout_func(env, policy=self.policy(trainer), max_turns=2)
+
+    def test_several_samples_per_prompt(self, real_trainer):
+        trainer, env = real_trainer
+        with pytest.raises(ValueError, match="num_samples=2"):
+            as_trl_rollout_func(env, policy=self.policy(trainer, num_samples=2))
+
+
+class TestErrors:
+    def test_prompt_count_not_a_multiple_of_num_generations(self, real_trainer):
+        trainer, env = real_trainer
+        with pytest.raises(ValueError, match="3 prompts, not a multiple of num_generations=2"):
+            as_trl_rollout_func(env)([[{"role": "user", "content": "Hi"}]] * 3, trainer)
+
+    def test_prompts_not_grouped(self, real_trainer):
+        trainer, env = real_trainer
+        prompts = [[{"role": "user", "content": p}] for p in toy_prompts(4)]
+        with pytest.raises(ValueError, match="not one prompt repeated num_generations=2 times"):
+            as_trl_rollout_func(env)(prompts, trainer)
+
+    def test_prompt_count_not_a_multiple_of_env_batch(self, real_trainer):
+        trainer, env = real_trainer
+        with pytest.raises(ValueError, match=r"env of batch_size \(4,\)"):
+            as_trl_rollout_func(env)([[{"role": "user", "content": "Hi"}]] * 6, trainer)
+
+    def test_env_without_a_prompt_at_reset(self):
+        with pytest.raises(TypeError, match="PendulumEnv, which reads no prompt at reset"):
+            as_trl_rollout_func(PendulumEnv())
+
+    def test_env_with_its_own_dataloader(self, left_tokenizer):
+        primer = DataLoadingPrimer(dataloader=[{"query": ["Hi", "Hi"]}], batch_size=(2,))
+        env = toy_chat_env(left_tokenizer, transforms=[primer])
+        with pytest.raises(ValueError, match="DataLoadingPrimer"):
+            as_trl_rollout_func(env)
+
+    def test_env_not_in_history_mode(self, left_tokenizer):
+        env = ChatEnv(batch_size=(2,), tokenizer=left_tokenizer, input_mode="text")
+        with pytest.raises(ValueError, match="input_mode='text'"):
+            as_trl_rollout_func(env)
+
+    def test_max_turns(self, left_tokenizer):
+        with pytest.raises(ValueError, match="max_turns must be a positive int"):
+            as_trl_rollout_func(toy_chat_env(left_tokenizer), max_turns=0)
