@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+import unittest.mock
+
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -93,3 +96,70 @@ def test_round_trip_through_collator(schema, collate_side):
                 assert out[".".join(string_key)][j] == strings[row]
             seen.append(row)
     assert seen == list(range(n))
+
+
+# ---------------------------------------------------------------------------------------------
+# Epoch views: exactly once per epoch, for any readers, shards and resume point
+# ---------------------------------------------------------------------------------------------
+
+
+def _worker(worker_id: int, num_workers: int):
+    info = type("WorkerInfo", (), {"id": worker_id, "num_workers": num_workers, "seed": 0})
+    return unittest.mock.patch.object(torch.utils.data, "get_worker_info", lambda: info)
+
+
+def _read(make_reader, epoch: int, stop: int | None) -> list[int]:
+    """One reader's epoch, interrupted after ``stop`` rows and resumed from its state_dict."""
+    reader = make_reader()
+    reader.set_epoch(epoch)
+    it = iter(reader)
+    before = [int(next(it)["x"]) for _ in range(stop)] if stop is not None else []
+    if stop is None:
+        return [int(r["x"]) for r in it]
+    state = reader.state_dict()
+    resumed = make_reader()
+    resumed.set_epoch(epoch)
+    resumed.load_state_dict(state)
+    return before + [int(r["x"]) for r in resumed]
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    n=st.integers(1, 40),
+    view=st.sampled_from(["torch", "hf"]),
+    shuffle=st.booleans(),
+    num_shards=st.integers(1, 16),
+    readers=st.integers(1, 4),
+    epochs=st.integers(1, 3),
+    batch=st.integers(1, 6),
+    data=st.data(),
+)
+def test_epoch_views_read_every_row_once_per_epoch(
+    n, view, shuffle, num_shards, readers, epochs, batch, data
+):
+    rb = ReplayBuffer(storage=LazyTensorStorage(n))
+    rb.extend(TensorDict({"x": torch.arange(n)}, batch_size=[n]))
+    readers = min(readers, num_shards) if view == "hf" else readers
+    for epoch in range(epochs):
+        seen: list[int] = []
+        for k in range(readers):
+            if view == "torch":  # reader k of `readers` DataLoader workers
+
+                def make_reader():
+                    return TorchRLBufferDataset(rb, batch, epoch=True, shuffle=shuffle, seed=7)
+
+                context = _worker(k, readers)
+            else:  # the shards accelerate gives rank k
+
+                def make_reader(k=k):
+                    ds = TorchRLBufferDataset(rb, batch, epoch=True, shuffle=shuffle, seed=7)
+                    return ds.as_hf_dataset(num_shards=num_shards).shard(readers, k)
+
+                context = contextlib.nullcontext()
+            with context:
+                share = len(_read(make_reader, epoch, None))
+                stop = data.draw(st.one_of(st.none(), st.integers(0, share)))
+                rows = _read(make_reader, epoch, stop)
+            assert len(rows) == share
+            seen += rows
+        assert sorted(seen) == list(range(n)), (epoch, view)
