@@ -12,7 +12,7 @@ export TRANSFORMERS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 export PYTHONHASHSEED := 0
 
-.PHONY: setup test lint pytest demo docs bench clean
+.PHONY: setup test lint pytest demo docs docs-check bench clean
 
 setup: $(STAMP)
 
@@ -35,8 +35,14 @@ test: lint pytest
 demo: setup
 	$(PY) tutorials/trl_interop.py
 
+# The themed site, warnings as errors; executes the tutorial (sphinx-gallery). Offline-safe.
 docs: setup
 	$(PY) -m sphinx -W --keep-going -b html docs docs/_build/html
+
+# Opens the built tutorial page in headless Chromium: figure loaded, summary lines shown.
+# Needs a Chromium on PATH (or CHROMIUM=...); never installs one (.ci/run does, in CI).
+docs-check: setup
+	$(PY) docs/check_rendered.py docs/_build/html/auto_examples/trl_interop.html
 
 bench: setup
 	$(PY) benchmarks/bench_dataset.py
