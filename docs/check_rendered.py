@@ -12,7 +12,8 @@ Opens the built tutorial page in headless Chromium and checks what a reader sees
 
 * the gallery's timing ("Total running time of the script").
 
-It also writes a screenshot of the page, scrolled to the figure, for a person to look at.
+It also writes a screenshot of the page from the figure on (the text before it hidden), for a
+person to look at.
 
 Usage::
 
@@ -65,8 +66,6 @@ window.addEventListener("load", function () {
             width: img.naturalWidth, height: img.naturalHeight,
             shown: box.width > 0 && box.height > 0};
   });
-  var figure = document.querySelector("img.sphx-glr-single-img, img.sphx-glr-multi-img");
-  if (figure) { figure.scrollIntoView({block: "start"}); }
   var out = document.createElement("script");
   out.type = "application/json";
   out.id = "docs-check-result";
@@ -74,6 +73,21 @@ window.addEventListener("load", function () {
     .replace(/</g, "\\\\u003c");
   document.body.appendChild(out);
 });
+</script>
+"""
+# For the screenshot: headless Chromium only captures the top of a page (a scrolled page comes
+# out blank), so everything before the figure is hidden but the headings leading to it.
+_FOCUS = """
+<script>
+(function () {
+  var node = document.querySelector("img.sphx-glr-single-img, img.sphx-glr-multi-img");
+  while (node && !node.classList.contains("bd-article") && node !== document.body) {
+    for (var sib = node.previousElementSibling; sib; sib = sib.previousElementSibling) {
+      if (!/^H[1-6]$/.test(sib.tagName)) { sib.style.display = "none"; }
+    }
+    node = node.parentElement;
+  }
+})();
 </script>
 """
 _RESULT = re.compile(
@@ -164,11 +178,12 @@ def render(page: Path, browser: str, screenshot: Path | None) -> dict:
     # The probe goes into a copy beside the page, so that relative links (images, CSS) resolve.
     probe = page.with_name(f".docs-check-{page.name}")
     html = page.read_text(encoding="utf-8")
-    probe.write_text(html.replace("</body>", _PROBE + "</body>", 1), encoding="utf-8")
     try:
+        probe.write_text(html.replace("</body>", _PROBE + "</body>", 1), encoding="utf-8")
         done = _chromium(browser, probe.as_uri(), "--dump-dom")
         if screenshot is not None:
             screenshot.parent.mkdir(parents=True, exist_ok=True)
+            probe.write_text(html.replace("</body>", _FOCUS + "</body>", 1), encoding="utf-8")
             _chromium(browser, probe.as_uri(), f"--screenshot={screenshot}")
     finally:
         probe.unlink(missing_ok=True)

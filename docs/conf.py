@@ -147,6 +147,8 @@ html_theme_options = {
     "llm_disabled": True,
 }
 html_context = {"default_mode": "light"}
+# "Show Source" (the page's .rst) is noise for readers; API pages keep their [source] links.
+html_show_sourcelink = False
 copybutton_prompt_text = r">>> |\.\.\. |\$ "
 copybutton_prompt_is_regexp = True
 copybutton_exclude = ".linenos, .gp, .go"
