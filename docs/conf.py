@@ -19,9 +19,13 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("MPLBACKEND", "Agg")
 
+import markupsafe
 import pytorch_sphinx_theme2
+from sphinx.util import logging as sphinx_logging
 
 import torchrl_trl_interop
+
+logger = sphinx_logging.getLogger(__name__)
 
 project = "torchrl-trl-interop"
 author = "torchrl-trl-interop developers"
@@ -105,8 +109,10 @@ sphinx_gallery_conf = {
     "remove_config_comments": True,
     "matplotlib_animations": False,
     "within_subsection_order": "FileNameSortKey",
-    # Each page ends with the script's running time; auto_examples/sg_execution_times lists them.
-    "write_computation_times": True,
+    # Each tutorial page ends with its running time ("Total running time of the script"). The
+    # separate sg_execution_times page is not written: it loads jQuery, DataTables and Bootstrap
+    # from CDNs, and with one tutorial it repeats that one number.
+    "write_computation_times": False,
     # Stop the build on a failing tutorial instead of rendering a page with a traceback.
     "abort_on_example_error": True,
 }
@@ -118,7 +124,8 @@ html_theme = "pytorch_sphinx_theme2"
 html_theme_path = [pytorch_sphinx_theme2.get_html_theme_path()]
 # Ours first (API pages titled by the short name, as in TorchRL's reference), then the theme's,
 # which keeps its page templates (navbar, search field, ...) in a sub-folder.
-templates_path = ["_templates", str(Path(pytorch_sphinx_theme2.__file__).parent / "templates")]
+_THEME_DIR = Path(pytorch_sphinx_theme2.__file__).parent
+templates_path = ["_templates", str(_THEME_DIR / "templates"), str(_THEME_DIR)]
 html_title = f"{project} {release}"
 html_static_path = ["_static"]
 html_css_files = ["custom.css"]
@@ -166,5 +173,58 @@ def _short_navbar_titles(app, pagename, templatename, context, doctree):
             item["title"] = re.split(r"[:,]", item["title"], maxsplit=1)[0].strip()
 
 
+# The theme is made for pytorch.org's own sites: its page head loads Google Tag Manager, a Facebook
+# pixel, a consent manager, Google site search, jQuery and list.js from CDNs, Google Fonts, and a
+# PyTorch preview image; its footer says "Copyright © Meta Platforms". Not ours to send readers
+# to: _templates/layout.html filters the head through `without_trackers` and uses the base
+# theme's footer, and the build fails (a warning, under -W) if a page still names one of them.
+_THIRD_PARTY = (
+    "googletagmanager.com",
+    "connect.facebook.net",
+    "facebook.com/tr",
+    "osano.com",
+    "cse.google.com",
+    "code.jquery.com",
+    "cdnjs.cloudflare.com",
+    "fonts.googleapis.com",
+    "fonts.gstatic.com",
+    "pytorch_seo.png",
+    "Meta Platforms",
+)
+_THIRD_PARTY_RE = "|".join(re.escape(host) for host in _THIRD_PARTY)
+
+
+def _without_trackers(head: str, local_jquery: str) -> str:
+    """The theme's page head without the third-party pieces above (jQuery from the theme's copy)."""
+    head = re.sub(r'src="https://code\.jquery\.com/[^"]*"', f'src="{local_jquery}"', str(head))
+    for tag in ("script", "noscript"):
+        inline = rf"<{tag}\b[^>]*>(?:(?!</{tag}>).)*?(?:{_THIRD_PARTY_RE})(?:(?!</{tag}>).)*</{tag}>"
+        loaded = rf"<{tag}\b[^>]*(?:{_THIRD_PARTY_RE})[^>]*>\s*</{tag}>"
+        head = re.sub(f"{loaded}|{inline}", "", head, flags=re.DOTALL)
+    head = re.sub(rf"<(?:link|meta)\b[^>]*(?:{_THIRD_PARTY_RE})[^>]*>", "", head)
+    return markupsafe.Markup(head)
+
+
+def _add_template_filters(app):
+    if hasattr(app.builder, "templates"):
+        app.builder.templates.environment.filters["without_trackers"] = _without_trackers
+
+
+def _check_no_third_party(app, exception):
+    if exception is not None or app.builder.format != "html":
+        return
+    for page in sorted(Path(app.outdir).rglob("*.html")):
+        found = set(re.findall(_THIRD_PARTY_RE, page.read_text(encoding="utf-8")))
+        if found:
+            logger.warning(
+                "%s still names %s: update _without_trackers in docs/conf.py for this version "
+                "of pytorch_sphinx_theme2",
+                page.relative_to(app.outdir),
+                ", ".join(sorted(found)),
+            )
+
+
 def setup(app):
+    app.connect("builder-inited", _add_template_filters)
     app.connect("html-page-context", _short_navbar_titles, priority=900)
+    app.connect("build-finished", _check_no_third_party)
