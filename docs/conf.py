@@ -198,7 +198,9 @@ def _without_trackers(head: str, local_jquery: str) -> str:
     """The theme's page head without the third-party pieces above (jQuery from the theme's copy)."""
     head = re.sub(r'src="https://code\.jquery\.com/[^"]*"', f'src="{local_jquery}"', str(head))
     for tag in ("script", "noscript"):
-        inline = rf"<{tag}\b[^>]*>(?:(?!</{tag}>).)*?(?:{_THIRD_PARTY_RE})(?:(?!</{tag}>).)*</{tag}>"
+        inline = (
+            rf"<{tag}\b[^>]*>(?:(?!</{tag}>).)*?(?:{_THIRD_PARTY_RE})(?:(?!</{tag}>).)*</{tag}>"
+        )
         loaded = rf"<{tag}\b[^>]*(?:{_THIRD_PARTY_RE})[^>]*>\s*</{tag}>"
         head = re.sub(f"{loaded}|{inline}", "", head, flags=re.DOTALL)
     head = re.sub(rf"<(?:link|meta)\b[^>]*(?:{_THIRD_PARTY_RE})[^>]*>", "", head)
