@@ -122,8 +122,10 @@ exclude_patterns = ["_build", "_inventories", "Thumbs.db", ".DS_Store", "sg_exec
 # -- HTML: the PyTorch ecosystem's theme ----------------------------------------------------------
 html_theme = "pytorch_sphinx_theme2"
 html_theme_path = [pytorch_sphinx_theme2.get_html_theme_path()]
-# Ours first (API pages titled by the short name, as in TorchRL's reference), then the theme's,
-# which keeps its page templates (navbar, search field, ...) in a sub-folder.
+# Ours first (API pages titled by the short name, as in TorchRL's reference; layout.html, see
+# _without_trackers), then the theme's page templates (navbar, search field, ...), which it keeps
+# in a sub-folder, and the theme's folder itself, so that our layout.html can extend
+# "templates/layout.html".
 _THEME_DIR = Path(pytorch_sphinx_theme2.__file__).parent
 templates_path = ["_templates", str(_THEME_DIR / "templates"), str(_THEME_DIR)]
 html_title = f"{project} {release}"
@@ -136,13 +138,6 @@ html_theme_options = {
     "show_nav_level": 2,
     "navbar_center": "navbar-nav",
     "header_links_before_dropdown": 8,
-    "icon_links": [
-        {
-            "name": "TorchRL",
-            "url": "https://github.com/pytorch/rl",
-            "icon": "fa-brands fa-github",
-        },
-    ],
     # Not a pytorch.org-hosted project: no Linux Foundation header/footer, no pytorch.org link,
     # no page-rating widget or analytics, no llms.txt.
     "show_lf_header": False,
