@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import unittest.mock
 
 import torch
@@ -129,37 +128,42 @@ def _read(make_reader, epoch: int, stop: int | None) -> list[int]:
     view=st.sampled_from(["torch", "hf"]),
     shuffle=st.booleans(),
     num_shards=st.integers(1, 16),
-    readers=st.integers(1, 4),
+    ranks=st.integers(1, 3),
+    workers=st.integers(1, 3),
     epochs=st.integers(1, 3),
     batch=st.integers(1, 6),
     data=st.data(),
 )
 def test_epoch_views_read_every_row_once_per_epoch(
-    n, view, shuffle, num_shards, readers, epochs, batch, data
+    n, view, shuffle, num_shards, ranks, workers, epochs, batch, data
 ):
+    """Every reader (rank x DataLoader worker) of a torch or HF epoch view, interrupted at a
+    random row and resumed from its ``state_dict``, yields exactly what it would have yielded
+    uninterrupted; together the readers yield every stored row once, every epoch."""
     rb = ReplayBuffer(storage=LazyTensorStorage(n))
     rb.extend(TensorDict({"x": torch.arange(n)}, batch_size=[n]))
-    readers = min(readers, num_shards) if view == "hf" else readers
+    if view == "hf":
+        ranks = min(ranks, num_shards)  # accelerate gives each rank a block of the shards
     for epoch in range(epochs):
         seen: list[int] = []
-        for k in range(readers):
-            if view == "torch":  # reader k of `readers` DataLoader workers
+        for rank in range(ranks):
+            for worker in range(workers):
+                if view == "torch":  # the rank decided by the process that started the worker
 
-                def make_reader():
-                    return TorchRLBufferDataset(rb, batch, epoch=True, shuffle=shuffle, seed=7)
+                    def make_reader(rank=rank):
+                        ds = TorchRLBufferDataset(rb, batch, epoch=True, shuffle=shuffle, seed=7)
+                        ds._parent_rank = (rank, ranks)
+                        return ds
 
-                context = _worker(k, readers)
-            else:  # the shards accelerate gives rank k
+                else:  # the shards accelerate gives the rank, split by datasets among workers
 
-                def make_reader(k=k):
-                    ds = TorchRLBufferDataset(rb, batch, epoch=True, shuffle=shuffle, seed=7)
-                    return ds.as_hf_dataset(num_shards=num_shards).shard(readers, k)
+                    def make_reader(rank=rank):
+                        ds = TorchRLBufferDataset(rb, batch, epoch=True, shuffle=shuffle, seed=7)
+                        return ds.as_hf_dataset(num_shards=num_shards).shard(ranks, rank)
 
-                context = contextlib.nullcontext()
-            with context:
-                share = len(_read(make_reader, epoch, None))
-                stop = data.draw(st.one_of(st.none(), st.integers(0, share)))
-                rows = _read(make_reader, epoch, stop)
-            assert len(rows) == share
-            seen += rows
+                with _worker(worker, workers):
+                    uninterrupted = _read(make_reader, epoch, None)
+                    stop = data.draw(st.integers(0, len(uninterrupted)), label="resume at")
+                    assert _read(make_reader, epoch, stop) == uninterrupted
+                seen += uninterrupted
         assert sorted(seen) == list(range(n)), (epoch, view)

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from tensordict.utils import NestedKey
 from torchrl.data import LazyStackStorage, ReplayBuffer
 
-from ._utils import check_positive_int, format_keys
+from ._utils import as_mapping, as_names, check_positive_int, format_keys
 from .rows import extend_with_rows
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -78,7 +78,8 @@ def replay_buffer_from_hf(
             ``LazyStackStorage(max_size=number of rows)``. Exclusive with ``replay_buffer``.
         batch_size (int, optional): ``batch_size`` of the new buffer (used by ``sample()``).
             Exclusive with ``replay_buffer``.
-        columns (list of str, optional): only these columns are written. Defaults to all.
+        columns (list of str, optional): only these columns are written (a single str is one
+            column). Defaults to all.
         rename (dict, optional): maps a column to the (nested) key it is stored under, e.g.
             ``{"prompt": ("history", "prompt")}``; the dataset side reads it back with
             ``TorchRLBufferDataset(..., rename={("history", "prompt"): "prompt"})``.
@@ -92,10 +93,12 @@ def replay_buffer_from_hf(
         the replay buffer holding the rows.
 
     Raises:
-        TypeError: if ``dataset`` yields something else than dict rows, or ``replay_buffer`` is
-            not a ReplayBuffer.
+        TypeError: if ``dataset`` is not an iterable of rows or yields something else than
+            dict rows, ``replay_buffer`` is not a ReplayBuffer, ``storage`` not a Storage,
+            ``columns`` not a str or list of str, or ``rename`` not a dict.
         ValueError: if ``replay_buffer`` is combined with ``storage``/``batch_size``, the
-            dataset is empty, a size argument is not a positive int, or a column mixes
+            dataset is empty or holds more rows than the storage's ``max_size`` (checked before
+            anything is written), a size argument is not a positive int, or a column mixes
             conversations with other values or changes type between rows.
         KeyError: if ``columns`` or ``rename`` names a column the dataset does not have.
 
@@ -120,8 +123,26 @@ def replay_buffer_from_hf(
         >>> TorchRLBufferDataset(rb, batch_size=2).to_hf_dataset().to_list() == data.to_list()
         True
     """
-    check_positive_int(max_rows, "max_rows", "replay_buffer_from_hf", allow_none=True)
-    check_positive_int(chunk_size, "chunk_size", "replay_buffer_from_hf")
+    owner = "replay_buffer_from_hf"
+    if (
+        dataset is None
+        or isinstance(dataset, (str, bytes, Mapping))
+        or not isinstance(dataset, Iterable)
+    ):
+        raise TypeError(
+            f"{owner}: dataset must be a datasets.Dataset, a datasets.IterableDataset or an "
+            f"iterable of dict rows, got {type(dataset).__name__}."
+        )
+    check_positive_int(max_rows, "max_rows", owner, allow_none=True)
+    check_positive_int(chunk_size, "chunk_size", owner)
+    check_positive_int(batch_size, "batch_size", owner, allow_none=True)
+    columns = None if columns is None else list(as_names(columns, "columns", owner))
+    rename = None if rename is None else as_mapping(rename, "rename", owner, "{column: key}")
+    if storage is not None and not callable(getattr(storage, "set", None)):
+        raise TypeError(
+            f"{owner}: storage must be a torchrl Storage (e.g. LazyStackStorage(n)), got "
+            f"{type(storage).__name__}."
+        )
     if replay_buffer is not None:
         if not isinstance(replay_buffer, ReplayBuffer):
             raise TypeError(
@@ -165,6 +186,21 @@ def replay_buffer_from_hf(
         if storage is None:
             storage = LazyStackStorage(max_size=num_rows)
         replay_buffer = ReplayBuffer(storage=storage, batch_size=batch_size)
+    capacity = getattr(getattr(replay_buffer, "storage", None), "max_size", None)
+    if isinstance(capacity, int):
+        streamed = num_rows is None
+        if streamed:  # read at most one row more than fits, before writing any
+            rows = list(itertools.islice(rows, capacity + 1))
+            num_rows = len(rows)
+            rows = iter(rows)
+        if num_rows > capacity:
+            count = f"more than {capacity}" if streamed else str(num_rows)
+            raise ValueError(
+                f"{owner}: the dataset has {count} rows but the buffer's "
+                f"{type(replay_buffer.storage).__name__} holds {capacity} (max_size); writing "
+                "them would overwrite the first rows with the last ones. Give the storage room for every row, or pass max_rows=... to write "
+                "only the first ones."
+            )
 
     kinds: dict[str, Any] | None = None
     written = 0

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ._utils import check_positive_int
+from ._utils import as_mapping, check_bool, check_positive_int, check_tokenizer
 from .padding import position_mask
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -78,6 +78,14 @@ class PaddingCollator:
         pad_values: Mapping[str, float | int | bool] | None = None,
         return_attention_mask: bool = True,
     ) -> None:
+        check_tokenizer(tokenizer, "tokenizer", "PaddingCollator")
+        if pad_token_id is not None and (
+            isinstance(pad_token_id, bool) or not isinstance(pad_token_id, int)
+        ):
+            raise TypeError(
+                f"PaddingCollator: pad_token_id must be an int, got {pad_token_id!r} of type "
+                f"{type(pad_token_id).__name__}."
+            )
         if tokenizer is None and pad_token_id is None:
             raise ValueError(
                 "PaddingCollator needs a pad id: pass tokenizer=... (its pad_token_id is used) or "
@@ -92,8 +100,10 @@ class PaddingCollator:
         self.pad_token_id = pad_token_id
         self.padding_side = padding_side
         self.pad_to_multiple_of = pad_to_multiple_of
-        self.pad_values = dict(pad_values or {})
-        self.return_attention_mask = return_attention_mask
+        self.pad_values = as_mapping(pad_values, "pad_values", "PaddingCollator", "{column: value}")
+        self.return_attention_mask = check_bool(
+            return_attention_mask, "return_attention_mask", "PaddingCollator"
+        )
 
     def _pad_id(self) -> int:
         pad = self.pad_token_id if self.pad_token_id is not None else self.tokenizer.pad_token_id

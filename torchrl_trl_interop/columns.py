@@ -24,9 +24,11 @@ from tensordict.utils import NestedKey
 
 from ._utils import (
     Key,
+    as_device,
     as_key,
     as_keys,
     as_optional_key,
+    check_tensordict,
     flatten_nested,
     get_entry,
     key_to_str,
@@ -166,10 +168,11 @@ def split_columns(
         >>> split_columns(td, keys=["ids"], attention_mask_key="mask")
         {('ids',): [tensor([5, 6]), tensor([7, 8, 9])]}
     """
+    check_tensordict(batch, "batch", "split_columns")
     n = batch.batch_size[0]
     columns = as_keys(keys, "keys") if keys is not None else column_keys(batch)
     mask_key = as_optional_key(attention_mask_key, "attention_mask_key")
-    device = None if device is None else torch.device(device)
+    device = as_device(device, "device", "split_columns")
     with set_list_to_stack(True):  # reading History needs it; scoped to the call
         # Mask first: it decides the trimming of every tensor of its shape.
         bounds = None

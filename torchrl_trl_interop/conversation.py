@@ -5,15 +5,19 @@ TorchRL holds it as a :class:`~torchrl.data.llm.History` TensorClass whose last 
 the turn. This module is the only place the two are converted: the dataset, the reward wrapper,
 the reward bridges and the tutorial all call these functions.
 
-Only ``role`` and ``content`` cross the boundary; they are kept exactly (no stripping, no template).
+Only ``role``, ``content`` and tool calls cross the boundary; they are kept exactly (no
+stripping, no template). Tool calls are converted by :mod:`~torchrl_trl_interop.tool_calls`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from tensordict import lazy_stack, set_list_to_stack
+
+from ._utils import as_names, check_bool
+from .tool_calls import has_tool_calls, messages_with_tool_calls, tool_turns
 
 if TYPE_CHECKING:  # pragma: no cover
     from torchrl.data.llm import History
@@ -56,6 +60,11 @@ def is_conversational(example: dict[str, Any]) -> bool:
         >>> is_conversational({"prompt": "Hi", "completion": " there"})
         False
     """
+    if not isinstance(example, Mapping):
+        raise TypeError(
+            f"is_conversational: example must be a dict of columns (one TRL row), got "
+            f"{type(example).__name__}."
+        )
     for column in ("prompt", "chosen", "rejected", "completion", "messages"):
         if column in example:
             return is_message_list(example[column])
@@ -86,8 +95,10 @@ def history_to_messages(history: History, *, keep_system: bool = True) -> list:
         keep_system (bool, optional): if ``False``, system turns are dropped. Defaults to ``True``.
 
     Returns:
-        a (nested) list of ``{"role": ..., "content": ...}`` dicts. Other History fields
-        (``is_complete``, ``tool_calls``, ...) are not part of TRL's format and are not copied.
+        a (nested) list of ``{"role": ..., "content": ...}`` dicts. A turn's ``tool_calls``
+        are carried in TRL's format (``[{"type": "function", "function": {"name", "arguments"}}]``)
+        and a ``tool`` turn that answers one gets its ``"name"``. Other History fields
+        (``is_complete``, ``tool_responses``) are not part of TRL's format and are not copied.
 
     Raises:
         TypeError: if ``history`` is not a History.
@@ -112,11 +123,14 @@ def history_to_messages(history: History, *, keep_system: bool = True) -> list:
             f"history_to_messages expects a torchrl.data.llm.History, got {type(history).__name__}. "
             "Build one with History.from_chats(list_of_message_lists) or messages_to_history(...)."
         )
+    check_bool(keep_system, "keep_system", "history_to_messages")
     if history.ndim == 0:
         raise ValueError(
             "history_to_messages got a History with batch_size=[] (a single message, no turn "
             "dimension). Add the turn dimension first: history.unsqueeze(0)."
         )
+    if has_tool_calls(history):
+        return messages_with_tool_calls(history, keep_system)
     return _zip_turns(history.role, history.content, history.ndim - 1, keep_system)
 
 
@@ -133,6 +147,8 @@ def _check_message_list(messages: Any, where: str) -> None:
                 f"got {type(message).__name__}: {message!r}."
             )
         for field in ("role", "content"):
+            if field == "content" and message.get("content") is None and message.get("tool_calls"):
+                continue  # TRL's tool-calling turn: the calls are its content
             if not isinstance(message.get(field), str):
                 raise ValueError(
                     f"messages_to_history: {where}[{i}] needs a str {field!r}, got "
@@ -161,6 +177,8 @@ def _build(messages: Sequence, depth: int, where: str) -> History:
                 f"messages_to_history: {where} is an empty conversation; a History needs at least "
                 "one turn."
             )
+        if any(m.get("tool_calls") for m in messages):
+            return lazy_stack([History(**turn) for turn in tool_turns(messages, where)])
         return History(
             role=[m["role"] for m in messages],
             content=[m["content"] for m in messages],
@@ -187,9 +205,16 @@ def messages_to_history(messages: Sequence) -> History:
     Returns:
         a History whose leading dimensions follow the nesting of ``messages``.
 
+    TRL tool calls are kept: a turn's ``tool_calls`` go to the History's ``tool_calls`` field
+    (its ``content: None`` becomes ``""``), and :func:`history_to_messages` gives them back. A
+    History has no field for a tool turn's ``name``: it must be the name of the call it answers.
+
     Raises:
-        TypeError: if a message is not a dict, or a conversation is not a list.
-        ValueError: if a message lacks a str ``role``/``content``, or a conversation is empty.
+        TypeError: if a message is not a dict, a conversation is not a list, or ``tool_calls``
+            is not a list of dicts.
+        ValueError: if a message lacks a str ``role``/``content`` (``content`` may be ``None``
+            next to ``tool_calls``), a conversation is empty, or a tool turn's ``name`` is not
+            that of the call it answers.
 
     Examples:
         >>> chat = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello!"}]
@@ -240,7 +265,7 @@ def split_prompt_completion(
             "split_prompt_completion expects one conversation (a non-empty list of "
             f"{{'role', 'content'}} dicts), got {type(messages).__name__}: {messages!r:.200}."
         )
-    roles = set(completion_roles)
+    roles = set(as_names(completion_roles, "completion_roles", "split_prompt_completion"))
     start = len(messages)
     while start > 0 and messages[start - 1]["role"] in roles:
         start -= 1

@@ -120,19 +120,6 @@ def _turn_closing(policy: Any, tokenizer: Any) -> str:
     return text.split(_PROBE, 1)[1] if _PROBE in text else ""
 
 
-def _tool_calls(history: Any) -> list:
-    """Each turn's ``tool_calls``, or ``[]`` when torchrl's History holds none it can list.
-
-    torchrl 0.14.1's History drops ``tool_calls`` in ``from_chats`` and in ChatML parsing, and a
-    stack whose turns mix ``None`` and lists cannot be read: tool calls then stay in the
-    assistant's text and tool results are ``tool`` turns.
-    """
-    try:
-        return [turn.get("tool_calls") for turn in history.tolist()]
-    except (AttributeError, RuntimeError, TypeError, ValueError):
-        return []
-
-
 def _to_messages(history: Any) -> list[dict[str, Any]]:
     """One conversation as TRL messages; tool calls kept, torchrl's ``<none>`` padding dropped.
 
@@ -144,17 +131,11 @@ def _to_messages(history: Any) -> list[dict[str, Any]]:
         ...     history = lazy_stack([History(role="assistant", content="", tool_calls=[call]),
         ...                           History(role="tool", content="4", tool_calls=[])])
         >>> _to_messages(history)[1]
-        {'role': 'tool', 'content': '4'}
+        {'role': 'tool', 'content': '4', 'name': 'add'}
         >>> _to_messages(history)[0]["tool_calls"]
         [{'type': 'function', 'function': {'name': 'add', 'arguments': {'a': 2, 'b': 2}}}]
     """
-    messages = history_to_messages(history)
-    for message, calls in zip(messages, _tool_calls(history)):
-        if isinstance(calls, (list, tuple)) and calls:  # an empty list is stored as a tensor
-            message["tool_calls"] = [
-                c if "function" in c else {"type": "function", "function": c} for c in calls
-            ]
-    return [m for m in messages if m["role"] != "<none>"]
+    return [m for m in history_to_messages(history) if m["role"] != "<none>"]
 
 
 class _Episodes:

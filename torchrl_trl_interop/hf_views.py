@@ -82,6 +82,8 @@ def feature_of(value: Any) -> Any:
     if isinstance(value, str):
         return Value("string")
     if isinstance(value, list) and value and isinstance(value[0], dict):
+        if any(m.keys() - {"role", "content"} for m in value):
+            return None  # tool calls: their arguments have no fixed type; datasets infers it
         return List({"role": Value("string"), "content": Value("string")})
     if isinstance(value, list) and value:
         inner = feature_of(value[0])

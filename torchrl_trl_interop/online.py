@@ -43,7 +43,9 @@ class CommittedWriter(RoundRobinWriter):
     """
 
     def __init__(self, compilable: bool = False) -> None:
-        super().__init__(compilable=compilable)
+        from ._utils import check_bool
+
+        super().__init__(compilable=check_bool(compilable, "compilable", "CommittedWriter"))
         # [sequence, committed length]; shared memory so spawned workers see the writer's updates.
         self._commit_log = torch.zeros(2, dtype=torch.int64).share_memory_()
 

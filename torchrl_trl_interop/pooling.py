@@ -2,12 +2,14 @@
 
 ``*ForSequenceClassification`` decoders (Llama, Qwen, GPT2, ...) pool the rightmost token whose
 id is not ``config.pad_token_id``; the attention mask plays no part (see the project BRIEF).
-:func:`choose_fill` picks the padding value that makes that token every row's last real one.
+:func:`choose_fill` picks the padding value that makes that token every row's last real one;
+:func:`pooling_model` gives the module to call with it, never changing the user's model.
 """
 
 from __future__ import annotations
 
 import contextlib
+import copy
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -16,10 +18,11 @@ import torch
 __all__ = [
     "RewardOutputError",
     "RewardShapeError",
+    "check_model_input",
     "check_reward_shape",
     "choose_fill",
     "extract_reward",
-    "pooling_pad_id",
+    "pooling_model",
     "text_config",
 ]
 
@@ -85,6 +88,57 @@ def check_reward_shape(model: Any, reward: torch.Tensor, n: int) -> torch.Tensor
     )
 
 
+def _limits(model: Any) -> tuple[int | None, int | None]:
+    """``(vocabulary size, longest sequence)`` of ``model``, ``None`` where unknown."""
+    vocab = None
+    embeddings = getattr(model, "get_input_embeddings", None)
+    if callable(embeddings):
+        with contextlib.suppress(Exception):
+            vocab = int(embeddings().num_embeddings)
+    config = text_config(model)
+    if vocab is None:
+        vocab = getattr(config, "vocab_size", None)
+    positions = getattr(config, "max_position_embeddings", None)
+    return (
+        vocab if isinstance(vocab, int) else None,
+        positions if isinstance(positions, int) else None,
+    )
+
+
+def check_model_input(model: Any, ids: torch.Tensor, lengths: torch.Tensor, arg: str) -> None:
+    """Raises a :class:`ValueError` naming ``arg`` on input the model would fail on, or score
+    silently wrong: token ids outside ``[0, vocabulary size)``, rows longer than the model's
+    ``max_position_embeddings``. ``ids [N, T]`` are right-packed rows of ``lengths``.
+
+    Examples:
+        >>> from torchrl_trl_interop.testing import toy_reward_model
+        >>> check_model_input(toy_reward_model(), torch.tensor([[-1]]), torch.tensor([1]), "ids")
+        Traceback (most recent call last):
+        ...
+        ValueError: HFRewardModelWrapper: ids holds token id -1 (row 0); the reward model's vocabulary has ids 0 to 383. Tokenize with the reward model's own tokenizer.
+    """
+    if ids.numel() == 0:
+        return
+    vocab, positions = _limits(model)
+    if positions is not None and int(lengths.max()) > positions:
+        row = int(lengths.argmax())
+        raise ValueError(
+            f"HFRewardModelWrapper: {arg} holds a row of {int(lengths.max())} tokens (row {row}, "
+            f"flattened); the reward model takes at most {positions} (max_position_embeddings). "
+            "Truncate or drop longer rows first."
+        )
+    if vocab is not None:
+        low, high = int(ids.min()), int(ids.max())  # padding is 0: inside the vocabulary
+        if low < 0 or high >= vocab:
+            bad = low if low < 0 else high
+            row = int(((ids == bad).any(-1)).nonzero()[0])
+            raise ValueError(
+                f"HFRewardModelWrapper: {arg} holds token id {bad} (row {row}); the reward "
+                f"model's vocabulary has ids 0 to {vocab - 1}. Tokenize with the reward model's "
+                "own tokenizer."
+            )
+
+
 def text_config(model: Any) -> Any:
     """The config whose ``pad_token_id`` the model's pooling reads, or ``None``."""
     config = getattr(model, "config", None)
@@ -113,15 +167,50 @@ def choose_fill(config: Any, ids: torch.Tensor, lengths: torch.Tensor) -> tuple[
     return spare, spare
 
 
+_WRAPPED = ("module", "_orig_mod")  # DistributedDataParallel / DataParallel, torch.compile
+
+
+def _config_owner(model: Any) -> Any:
+    """The module holding the config the model pools with (under DDP or ``torch.compile``)."""
+    owner = model
+    while "config" not in vars(owner):
+        inner = next(
+            (vars(owner)["_modules"].get(n) for n in _WRAPPED if n in owner._modules), None
+        )
+        if inner is None:
+            return None
+        owner = inner
+    return owner
+
+
 @contextlib.contextmanager
-def pooling_pad_id(config: Any, pad_id: int | None) -> Iterator[None]:
-    """Sets ``config.pad_token_id`` to ``pad_id`` for the duration of the block."""
-    if config is None or pad_id is None or config.pad_token_id == pad_id:
-        yield
+def pooling_model(model: Any, config: Any, pad_id: int | None) -> Iterator[Any]:
+    """Yields the module to call so that the model pools with ``pad_id`` as its pad token id.
+
+    That is ``model`` itself when ``pad_id`` is ``None`` or already the config's; otherwise a
+    shallow copy of the module that owns the config (parameters, buffers and submodules shared),
+    holding a copy of the config with ``pad_token_id=pad_id``. Nothing of the user's model or
+    config is changed, so one model can be scored from several threads at once. Under DDP or
+    ``torch.compile`` the copy is of the inner model, which is then called directly.
+
+    Examples:
+        >>> from torchrl_trl_interop.testing import toy_reward_model
+        >>> model = toy_reward_model("llama", pad_token_id=None)
+        >>> with pooling_model(model, text_config(model), 7) as scorer:
+        ...     scorer.config.pad_token_id, model.config.pad_token_id
+        (7, None)
+    """
+    owner = None if config is None or pad_id is None else _config_owner(model)
+    if owner is None or config.pad_token_id == pad_id:
+        yield model
         return
-    old = config.pad_token_id
-    config.pad_token_id = pad_id
-    try:
-        yield
-    finally:
-        config.pad_token_id = old
+    top = copy.copy(owner.config)
+    if top.get_text_config() is config and config is not owner.config:
+        # the pad id lives in a sub-config (text_config of a multimodal model): copy it too
+        name = next(k for k, v in vars(owner.config).items() if v is config)
+        setattr(top, name, copy.copy(config))
+    target = top.get_text_config() if hasattr(top, "get_text_config") else top
+    target.pad_token_id = pad_id
+    view = copy.copy(owner)
+    view.config = top
+    yield view

@@ -16,7 +16,7 @@ from tensordict import TensorDictBase, set_list_to_stack
 from tensordict.utils import NestedKey
 from torchrl.data import LazyStackStorage, ReplayBuffer
 
-from ._utils import Key, as_key, as_optional_key, get_entry, public_key
+from ._utils import Key, as_key, as_names, as_optional_key, check_real, get_entry, public_key
 from .columns import row_values
 from .conversation import split_prompt_completion
 from .rows import extend_with_rows
@@ -64,7 +64,16 @@ def _read_rewards(td: TensorDictBase, key: Key, where: str) -> list[float]:
             f"{_OWNER}: {where}[{public_key(key)!r}] has shape {tuple(reward.shape)}; expected "
             f"one reward per rollout, shape {tuple(td.batch_size)} (trailing 1s allowed)."
         )
-    return reward.reshape(-1).double().tolist()
+    values = reward.reshape(-1).double()
+    infinite = values.isinf().nonzero().flatten()
+    if infinite.numel():
+        raise ValueError(
+            f"{_OWNER}: {where}[{public_key(key)!r}] holds {infinite.numel()} infinite "
+            f"reward(s) (flattened indices {infinite[:8].tolist()}), which would give pairs of "
+            "infinite margin. Fix the scorer (HFRewardModelWrapper raises on them by default), "
+            "or write NaN for rollouts that should be left out."
+        )
+    return values.tolist()
 
 
 def _read_group_ids(td: TensorDictBase, key: Key, where: str) -> list[Hashable]:
@@ -164,7 +173,7 @@ def build_preference_pairs(
     Groups that carry no preference are skipped, never guessed: a group with a single completion,
     a tie (best reward equals worst, i.e. gap ``0``), a gap below ``min_margin``, or the same
     completion as chosen and rejected. ``NaN`` rewards (unscored rollouts) are left out of their
-    group first.
+    group first; an infinite reward raises (as :class:`HFRewardModelWrapper` does by default).
 
     Grouping: by default the last batch dimension is the group (``[E, G]`` rollouts: ``E``
     prompts, ``G`` completions each, as GRPO-style collection writes them), and a ``[N]`` batch is
@@ -219,7 +228,7 @@ def build_preference_pairs(
             not a ReplayBuffer, or the history or reward has the wrong type.
         KeyError: if ``history_key``, ``reward_key`` or ``group_key`` is missing.
         ValueError: if rollouts have no batch dimension, the reward shape does not match the
-            batch, a conversation has no completion turn, completions of one group have
+            batch, a reward is infinite, a conversation has no completion turn, completions of one group have
             different prompts, a prompt is empty while ``prompt_key`` is set, or
             ``min_margin < 0``.
 
@@ -244,7 +253,8 @@ def build_preference_pairs(
         >>> row["chosen"], row["rejected"]
         ([{'role': 'assistant', 'content': '4'}], [{'role': 'assistant', 'content': '5'}])
     """
-    if not isinstance(min_margin, (int, float)) or math.isnan(min_margin) or min_margin < 0:
+    min_margin = check_real(min_margin, "min_margin", _OWNER, finite=False)
+    if math.isnan(min_margin) or min_margin < 0:
         raise ValueError(
             f"build_preference_pairs: min_margin must be a float >= 0, got {min_margin!r}."
         )
@@ -253,6 +263,7 @@ def build_preference_pairs(
             "build_preference_pairs: replay_buffer must be a torchrl ReplayBuffer, got "
             f"{type(replay_buffer).__name__}."
         )
+    completion_roles = as_names(completion_roles, "completion_roles", _OWNER)
     history_key = as_key(history_key, "history_key")
     reward_key = as_key(reward_key, "reward_key")
     group_key = as_optional_key(group_key, "group_key")

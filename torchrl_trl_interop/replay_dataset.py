@@ -16,7 +16,7 @@ import torch
 from tensordict.utils import NestedKey
 from torchrl.data import ReplayBuffer
 
-from ._utils import check_positive_int, key_to_str, require
+from ._utils import as_device, check_positive_int, key_to_str, require
 from .columns import Selection
 from .passes import PassCounter, read_pass, stream_base
 from .reader import BufferReader
@@ -83,8 +83,9 @@ class TorchRLBufferDataset(torch.utils.data.IterableDataset):
             ``accelerate``, ``False`` to never split by rank.
 
     Raises:
-        TypeError: if ``replay_buffer`` is not a ReplayBuffer, or a stored value cannot be
-            converted (the key and type are named).
+        TypeError: if ``replay_buffer`` is not a ReplayBuffer, ``rename`` is not a dict,
+            ``epoch``/``shuffle`` are not bools, ``device`` is not a device, a key is not a key,
+            or a stored value cannot be converted (the key and type are named).
         ValueError: on a bad option or combination of options (the message says which).
         KeyError: if a key in ``keys``, ``rename`` or ``attention_mask_key`` is not stored.
         RuntimeError: when iterating an empty buffer, or when a configuration would silently
@@ -162,7 +163,7 @@ class TorchRLBufferDataset(torch.utils.data.IterableDataset):
         # (rank, world size) decided by the process that started this DataLoader worker.
         self._parent_rank: tuple[int, int] | None = None
         selection = Selection.from_args(keys, rename, attention_mask_key, sep)
-        device = torch.device(device) if device is not None else None
+        device = as_device(device, "device", owner)
         self._reader = BufferReader(replay_buffer, batch_size, selection=selection, device=device)
         if len(replay_buffer) > 0:
             self._reader.schema()

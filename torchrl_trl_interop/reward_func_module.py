@@ -11,6 +11,7 @@ import asyncio
 import concurrent.futures
 import functools
 import inspect
+import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -19,7 +20,18 @@ from tensordict import TensorDictBase, set_list_to_stack
 from tensordict.nn import TensorDictModuleBase
 from tensordict.utils import NestedKey
 
-from ._utils import HISTORY_KEY, as_key, as_optional_key, module_repr, public_key, to_python
+from ._utils import (
+    HISTORY_KEY,
+    as_key,
+    as_mapping,
+    as_names,
+    as_optional_key,
+    check_real,
+    check_tensordict,
+    module_repr,
+    public_key,
+    to_python,
+)
 from .columns import row_values
 from .conversation import split_prompt_completion
 
@@ -105,8 +117,10 @@ class TRLRewardFuncWrapper(TensorDictModuleBase):
 
     Raises:
         TypeError: if a reward function is not callable, is an ``nn.Module`` or a model id
-            string (wrap a reward model with ``HFRewardModelWrapper`` instead).
-        ValueError: if ``reward_funcs`` is empty, ``weights`` has the wrong length, only one of
+            string (wrap a reward model with ``HFRewardModelWrapper`` instead), a weight is not
+            a number, or ``completion_roles`` is not a str or a list of str.
+        ValueError: if ``reward_funcs`` is empty, ``weights`` has the wrong length or a
+            non-finite weight, only one of
             ``prompt_key``/``completion_key`` is given, a non-default ``history_key`` is
             combined with them, ``history_key=None`` is given without them, ``kwargs_keys``
             uses a reserved name (``prompts``, ``completions``, ``completion_ids``), or two
@@ -164,7 +178,14 @@ class TRLRewardFuncWrapper(TensorDictModuleBase):
                 )
         if weights is None:
             weights = [1.0] * len(funcs)
-        weights = [float(w) for w in weights]
+        if isinstance(weights, (str, bytes)) or not isinstance(weights, (Sequence, torch.Tensor)):
+            raise TypeError(
+                "TRLRewardFuncWrapper: weights must be a list of floats (one per reward function), "
+                f"got {type(weights).__name__}."
+            )
+        weights = [
+            check_real(w, f"weights[{i}]", "TRLRewardFuncWrapper") for i, w in enumerate(weights)
+        ]
         if len(weights) != len(funcs):
             raise ValueError(
                 f"TRLRewardFuncWrapper: got {len(weights)} weights for {len(funcs)} reward "
@@ -199,7 +220,9 @@ class TRLRewardFuncWrapper(TensorDictModuleBase):
             in_keys.append(completion_ids_key)
         kwargs_keys = {
             str(name): as_key(key, f"kwargs_keys[{name!r}]")
-            for name, key in (kwargs_keys or {}).items()
+            for name, key in as_mapping(
+                kwargs_keys, "kwargs_keys", "TRLRewardFuncWrapper", "{kwarg name: key}"
+            ).items()
         }
         reserved = {"prompts", "completions", "completion_ids"} & set(kwargs_keys)
         if reserved:
@@ -222,7 +245,9 @@ class TRLRewardFuncWrapper(TensorDictModuleBase):
         self.reward_funcs = funcs
         self.reward_func_names = [_callable_name(f) for f in funcs]
         self.weights = weights
-        self.completion_roles = tuple(completion_roles)
+        self.completion_roles = as_names(
+            completion_roles, "completion_roles", "TRLRewardFuncWrapper"
+        )
         self._text_mode = text_mode
         self._history_key = history_key
         self._prompt_key = prompt_key
@@ -277,23 +302,43 @@ class TRLRewardFuncWrapper(TensorDictModuleBase):
                 f"{type(self).__name__}: reward function {name!r} returned a "
                 f"{type(output).__name__}; expected a list with one float (or None) per completion."
             )
+        if isinstance(output, torch.Tensor) and output.ndim != 1:
+            raise ValueError(
+                f"{type(self).__name__}: reward function {name!r} returned a tensor of shape "
+                f"{list(output.shape)}; expected one float per completion, shape [{n}]."
+            )
         output = output.tolist() if isinstance(output, torch.Tensor) else list(output)
         if len(output) != n:
             raise ValueError(
                 f"{type(self).__name__}: reward function {name!r} returned {len(output)} rewards "
                 f"but {n} were expected (one per completion)."
             )
-        return [float("nan") if r is None else float(r) for r in output]
+        owner = f"{type(self).__name__}: reward function {name!r}"
+        rewards = [
+            float("nan") if r is None else check_real(r, f"reward [{i}]", owner, finite=False)
+            for i, r in enumerate(output)
+        ]
+        bad = [i for i, r in enumerate(rewards) if math.isinf(r)]
+        if bad:
+            raise ValueError(
+                f"{owner} returned infinite reward(s) at {bad[:8]}; return a finite float, or "
+                "None for a completion it does not score."
+            )
+        return rewards
 
     def forward(self, tensordict: TensorDictBase) -> TensorDictBase:
         """Scores every rollout of ``tensordict`` and writes the reward(s).
 
         Raises:
             KeyError: if an input key is missing (the keys present are listed).
-            TypeError: if an input has an unreadable type, or a function returns no list.
+            TypeError: if an input has an unreadable type, or a function returns no list or
+                a reward that is not a number or ``None`` (a str, a nested list...); the
+                function is named.
             ValueError: if a conversation has no completion turn, an input's shape does not
-                match the batch, or a function returns the wrong number of rewards.
+                match the batch, or a function returns the wrong number of rewards, a tensor
+                that is not 1-D, or an infinite reward.
         """
+        check_tensordict(tensordict, "tensordict", type(self).__name__)
         with set_list_to_stack(True):  # reading History needs it; scoped, never global
             prompts, completions, completion_ids, kwargs = self._read(tensordict)
         n = len(prompts)

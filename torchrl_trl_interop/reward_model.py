@@ -22,8 +22,12 @@ from ._utils import (
     ATTENTION_MASK_KEY,
     TOKEN_KEY,
     as_key,
+    as_mapping,
     as_optional_key,
+    check_bool,
     check_positive_int,
+    check_tensordict,
+    check_tokenizer,
     module_repr,
     public_key,
 )
@@ -31,10 +35,11 @@ from .padding import position_mask
 from .pooling import (
     RewardOutputError,
     RewardShapeError,
+    check_model_input,
     check_reward_shape,
     choose_fill,
     extract_reward,
-    pooling_pad_id,
+    pooling_model,
     text_config,
 )
 from .reward_inputs import PackedInput, read_history, read_texts, read_tokens
@@ -114,7 +119,9 @@ class HFRewardModelWrapper(TensorDictModuleBase):
             an RL update.
 
     Raises:
-        TypeError: if ``model`` is not callable or a key is not a str or tuple of str.
+        TypeError: if ``model`` is not callable, a key is not a str or tuple of str,
+            ``tokenizer`` is not a tokenizer, ``chat_template_kwargs`` not a dict, or a flag
+            (``inference_mode``, ``append_eos``, ``unsqueeze_reward``) not a bool.
         ValueError: if ``max_batch_size`` is not a positive int, ``nonfinite`` is unknown, both
             ``text_key`` and ``history_key`` are given, a non-default ``token_key`` or
             ``attention_mask_key`` is given with one of them, one of them is given without
@@ -204,6 +211,19 @@ class HFRewardModelWrapper(TensorDictModuleBase):
         check_positive_int(
             max_batch_size, "max_batch_size", "HFRewardModelWrapper", allow_none=True
         )
+        owner = "HFRewardModelWrapper"
+        check_tokenizer(tokenizer, "tokenizer", owner)
+        chat_template_kwargs = (
+            None
+            if chat_template_kwargs is None
+            else as_mapping(chat_template_kwargs, "chat_template_kwargs", owner, "{name: value}")
+        )
+        for flag, value in (
+            ("inference_mode", inference_mode),
+            ("append_eos", append_eos),
+            ("unsqueeze_reward", unsqueeze_reward),
+        ):
+            check_bool(value, flag, owner)
         if nonfinite not in _NONFINITE_MODES:
             raise ValueError(
                 f"HFRewardModelWrapper: nonfinite={nonfinite!r}; expected one of "
@@ -314,15 +334,19 @@ class HFRewardModelWrapper(TensorDictModuleBase):
 
         Raises:
             KeyError: if an input key is missing (the message lists the keys present).
-            TypeError: if the tokens are not integers, or an entry has an unreadable type.
+            TypeError: if ``tensordict`` is not a TensorDict, the tokens are not integers, or an
+                entry has an unreadable type.
             ValueError: if the mask's shape or row lengths do not match the tokens', a row has
-                no real token, or (with ``nonfinite="raise"``) a reward is NaN or infinite.
+                no real token, a token id is outside the model's vocabulary, a row is longer
+                than its ``max_position_embeddings`` (all checked before the model runs), or (with ``nonfinite="raise"``) a reward is NaN or infinite.
             RewardShapeError: (a :class:`ValueError` and a :class:`RuntimeError`) if the model
                 returns anything but one scalar per row.
             RewardOutputError: (a :class:`TypeError` and a :class:`RuntimeError`) if the model
                 output holds no reward tensor.
         """
+        check_tensordict(tensordict, "tensordict", "HFRewardModelWrapper")
         packed = self._read(tensordict)
+        check_model_input(self.model, packed.ids, packed.lengths, self._input_arg())
 
         grad_context = torch.no_grad() if self._inference_mode else contextlib.nullcontext()
         with grad_context:
@@ -359,6 +383,14 @@ class HFRewardModelWrapper(TensorDictModuleBase):
             )
         return read_tokens(tensordict, self._token_key, self._attention_mask_key)
 
+    def _input_arg(self) -> str:
+        """The argument naming what the model reads, for error messages."""
+        if self._text_key is not None:
+            return f"text_key={public_key(self._text_key)!r} (tokenized)"
+        if self._history_key is not None:
+            return f"history_key={public_key(self._history_key)!r} (tokenized)"
+        return f"token_key={public_key(self._token_key)!r}"
+
     def _model_device(self, default: torch.device) -> torch.device:
         for tensor in self.model.parameters():
             return tensor.device
@@ -388,7 +420,7 @@ class HFRewardModelWrapper(TensorDictModuleBase):
             chunks = list(order.split(self.max_batch_size))
 
         rewards = []
-        with pooling_pad_id(config, pooling_pad):
+        with pooling_model(self.model, config, pooling_pad) as model:  # never mutates it
             for index in chunks:
                 if index is None:
                     chunk_ids, chunk_mask, chunk_len = ids, mask, lengths
@@ -397,9 +429,9 @@ class HFRewardModelWrapper(TensorDictModuleBase):
                     width = int(chunk_len.max())
                     chunk_ids, chunk_mask = ids[index, :width], mask[index, :width]
                 if self._pass_mask or bool((chunk_len != chunk_ids.shape[-1]).any()):
-                    out = self.model(input_ids=chunk_ids, attention_mask=chunk_mask.long())
+                    out = model(input_ids=chunk_ids, attention_mask=chunk_mask.long())
                 else:
-                    out = self.model(input_ids=chunk_ids)
+                    out = model(input_ids=chunk_ids)
                 reward = extract_reward(out)
                 rewards.append(check_reward_shape(self.model, reward, chunk_ids.shape[0]))
         if one_call:

@@ -20,6 +20,8 @@ from tensordict.utils import NestedKey, unravel_key
 from torchrl.data import Composite, Unbounded
 from torchrl.envs.transforms import Transform
 
+from ._utils import as_key, as_names, check_bool, public_key
+
 __all__ = ["RewardTransform", "as_reward_transform"]
 
 _HISTORY_KEY = ("history", "full")
@@ -109,14 +111,16 @@ class RewardTransform(Transform):
         self.module_reward_key = (
             _module_reward_key(module)
             if module_reward_key is None
-            else unravel_key(module_reward_key)
+            else public_key(as_key(module_reward_key, "module_reward_key"))
         )
-        self.reward_key = unravel_key(reward_key)
-        self.history_key = None if history_key is None else unravel_key(history_key)
-        self.completion_roles = tuple(completion_roles)
-        self.only_done = bool(only_done)
-        self.done_key = unravel_key(done_key)
-        self.accumulate = bool(accumulate)
+        self.reward_key = public_key(as_key(reward_key, "reward_key"))
+        self.history_key = (
+            None if history_key is None else public_key(as_key(history_key, "history_key"))
+        )
+        self.completion_roles = as_names(completion_roles, "completion_roles", "RewardTransform")
+        self.only_done = check_bool(only_done, "only_done", "RewardTransform")
+        self.done_key = public_key(as_key(done_key, "done_key"))
+        self.accumulate = check_bool(accumulate, "accumulate", "RewardTransform")
         module_in_keys = [unravel_key(k) for k in getattr(module, "in_keys", [])]
         super().__init__(in_keys=module_in_keys, out_keys=[self.reward_key])
         self.module = module

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from tensordict.utils import NestedKey, unravel_key
 from torchrl.modules.llm import TransformersWrapper
 
-from ._utils import require
+from ._utils import as_key, check_bool, public_key, require
 from .episode import RolloutRow, find_env_problem, run_episodes
 from .trainer_policy import (
     TrainerModelPolicy,
@@ -239,7 +239,9 @@ def as_trl_rollout_func(
         does not continue from the tokens it is given.
 
     Raises:
-        TypeError: if ``env`` cannot receive a prompt at reset (not a ChatEnv).
+        TypeError: if ``env`` cannot receive a prompt at reset (not a ChatEnv), ``policy`` is
+            not a TensorDict module, ``recompute_logprobs`` not a bool or ``None``, or a key
+            not a key.
         ValueError: if ``env`` is not in history mode, has more than one batch dimension or holds
             a ``DataLoadingPrimer``; if ``max_turns`` is not a positive int; if ``policy``
             returns no log-probs (``return_log_probs=False``) and ``recompute_logprobs=False``,
@@ -266,7 +268,19 @@ def as_trl_rollout_func(
         raise ValueError(
             f"as_trl_rollout_func: max_turns must be a positive int, got {max_turns!r}."
         )
+    reward_key = public_key(as_key(reward_key, "reward_key"))
+    done_key = public_key(as_key(done_key, "done_key"))
+    if recompute_logprobs is not None:
+        check_bool(recompute_logprobs, "recompute_logprobs", _OWNER)
     if policy is not None:
+        from tensordict.nn import TensorDictModuleBase
+
+        if not isinstance(policy, TensorDictModuleBase):
+            raise TypeError(
+                f"{_OWNER}: policy must be a torchrl LLM wrapper (a TensorDictModuleBase, e.g. "
+                f"TransformersWrapper or vLLMWrapper) or None (the trainer's model), got "
+                f"{policy!r:.100} of type {type(policy).__name__}."
+            )
         if getattr(policy, "return_log_probs", True) is False and recompute_logprobs is False:
             raise ValueError(
                 f"as_trl_rollout_func: the policy {type(policy).__name__} returns no log-probs "

@@ -14,7 +14,7 @@ import torch
 from tensordict import NonTensorData, TensorDict, lazy_stack, set_list_to_stack
 from tensordict.utils import NestedKey
 
-from ._utils import as_key
+from ._utils import as_key, as_mapping
 from .conversation import is_message_list, messages_to_history
 
 __all__ = ["extend_with_rows", "rows_to_tensordict"]
@@ -104,7 +104,8 @@ def _rows_to_tensordict(
                 f"rows_to_tensordict: row {i} has columns {sorted(row)} but row 0 has "
                 f"{sorted(names)}; every row needs the same columns."
             )
-    rename = {name: as_key(key, f"rename[{name!r}]") for name, key in (rename or {}).items()}
+    rename = as_mapping(rename, "rename", "rows_to_tensordict", "{column: key}")
+    rename = {name: as_key(key, f"rename[{name!r}]") for name, key in rename.items()}
     unknown = sorted(set(rename) - set(names))
     if unknown:
         raise KeyError(

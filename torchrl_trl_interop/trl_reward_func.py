@@ -20,8 +20,11 @@ from ._utils import (
     ATTENTION_MASK_KEY,
     HISTORY_KEY,
     Key,
+    as_device,
     as_key,
+    as_mapping,
     check_positive_int,
+    check_tokenizer,
     format_keys,
     keys_present,
     public_key,
@@ -321,8 +324,10 @@ def as_trl_reward_func(
             f"as_trl_reward_func: token_key={token_key!r} needs processing_class= (the tokenizer "
             "the module's model expects) to tokenize prompt + completion."
         )
+    check_tokenizer(processing_class, "processing_class", "as_trl_reward_func")
+    kwargs_keys = as_mapping(kwargs_keys, "kwargs_keys", "as_trl_reward_func", "{column: key}")
     kwargs_keys = {
-        str(col): as_key(key, f"kwargs_keys[{col!r}]") for col, key in (kwargs_keys or {}).items()
+        str(col): as_key(key, f"kwargs_keys[{col!r}]") for col, key in kwargs_keys.items()
     }
     keys = {
         "history_key": history_key,
@@ -357,6 +362,6 @@ def as_trl_reward_func(
         ),
         processing_class=processing_class,
         max_batch_size=max_batch_size,
-        device=torch.device(device) if device is not None else None,
+        device=as_device(device, "device", "as_trl_reward_func"),
         name=name if name is not None else _default_name(module),
     )
