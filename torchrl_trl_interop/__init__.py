@@ -26,6 +26,7 @@ _EXPORTS: dict[str, str] = {
     "split_columns": "columns",
     "build_preference_pairs": "preferences",
     "as_trl_rollout_func": "rollout_func",
+    "BufferCheckpointCallback": "checkpoint",
     # TRL -> TorchRL: reward models as modules, TRL data into buffers and environments
     "HFRewardModelWrapper": "reward_model",
     "RewardOutputError": "pooling",
