@@ -22,8 +22,11 @@ import torch
 from tensordict import TensorDict
 from torchrl.data import LazyStackStorage, LazyTensorStorage, ReplayBuffer
 
-from torchrl_trl_interop import BufferCheckpointCallback, TorchRLBufferDataset
-from torchrl_trl_interop.checkpoint import last_complete_checkpoint
+from torchrl_trl_interop import (
+    BufferCheckpointCallback,
+    TorchRLBufferDataset,
+    last_complete_checkpoint,
+)
 from torchrl_trl_interop.testing import toy_trainer_args
 
 
@@ -112,7 +115,7 @@ def main(cfg: dict) -> None:
         save_only_model=False,
     )
     if cfg["workers"]:
-        common["dataloader_persistent_workers"] = False
+        common["dataloader_persistent_workers"] = cfg.get("persistent", False)
     if view == "torch":
         from transformers import Trainer, TrainingArguments, default_data_collator
 

@@ -27,6 +27,7 @@ _EXPORTS: dict[str, str] = {
     "build_preference_pairs": "preferences",
     "as_trl_rollout_func": "rollout_func",
     "BufferCheckpointCallback": "checkpoint",
+    "last_complete_checkpoint": "checkpoint",
     # TRL -> TorchRL: reward models as modules, TRL data into buffers and environments
     "HFRewardModelWrapper": "reward_model",
     "RewardOutputError": "pooling",

@@ -1,37 +1,22 @@
 """Replay buffers saved with the trainer's checkpoints: :class:`BufferCheckpointCallback`.
 
-A buffer is saved with torchrl's ``ReplayBuffer.dumps`` (storage, sampler, writer, generator)
-into a temporary directory next to its destination, flushed to disk, then renamed into place:
-a crash while saving leaves either the whole buffer or none of it, never half. torchrl's own
-storage checkpointers cannot save text faithfully (``ListStorage``/``LazyStackStorage`` refuse,
-and ``LazyTensorStorage`` writes every row's strings as the first row's, measured on torchrl
-0.14.1), so those storages are saved as their rows (``torch.save`` of the stored tensordicts).
+The buffer goes into each ``checkpoint-N`` directory (``save_replay_buffer``: atomic, text
+included) and comes back on resume, with the DataLoader's state when the
+DataLoader is stateful; :func:`last_complete_checkpoint` finds the checkpoint to resume from.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import re
-import shutil
-import tempfile
-import threading
-from contextlib import nullcontext
+import warnings
 from pathlib import Path
 from typing import Any
 
 import torch
-from tensordict import TensorDictBase
 from torchrl.data import ReplayBuffer
-from torchrl.data.replay_buffers.checkpointers import (
-    ListStorageCheckpointer,
-    StorageCheckpointerBase,
-    TensorStorageCheckpointer,
-)
-from torchrl.data.replay_buffers.storages import TensorStorage
 
-from ._utils import _is_leaf
-from .workers import is_remote
+from .buffer_files import check_checkpointable, is_complete, load_replay_buffer, save_replay_buffer
 
 __all__ = [
     "BufferCheckpointCallback",
@@ -40,181 +25,7 @@ __all__ = [
     "save_replay_buffer",
 ]
 
-_FORMAT_FILE = "format.json"
-_FORMAT_VERSION = 1
 _CHECKPOINT_RE = re.compile(r"^checkpoint-(\d+)$")
-
-
-class _RowsCheckpointer(StorageCheckpointerBase):
-    """Saves a storage as its rows: what ``storage.get(range(len))`` returns, pickled."""
-
-    def dumps(self, storage: Any, path: Any) -> None:
-        path = Path(path)
-        path.mkdir(exist_ok=True)
-        n = len(storage)
-        rows = storage.get(list(range(n))) if n else None
-        with open(path / "rows.pt", "wb") as file:
-            torch.save({"len": n, "rows": rows}, file)
-
-    def loads(self, storage: Any, path: Any) -> None:
-        with open(Path(path) / "rows.pt", "rb") as file:
-            saved = torch.load(file, weights_only=False)  # our own file: rows hold strings
-        if len(storage):
-            storage._empty()
-        if saved["len"]:
-            storage.set(list(range(saved["len"])), saved["rows"])
-
-
-def _holds_text(storage: TensorStorage) -> bool:
-    if not storage.initialized:
-        return False
-    data = storage._storage
-    if not isinstance(data, TensorDictBase):
-        return False
-    leaves = data.keys(include_nested=True, leaves_only=True, is_leaf=_is_leaf)
-    return any(not isinstance(data.get(k), torch.Tensor) for k in leaves)  # text, History
-
-
-def _storage_format(replay_buffer: ReplayBuffer) -> str:
-    """``"rows"`` where torchrl's checkpointer would lose or refuse data, else ``"torchrl"``."""
-    storage = replay_buffer.storage
-    checkpointer = storage.checkpointer
-    if type(checkpointer) is ListStorageCheckpointer:
-        return "rows"
-    if type(checkpointer) is TensorStorageCheckpointer and (
-        not storage.initialized or _holds_text(storage)
-    ):
-        return "rows"
-    return "torchrl"  # torchrl's tensor checkpointer, or one the user chose
-
-
-def check_checkpointable(replay_buffer: Any, owner: str) -> None:
-    """Raises a clear error for a buffer these functions cannot save faithfully."""
-    if is_remote(replay_buffer):
-        raise TypeError(
-            f"{owner}: a {type(replay_buffer).__name__} lives in a Ray actor, which writes its "
-            "checkpoint on its own machine. Save it there with replay_buffer.dumps(path) (and "
-            ".loads(path) on resume) from a callback of your own."
-        )
-    if not isinstance(replay_buffer, ReplayBuffer):
-        raise TypeError(
-            f"{owner}: replay_buffer must be a torchrl ReplayBuffer, got "
-            f"{type(replay_buffer).__name__}."
-        )
-
-
-def _fsync_tree(root: Path) -> None:
-    for folder, _, files in os.walk(root):
-        for name in files:
-            with open(os.path.join(folder, name), "rb") as file:
-                os.fsync(file.fileno())
-        _fsync_dir(Path(folder))
-
-
-def _fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:  # pragma: no cover - platforms without directory handles
-        return
-    try:
-        os.fsync(fd)
-    except OSError:  # pragma: no cover
-        pass
-    finally:
-        os.close(fd)
-
-
-def save_replay_buffer(replay_buffer: ReplayBuffer, path: str | os.PathLike) -> Path:
-    """Saves ``replay_buffer`` at ``path``, atomically: ``path`` then holds all of it or is unchanged.
-
-    The buffer is written into a temporary directory beside ``path``, flushed to disk, and
-    renamed to ``path`` (an existing ``path`` is replaced). Writes from other threads through
-    the buffer's ``add``/``extend`` wait until the save is done. Load it with
-    :func:`load_replay_buffer` into a buffer built the same way.
-
-    Examples:
-        >>> import tempfile
-        >>> from torchrl.data import LazyTensorStorage
-        >>> from torchrl_trl_interop.testing import toy_buffer
-        >>> with tempfile.TemporaryDirectory() as tmp:
-        ...     path = save_replay_buffer(toy_buffer(5), f"{tmp}/rb")
-        ...     restored = toy_buffer(0, storage=LazyTensorStorage(5))  # built like the saved one
-        ...     load_replay_buffer(restored, path)
-        >>> restored[:]["x"].tolist()
-        [0, 1, 2, 3, 4]
-    """
-    check_checkpointable(replay_buffer, "save_replay_buffer")
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))
-    old: Path | None = None
-    try:
-        lock = getattr(replay_buffer, "_replay_lock", None) or nullcontext()
-        with lock:
-            fmt = _storage_format(replay_buffer)
-            storage = replay_buffer.storage
-            own = storage.checkpointer
-            if fmt == "rows":
-                storage.checkpointer = _RowsCheckpointer()
-            try:
-                replay_buffer.dumps(tmp / "buffer")
-            finally:
-                storage.checkpointer = own
-        with open(tmp / _FORMAT_FILE, "w") as file:
-            json.dump({"version": _FORMAT_VERSION, "storage": fmt}, file)
-        _fsync_tree(tmp)
-        if path.exists():
-            old = path.with_name(f".{path.name}.old-{os.getpid()}-{threading.get_ident()}")
-            os.replace(path, old)
-        os.replace(tmp, path)
-        _fsync_dir(path.parent)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        if old is not None and not path.exists():
-            os.replace(old, path)
-        raise
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
-    return path
-
-
-def is_complete(path: str | os.PathLike) -> bool:
-    """Whether ``path`` holds a buffer saved whole by :func:`save_replay_buffer`."""
-    return (Path(path) / _FORMAT_FILE).is_file()
-
-
-def load_replay_buffer(replay_buffer: ReplayBuffer, path: str | os.PathLike) -> None:
-    """Loads a buffer saved by :func:`save_replay_buffer` into ``replay_buffer``, replacing its content.
-
-    ``replay_buffer`` must be built like the saved one (storage type and size, sampler, writer).
-
-    Raises:
-        FileNotFoundError: if ``path`` holds no complete saved buffer.
-    """
-    check_checkpointable(replay_buffer, "load_replay_buffer")
-    path = Path(path)
-    if not is_complete(path):
-        raise FileNotFoundError(
-            f"load_replay_buffer: no saved replay buffer at {str(path)!r} (expected the "
-            f"directory written by save_replay_buffer, with a {_FORMAT_FILE!r} file). A save "
-            "interrupted by a crash leaves nothing there: resume from an earlier checkpoint "
-            "(last_complete_checkpoint(output_dir) finds the newest complete one)."
-        )
-    with open(path / _FORMAT_FILE) as file:
-        fmt = json.load(file)["storage"]
-    lock = getattr(replay_buffer, "_replay_lock", None) or nullcontext()
-    with lock:
-        storage = replay_buffer.storage
-        own = storage.checkpointer
-        if fmt == "rows":
-            storage.checkpointer = _RowsCheckpointer()
-        try:
-            replay_buffer.loads(path / "buffer")
-        finally:
-            storage.checkpointer = own
-    writer = replay_buffer.writer
-    if hasattr(writer, "_commit_log"):  # CommittedWriter: publish the restored length
-        writer._commit_log[1] = len(replay_buffer.storage)
 
 
 def last_complete_checkpoint(
@@ -250,7 +61,7 @@ class BufferCheckpointCallback:
     """A transformers ``TrainerCallback`` that saves a replay buffer with every trainer checkpoint.
 
     When the trainer is about to save ``output_dir/checkpoint-N``, the buffer is saved into
-    ``checkpoint-N/<dirname>`` (:func:`save_replay_buffer`: atomically, by the main process
+    ``checkpoint-N/<dirname>`` (``save_replay_buffer``: atomically, by the main process
     only), *before* the trainer writes its own files, so an older checkpoint is never rotated
     away (``save_total_limit``) before the new one holds the buffer. When ``trainer.train(
     resume_from_checkpoint=...)`` resumes, the buffer is loaded back in ``on_train_begin``, so
@@ -260,10 +71,12 @@ class BufferCheckpointCallback:
     has loaded that step's state by then); pass ``resume_from_checkpoint=`` here too when you
     resume from a checkpoint outside ``output_dir``.
 
-    With ``accelerator_config={"use_stateful_dataloader": True}`` (needs ``torchdata``) the
-    callback also saves each process's DataLoader ``state_dict`` (transformers does not), and
-    with ``ignore_data_skip=True`` loads it back on resume instead of letting the trainer skip
-    batches (``docs/scale.rst``, "Resuming", says which views this makes exact).
+    With a stateful DataLoader (``trainer.accelerator.dataloader_config.use_stateful_dataloader
+    = True`` before training, needs ``torchdata``; transformers 5.24's ``accelerator_config``
+    has no such key) the callback also saves each process's DataLoader ``state_dict``, which
+    transformers does not. With ``ignore_data_skip=True`` it loads it back on resume instead
+    of letting the trainer skip batches, which repeats and loses rows past the first epoch of a
+    dataset without a length (``docs/scale.rst``, "Resuming", has the figures).
 
     It is a ``TrainerCallback`` by protocol (every ``on_*`` event), not by inheritance, so
     that ``torchrl_trl_interop`` imports without ``transformers``.
@@ -393,12 +206,33 @@ class BufferCheckpointCallback:
             )
         load_replay_buffer(self.replay_buffer, path)
         loader = kwargs.get("train_dataloader")
-        if self.save_dataloader and args.ignore_data_skip and loader is not None:
-            file = self._dataloader_file(checkpoint)
-            if file.is_file() and getattr(loader, "use_stateful_dataloader", False):
-                with open(file, "rb") as handle:
-                    saved = torch.load(handle, weights_only=False)  # our own file
-                _resume_dataloader(loader, saved["state"], saved["epoch"])
+        if self.save_dataloader and loader is not None:
+            self._resume_data(args, checkpoint, loader)
+
+    def _resume_data(self, args: Any, checkpoint: Path, loader: Any) -> None:
+        stateful = getattr(loader, "use_stateful_dataloader", False)
+        file = self._dataloader_file(checkpoint)
+        if stateful and args.ignore_data_skip and file.is_file():
+            with open(file, "rb") as handle:
+                saved = torch.load(handle, weights_only=False)  # our own file
+            _resume_dataloader(loader, saved["state"], saved["epoch"])
+        elif stateful and not args.ignore_data_skip:
+            warnings.warn(
+                "BufferCheckpointCallback: the DataLoader is stateful but ignore_data_skip=False, "
+                "so the trainer resumes by skipping batches, which repeats and loses rows for a "
+                "dataset without a length. Set ignore_data_skip=True to resume from the saved "
+                "DataLoader state (docs/scale.rst, 'Resuming').",
+                stacklevel=2,
+            )
+        elif args.ignore_data_skip:
+            why = "no DataLoader state was saved" if stateful else "the DataLoader is not stateful"
+            warnings.warn(
+                f"BufferCheckpointCallback: ignore_data_skip=True but {why}: the data restarts "
+                "from the beginning of an epoch. Set "
+                "trainer.accelerator.dataloader_config.use_stateful_dataloader = True before "
+                "training (docs/scale.rst, 'Resuming').",
+                stacklevel=2,
+            )
 
 
 def _resume_dataloader(loader: Any, state: dict, epoch: int) -> None:
