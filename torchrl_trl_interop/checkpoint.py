@@ -244,8 +244,7 @@ def _resume_dataloader(loader: Any, state: dict, epoch: int) -> None:
     """
     if state.get("_iterator_finished"):
         epoch += 1  # saved at the end of a pass: the next pass starts afresh
-    else:
-        loader.load_state_dict(state)
+    loader.load_state_dict(state)  # (persistent workers keep the loaded epoch counters)
     set_epoch = loader.set_epoch
     shift: list[int] = []
 
