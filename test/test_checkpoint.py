@@ -194,6 +194,25 @@ class TestCallbackArguments:
         with pytest.raises(FileNotFoundError, match=r"Resume from '.*checkpoint-2'"):
             BufferCheckpointCallback(toy_buffer(2)).on_train_begin(args, state, None)
 
+    @pytest.mark.parametrize(
+        ("stateful", "ignore_data_skip", "match"),
+        [
+            (True, False, "resumes by skipping batches"),
+            (False, True, "the DataLoader is not stateful"),
+        ],
+    )
+    def test_resume_settings_that_cannot_restore_the_data_position_warn(
+        self, tmp_path, stateful, ignore_data_skip, match
+    ):
+        args = type("Args", (), {"output_dir": str(tmp_path), "ignore_data_skip": ignore_data_skip})
+        state = type("State", (), {"global_step": 2, "is_world_process_zero": True})
+        loader = type("Loader", (), {"use_stateful_dataloader": stateful})()
+        save_replay_buffer(toy_buffer(2), tmp_path / "checkpoint-2" / "replay_buffer")
+        rb = empty(2)
+        with pytest.warns(UserWarning, match=match):
+            BufferCheckpointCallback(rb).on_train_begin(args, state, None, train_dataloader=loader)
+        assert rb[:]["x"].tolist() == [0, 1]  # the buffer is restored all the same
+
 
 # -- kill and resume: a subprocess trains, SIGKILLs itself, a second one resumes -------------------
 
