@@ -26,6 +26,8 @@ _EXPORTS: dict[str, str] = {
     "split_columns": "columns",
     "build_preference_pairs": "preferences",
     "as_trl_rollout_func": "rollout_func",
+    "BufferCheckpointCallback": "checkpoint",
+    "last_complete_checkpoint": "checkpoint",
     # TRL -> TorchRL: reward models as modules, TRL data into buffers and environments
     "HFRewardModelWrapper": "reward_model",
     "RewardOutputError": "pooling",
