@@ -448,3 +448,48 @@ def toy_chat_env(
     for transform in transforms or []:
         env = env.append_transform(transform)
     return env
+
+
+# ---------------------------------------------------------------------------------------------
+# Generation apart from training (issue 13): a generator policy built in another process.
+# ---------------------------------------------------------------------------------------------
+
+__all__ += ["toy_generator_policy"]
+
+
+def toy_generator_policy(generation_config: Any = None, *, temperature: float = 1.0, seed: int = 0):
+    """A toy generator: :func:`toy_causal_lm` as a ``TrainerModelPolicy``, built where it is called.
+
+    Module-level (picklable through ``functools.partial``), so a
+    :class:`~torchrl_trl_interop.RemotePolicy` can build it in its own process. Its weights are
+    a fresh toy model's until the trainer's are pushed.
+
+    Args:
+        generation_config (GenerationConfig, optional): how to sample; for a trainer,
+            ``trainer_policy.trainer_generation_config(trainer, tokenizer)``. Defaults to 6 new
+            tokens, sampled.
+
+    Keyword Args:
+        temperature (float): the log-probs' temperature. Defaults to ``1.0``.
+        seed (int): the toy model's initialisation. Defaults to ``0``.
+
+    Examples:
+        >>> policy = toy_generator_policy()
+        >>> type(policy).__name__, policy.model.config.num_hidden_layers
+        ('TrainerModelPolicy', 1)
+    """
+    from transformers import GenerationConfig
+
+    from .trainer_policy import TrainerModelPolicy
+
+    tokenizer = toy_tokenizer(padding_side="left")
+    if generation_config is None:
+        generation_config = GenerationConfig(
+            max_new_tokens=6,
+            do_sample=True,
+            pad_token_id=tokenizer.pad_token_id,
+            eos_token_id=tokenizer.eos_token_id,
+            suppress_tokens=[tokenizer.pad_token_id, tokenizer.convert_tokens_to_ids(IM_START)],
+        )
+    model = toy_causal_lm(tokenizer=tokenizer, seed=seed)
+    return TrainerModelPolicy(model, tokenizer, generation_config, temperature)
