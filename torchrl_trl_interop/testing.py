@@ -454,7 +454,61 @@ def toy_chat_env(
 # Generation apart from training (issue 13): a generator policy built in another process.
 # ---------------------------------------------------------------------------------------------
 
-__all__ += ["toy_generator_policy"]
+__all__ += ["toy_generator_policy", "toy_primed_chat_env"]
+
+
+def _query_rows(rows: list[dict]) -> dict[str, list[str]]:
+    return {"query": [r["query"] for r in rows]}
+
+
+def toy_primed_chat_env(
+    tokenizer: PreTrainedTokenizerFast | None = None,
+    *,
+    prompts: list[str] | None = None,
+    repeats: int = 2,
+    batch_size: int = 2,
+    transforms: list | None = None,
+):
+    """A single-turn ``ChatEnv`` that serves its own prompts (a ``DataLoadingPrimer``), endlessly.
+
+    Each reset takes the next prompt batch (every prompt ``repeats`` times in a row, cycling over
+    ``prompts``); a ``StepCounter(max_steps=1)`` ends each episode after one answer. What a
+    collector needs to run on its own, apart from a trainer.
+
+    Keyword Args:
+        tokenizer: defaults to ``toy_tokenizer(padding_side="left")``.
+        prompts (list of str): defaults to :func:`toy_prompts`.
+        repeats (int): rows per prompt (GRPO's group size).
+        batch_size (int): the env's batch size.
+        transforms (list, optional): appended last (e.g. a reward transform).
+
+    Examples:
+        >>> env = toy_primed_chat_env(prompts=["Hi"], repeats=2)
+        >>> from torchrl_trl_interop.conversation import history_to_messages
+        >>> history_to_messages(env.reset()["history", "prompt"])[1]
+        [{'role': 'user', 'content': 'Hi'}]
+    """
+    import torch
+    from torchrl.envs import StepCounter
+    from torchrl.envs.llm import ChatEnv
+    from torchrl.envs.llm.transforms.dataloading import DataLoadingPrimer
+
+    tokenizer = tokenizer if tokenizer is not None else toy_tokenizer(padding_side="left")
+    prompts = prompts if prompts is not None else toy_prompts()
+    dataloader = torch.utils.data.DataLoader(
+        [{"query": p} for p in prompts],
+        batch_size=max(batch_size // repeats, 1),
+        shuffle=False,
+        collate_fn=_query_rows,
+    )
+    env = ChatEnv(batch_size=(batch_size,), tokenizer=tokenizer, input_mode="history")
+    env = env.append_transform(
+        DataLoadingPrimer(dataloader=dataloader, repeats=repeats, batch_size=(batch_size,))
+    )
+    env = env.append_transform(StepCounter(max_steps=1))
+    for transform in transforms or []:
+        env = env.append_transform(transform)
+    return env
 
 
 def toy_generator_policy(generation_config: Any = None, *, temperature: float = 1.0, seed: int = 0):

@@ -173,7 +173,7 @@ class WeightSyncCallback:
         if self.kind == "remote":
             self.target.update_policy_weights_(weights, policy_version=step)
         elif self.kind == "collector":
-            self.target.update_policy_weights_(weights)
+            self.target.update_policy_weights_(_as_policy_weights(self.target, weights))
             tracker = getattr(self.target, "policy_version_tracker", None)
             _set_version(tracker, step)
         elif self.kind == "scheme":
@@ -185,6 +185,17 @@ class WeightSyncCallback:
         _set_version(self.policy_version, step)
         self.version = step
         self.sync_seconds.append(time.perf_counter() - start)
+
+
+def _as_policy_weights(collector: Any, weights: TensorDictBase) -> TensorDictBase:
+    """A local collector updates its policy's weights: a torchrl LLM wrapper's model sits under
+    ``"model"`` (``TensorDict.from_module(wrapper)``), so the model's weights go there."""
+    policy = getattr(collector, "policy", None)
+    if isinstance(policy, torch.nn.Module) and isinstance(
+        getattr(policy, "model", None), torch.nn.Module
+    ):
+        return TensorDict({"model": weights}, batch_size=[])
+    return weights
 
 
 def _set_version(tracker: Any, step: int) -> None:
