@@ -164,10 +164,13 @@ class WeightSyncCallback:
             self.push(_unwrap(model), state.global_step, state)
         return control
 
-    def push(self, model: torch.nn.Module, step: int, state: Any = None) -> None:
-        """Pushes ``model``'s weights as version ``step`` (every rank calls; rank 0 sends)."""
+    def push(self, model: torch.nn.Module | TensorDictBase, step: int, state: Any = None) -> None:
+        """Pushes ``model``'s weights (or a weights TensorDict) as version ``step``.
+
+        With ``state`` (a ``TrainerState``), every rank gathers and only rank 0 sends.
+        """
         start = time.perf_counter()
-        weights = model_weights(model)
+        weights = model if isinstance(model, TensorDictBase) else model_weights(model)
         if state is not None and not getattr(state, "is_world_process_zero", True):
             return
         if self.kind == "remote":
