@@ -47,3 +47,11 @@ exclude_patterns = ["_build", "Thumbs.db", ".DS_Store", "sg_execution_times.rst"
 html_theme = "alabaster"
 html_theme_options = {"description": "Mix TorchRL and Hugging Face TRL piece by piece."}
 suppress_warnings = ["config.cache"]
+
+# The diagram of docs/remote.rst, drawn by a script at every build (never committed).
+_docs = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, _docs)
+from diagram_remote import draw  # noqa: E402
+
+os.makedirs(os.path.join(_docs, "generated"), exist_ok=True)
+draw(os.path.join(_docs, "generated", "remote_layouts.png"))

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import queue
 import sys
-import threading
 import time
 from functools import partial
 
@@ -24,76 +23,6 @@ pytestmark = [
 ]
 
 MAX_STALENESS = 1
-
-
-def answer_length(completions, **kwargs):
-    return [float(len(c[-1]["content"])) for c in completions]
-
-
-class Generator:
-    """The Ray actor: a collector writing into the buffer, weights pushed in by the trainer."""
-
-    def __init__(self, buffer_client):
-        from torchrl.collectors.llm import LLMCollector
-
-        from torchrl_trl_interop import as_reward_transform
-        from torchrl_trl_interop.testing import toy_generator_policy, toy_primed_chat_env
-
-        torch.set_num_threads(1)
-        env = toy_primed_chat_env(transforms=[as_reward_transform(answer_length)])
-        self.policy = toy_generator_policy(seed=1)
-        self.collector = LLMCollector(
-            env,
-            policy=self.policy,
-            dialog_turns_per_batch=4,
-            replay_buffer=buffer_client,
-            track_policy_version=True,
-        )
-        self.lock = threading.Lock()
-        self.stopped = threading.Event()
-
-    def run(self, max_batches):
-        batches = iter(self.collector)
-        for done in range(max_batches):
-            if self.stopped.is_set():
-                return done
-            with self.lock:  # no weight update in the middle of a batch
-                next(batches)
-        return max_batches
-
-    def stop(self):
-        self.stopped.set()
-
-    def update_weights(self, weights, version):
-        from torchrl_trl_interop import WeightSyncCallback
-
-        with self.lock:
-            WeightSyncCallback(self.collector).push(weights, version)
-        return self.collector.policy_version
-
-    def checksum(self):
-        from torchrl_trl_interop import weights_checksum
-
-        with self.lock:
-            return weights_checksum(self.policy.model)
-
-
-def grpo_step(model, optimizer, samples):
-    """One clipped-ratio GRPO step on RolloutSamples (old log-probs, group advantages)."""
-    losses = []
-    for s in samples:
-        ids = torch.as_tensor(s.input_ids)[None]
-        mask = torch.as_tensor(s.completion_mask[1:], dtype=torch.bool)
-        logps = model(input_ids=ids).logits[0, :-1].log_softmax(-1)
-        logps = logps.gather(-1, ids[0, 1:, None]).squeeze(-1)[mask]
-        ratio = (logps - torch.as_tensor(s.old_log_probs[1:])[mask]).exp()
-        clipped = ratio.clamp(0.8, 1.2)
-        losses.append(-torch.min(ratio * s.advantage, clipped * s.advantage).mean())
-    loss = torch.stack(losses).mean()
-    optimizer.zero_grad()
-    loss.backward()
-    optimizer.step()
-    return loss.item()
 
 
 @pytest.fixture(scope="module")
@@ -112,7 +41,12 @@ def test_trainer_reads_a_ray_collectors_buffer(ray_session):
     from torchrl.data import LazyStackStorage, RayReplayBuffer
 
     from torchrl_trl_interop import TorchRLRolloutWorker, weights_checksum
-    from torchrl_trl_interop.testing import toy_causal_lm, toy_tokenizer
+    from torchrl_trl_interop.testing import (
+        ToyGenerator,
+        toy_causal_lm,
+        toy_grpo_step,
+        toy_tokenizer,
+    )
     from torchrl_trl_interop.weight_sync import model_weights
 
     ray = ray_session
@@ -120,7 +54,7 @@ def test_trainer_reads_a_ray_collectors_buffer(ray_session):
         storage=partial(LazyStackStorage, 1000), batch_size=4, remote_config={"num_cpus": 1}
     )
     try:
-        generator = ray.remote(num_cpus=0, max_concurrency=3)(Generator).remote(rb.client())
+        generator = ray.remote(num_cpus=0, max_concurrency=3)(ToyGenerator).remote(rb.client())
         trainer_model = toy_causal_lm(tokenizer=toy_tokenizer())
         optimizer = torch.optim.SGD(trainer_model.parameters(), lr=0.5)
         assert ray.get(generator.update_weights.remote(model_weights(trainer_model), 0)) == 0
@@ -144,7 +78,7 @@ def test_trainer_reads_a_ray_collectors_buffer(ray_session):
                 continue
             consumed.extend(group)
             staleness.append(version - group[0].model_version)
-            losses.append(grpo_step(trainer_model, optimizer, group))
+            losses.append(toy_grpo_step(trainer_model, optimizer, group))
             version += 1
             weights = model_weights(trainer_model)
             assert ray.get(generator.update_weights.remote(weights, version)) == version
@@ -173,6 +107,6 @@ def test_trainer_reads_a_ray_collectors_buffer(ray_session):
         assert 0 <= min(staleness) and max(staleness) <= MAX_STALENESS
         assert max(s.model_version for s in consumed) >= 4
         # after the last push the generator holds the trainer's weights
-        assert ray.get(generator.checksum.remote()) == weights_checksum(trainer_model)
+        assert ray.get(generator.checksum.remote()) == (version, weights_checksum(trainer_model))
     finally:
         rb.close()

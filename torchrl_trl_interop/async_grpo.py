@@ -159,7 +159,10 @@ class TorchRLRolloutWorker:
             and policy is not None
             and not isinstance(policy, TrainerModelPolicy)
         ):
-            score_model = getattr(policy, "model", None)
+            from .weight_sync import policy_model
+
+            model = policy_model(policy)
+            score_model = model if model is not policy else None
         self.score_model = score_model or None
         if temperature is None:
             kwargs = getattr(policy, "generate_kwargs", None) or {}
@@ -346,9 +349,9 @@ class TorchRLRolloutWorker:
 
 def _policy_model(target: Any) -> Any:
     """The module whose parameters carry the HF names TRL streams (``model.layers.0...``)."""
-    policy = getattr(target, "policy", target)  # a collector's policy
-    model = getattr(policy, "model", None)
-    return model if isinstance(model, torch.nn.Module) else policy
+    from .weight_sync import policy_model
+
+    return policy_model(getattr(target, "policy", target))  # a collector's policy, or itself
 
 
 class TorchRLWeightTransfer:

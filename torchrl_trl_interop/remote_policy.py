@@ -30,27 +30,21 @@ _OWNER = "RemotePolicy"
 VERSION_KEY = "policy_version"
 
 
-def _model_of(policy: Any) -> torch.nn.Module:
-    """The module whose weights are synchronised: a torchrl LLM wrapper's ``.model``, or itself."""
-    model = getattr(policy, "model", None)
-    return model if isinstance(model, torch.nn.Module) else policy
-
-
 def _serve(policy_factory, scheme, requests, replies, num_threads) -> None:
     """The generator process: builds the policy, then serves calls and weight commits in order."""
-    from .weight_sync import weights_checksum
+    from .weight_sync import policy_model, weights_checksum
 
     if num_threads is not None:
         torch.set_num_threads(num_threads)
     try:
         policy = policy_factory()
-        model = _model_of(policy)
+        model = policy_model(policy)
         live = TensorDict.from_module(model).data
         staging = live.data.clone()  # torchrl's scheme writes here; commits copy it into `live`
         scheme.init_on_receiver(model_id="policy", model=staging, worker_idx=0)
         scheme.connect(worker_idx=0)  # the initial weights, received by value
         staging.update(staging.data.clone())  # own memory, not the sender's shared tensors
-        keys = {"in_keys": list(policy.in_keys), "out_keys": list(policy.out_keys)}
+        keys = {k: list(getattr(policy, k, [])) for k in ("in_keys", "out_keys")}
         replies.put(("ok", keys))
     except BaseException:  # noqa: BLE001 - reported to the trainer's process
         replies.put(("error", traceback.format_exc()))

@@ -21,9 +21,29 @@ from tensordict import TensorDict, TensorDictBase
 
 from ._utils import check_positive_int, require
 
-__all__ = ["WeightSyncCallback", "model_weights", "weights_checksum"]
+__all__ = ["WeightSyncCallback", "model_weights", "policy_model", "weights_checksum"]
 
 _OWNER = "WeightSyncCallback"
+
+
+def policy_model(policy: Any) -> Any:
+    """The module whose weights a policy samples with: a torchrl LLM wrapper's ``.model``.
+
+    A TensorDict module with a ``model`` (``TransformersWrapper``, ``vLLMWrapper``...) gives its
+    model; anything else (a Hugging Face model, an ``nn.Module``) is returned as is.
+
+    Examples:
+        >>> from tensordict.nn import TensorDictModule
+        >>> linear = torch.nn.Linear(2, 2)
+        >>> policy_model(linear) is linear
+        True
+    """
+    from tensordict.nn import TensorDictModuleBase
+
+    inner = getattr(policy, "model", None)
+    if isinstance(policy, TensorDictModuleBase) and isinstance(inner, torch.nn.Module):
+        return inner
+    return policy
 
 
 def model_weights(model: torch.nn.Module) -> TensorDictBase:
@@ -105,8 +125,8 @@ class WeightSyncCallback:
                                                   integer, is set to ``step``
     a ``torchrl.weight_update.WeightSyncScheme``  ``target.send(weights)`` (initialised on the
                                                   sender side and connected by the caller)
-    an ``nn.Module`` (a torchrl LLM wrapper, a    the weights are copied in place
-    model) in this process
+    an ``nn.Module`` (a torchrl LLM wrapper, a    the weights are copied in place (into a
+    model) in this process                        wrapper's ``.model``)
     ============================================  ===============================================
 
     Args:
@@ -184,7 +204,8 @@ class WeightSyncCallback:
         else:
             from torchrl.weight_update import WeightStrategy
 
-            WeightStrategy("tensordict").apply_weights(self.target, weights, inplace=True)
+            module = policy_model(self.target)
+            WeightStrategy("tensordict").apply_weights(module, weights, inplace=True)
         _set_version(self.policy_version, step)
         self.version = step
         self.sync_seconds.append(time.perf_counter() - start)
@@ -194,9 +215,7 @@ def _as_policy_weights(collector: Any, weights: TensorDictBase) -> TensorDictBas
     """A local collector updates its policy's weights: a torchrl LLM wrapper's model sits under
     ``"model"`` (``TensorDict.from_module(wrapper)``), so the model's weights go there."""
     policy = getattr(collector, "policy", None)
-    if isinstance(policy, torch.nn.Module) and isinstance(
-        getattr(policy, "model", None), torch.nn.Module
-    ):
+    if policy is not None and policy_model(policy) is not policy:
         return TensorDict({"model": weights}, batch_size=[])
     return weights
 
