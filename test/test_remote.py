@@ -207,3 +207,44 @@ def test_remote_policy_errors():
         WeightSyncCallback(torch.nn.Linear(2, 2), every_n_steps=0)
     with pytest.raises(ValueError, match="max_staleness must be None or an int >= 0"):
         as_trl_rollout_func(toy_chat_env(), max_staleness=-1)
+
+
+def _receive_into_linear(scheme, requests, replies):
+    """A receiver process: a model that torchrl's scheme updates; reports its checksum."""
+    model = torch.nn.Linear(4, 4)
+    scheme.init_on_receiver(model_id="policy", model=model, worker_idx=0)
+    scheme.connect(worker_idx=0)
+    replies.put(weights_checksum(model))
+    requests.get()  # wait while the sender pushes (the scheme's receiver thread applies)
+    replies.put(weights_checksum(model))
+
+
+def test_callback_sends_through_a_torchrl_scheme():
+    """WeightSyncCallback(scheme): a MultiProcessWeightSyncScheme set up by the caller."""
+    from torch import multiprocessing as mp
+    from torchrl.weight_update import MultiProcessWeightSyncScheme
+
+    from torchrl_trl_interop.weight_sync import model_weights
+
+    trainer_model = torch.nn.Linear(4, 4)
+    scheme = MultiProcessWeightSyncScheme()
+    scheme.init_on_sender(weights=model_weights(trainer_model).clone(), devices=["cpu"])
+    ctx = mp.get_context("spawn")
+    requests, replies = ctx.Queue(), ctx.Queue()
+    receiver = ctx.Process(
+        target=_receive_into_linear, args=(scheme, requests, replies), daemon=True
+    )
+    receiver.start()
+    try:
+        scheme.connect()
+        assert replies.get(timeout=60) == weights_checksum(trainer_model)
+        with torch.no_grad():
+            trainer_model.weight.add_(1.0)
+        callback = WeightSyncCallback(scheme)
+        callback.push(trainer_model, 3)  # blocks until the receiver acknowledged
+        requests.put("check")
+        assert replies.get(timeout=60) == weights_checksum(trainer_model)
+        assert callback.version == 3
+    finally:
+        receiver.join(timeout=30)
+        scheme.shutdown()

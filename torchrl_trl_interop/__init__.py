@@ -39,7 +39,7 @@ _EXPORTS: dict[str, str] = {
     "RemotePolicy": "remote_policy",
     "StaleRolloutError": "staleness",
     "TorchRLRolloutWorker": "async_grpo",
-    "TorchRLWeightTransfer": "async_grpo",
+    "TorchRLWeightTransfer": "weight_transfer",
     # reward functions, both ways
     "as_trl_reward_func": "trl_reward_func",
     "TRLRewardFuncWrapper": "reward_func_module",
