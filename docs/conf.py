@@ -156,6 +156,13 @@ copybutton_prompt_is_regexp = True
 copybutton_exclude = ".linenos, .gp, .go"
 suppress_warnings = ["config.cache"]
 
+# The diagram of docs/remote.rst, drawn by a script at every build (never committed).
+sys.path.insert(0, str(DOCS))
+from diagram_remote import draw  # noqa: E402
+
+(DOCS / "generated").mkdir(exist_ok=True)
+draw(str(DOCS / "generated" / "remote_layouts.png"))
+
 
 def _short_navbar_titles(app, pagename, templatename, context, doctree):
     """Top-bar entries use the page title up to its first ``:`` or ``,``.

@@ -35,6 +35,13 @@ _EXPORTS: dict[str, str] = {
     "replay_buffer_from_hf": "buffer_from_hf",
     "RewardTransform": "reward_transform",
     "as_reward_transform": "reward_transform",
+    # generation apart from training: weight sync, policy versions, TRL's AsyncGRPO seams
+    "WeightSyncCallback": "weight_sync",
+    "weights_checksum": "weight_sync",
+    "RemotePolicy": "remote_policy",
+    "StaleRolloutError": "staleness",
+    "TorchRLRolloutWorker": "async_grpo",
+    "TorchRLWeightTransfer": "weight_transfer",
     # reward functions, both ways
     "as_trl_reward_func": "trl_reward_func",
     "TRLRewardFuncWrapper": "reward_func_module",

@@ -29,6 +29,7 @@ __all__ = ["RolloutRow", "find_env_problem", "run_episodes"]
 _TOKENS_KEY = "tokens"
 _LOG_PROBS_KEY = "log_probs"
 _HISTORY_KEY = "history"
+_VERSION_KEY = "policy_version"
 _PROBE = "\x00torchrl_trl_interop\x00"
 
 
@@ -38,7 +39,9 @@ class RolloutRow:
 
     ``env_mask`` is 1 on the policy's tokens and 0 on the environment's (whose ``logprobs`` are
     0.0); ``history`` is the conversation as TRL messages up to the last policy turn;
-    ``env_reward`` the sum of the environment's rewards, ``None`` if it wrote none.
+    ``env_reward`` the sum of the environment's rewards, ``None`` if it wrote none;
+    ``policy_version`` the oldest ``"policy_version"`` the policy (or a torchrl ``PolicyVersion``
+    transform) stamped on the rollout's turns, ``None`` if none was.
     """
 
     prompt_ids: list[int] = field(default_factory=list)
@@ -47,6 +50,7 @@ class RolloutRow:
     env_mask: list[int] = field(default_factory=list)
     history: list[dict[str, Any]] = field(default_factory=list)
     env_reward: float | None = None
+    policy_version: int | None = None
     active: bool = True
 
     def extend(self, ids: Sequence[int], logprobs: Sequence[float] | None, from_env: bool) -> None:
@@ -183,9 +187,15 @@ class _Episodes:
                     "with the trainer's model."
                 )
         full = td.get((self.history_key, "full"))
+        versions = td.get(_VERSION_KEY, None)
+        if isinstance(versions, torch.Tensor):
+            versions = versions.reshape(len(rows), -1)[:, 0].tolist()
         for i, row in enumerate(rows):
             if not row.active:
                 continue
+            if versions is not None:
+                seen = row.policy_version
+                row.policy_version = int(versions[i]) if seen is None else min(seen, versions[i])
             ids = prompt[i].tolist()
             expected = row.prompt_ids + row.completion_ids
             if turn == 0:

@@ -18,6 +18,7 @@ from torchrl.modules.llm import TransformersWrapper
 
 from ._utils import as_key, check_bool, public_key, require
 from .episode import RolloutRow, find_env_problem, run_episodes
+from .staleness import check_max_staleness, check_staleness
 from .trainer_policy import (
     TrainerModelPolicy,
     check_same_tokenizer,
@@ -48,8 +49,10 @@ class _EnvRolloutFunc:
         recompute_logprobs: bool | None,
         reward_key: NestedKey,
         done_key: NestedKey,
+        max_staleness: int | None = None,
     ) -> None:
         self.env = env
+        self.max_staleness = max_staleness
         self.policy = policy
         self.max_turns = max_turns
         self.recompute_logprobs = recompute_logprobs
@@ -137,7 +140,7 @@ class _EnvRolloutFunc:
             )
         if recompute:
             self._rescore(trainer, tokenizer, rows)
-        return {
+        out = {
             "prompt_ids": [r.prompt_ids for r in rows],
             "completion_ids": [r.completion_ids for r in rows],
             "logprobs": [r.logprobs for r in rows],
@@ -145,6 +148,11 @@ class _EnvRolloutFunc:
             "history": [r.history for r in rows],
             "env_reward": [r.env_reward for r in rows],
         }
+        versions = [r.policy_version for r in rows]
+        if any(v is not None for v in versions):
+            out["policy_version"] = versions
+            check_staleness(versions, trainer, self.max_staleness, _OWNER)
+        return out
 
     @staticmethod
     def _rescore(trainer: Any, tokenizer: Any, rows: list[RolloutRow]) -> None:
@@ -169,6 +177,7 @@ def as_trl_rollout_func(
     recompute_logprobs: bool | None = None,
     reward_key: NestedKey = _REWARD_KEY,
     done_key: NestedKey = _DONE_KEY,
+    max_staleness: int | None = None,
 ):
     """Turns a TorchRL LLM environment into ``GRPOTrainer``'s rollout engine (``rollout_func=``).
 
@@ -229,6 +238,17 @@ def as_trl_rollout_func(
             ``("next", "reward")``.
         done_key (NestedKey, optional): the environment's done flag after a step. Defaults to
             ``("next", "done")``.
+        max_staleness (int, optional): with a policy that stamps ``"policy_version"`` (a
+            :class:`~torchrl_trl_interop.RemotePolicy` synced by
+            :class:`~torchrl_trl_interop.WeightSyncCallback`, or a torchrl ``PolicyVersion``
+            transform), the most optimizer steps a rollout's weights may lag behind the trainer
+            (``trainer.state.global_step - policy_version``). A call with an older row raises
+            :class:`~torchrl_trl_interop.StaleRolloutError`. Defaults to ``None`` (no bound; the
+            staleness is still recorded).
+
+    When the policy stamps versions, every row also has ``policy_version`` (reaching the reward
+    functions as a keyword) and the trainer logs ``rollout/staleness_mean`` and
+    ``rollout/staleness_max``.
 
     Returns:
         a callable ``rollout_func(prompts, trainer) -> dict`` for
@@ -301,4 +321,7 @@ def as_trl_rollout_func(
                 "answers per prompt; GRPOTrainer already repeats each prompt num_generations "
                 "times, so build it with num_samples=None."
             )
-    return _EnvRolloutFunc(env, policy, max_turns, recompute_logprobs, reward_key, done_key)
+    check_max_staleness(max_staleness, _OWNER)
+    return _EnvRolloutFunc(
+        env, policy, max_turns, recompute_logprobs, reward_key, done_key, max_staleness
+    )

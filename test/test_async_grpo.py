@@ -1,0 +1,210 @@
+"""TRL's AsyncGRPO seams over TorchRL: ``TorchRLRolloutWorker`` and ``TorchRLWeightTransfer``.
+
+``AsyncGRPOTrainer`` itself cannot run here (it needs a vLLM server and loads an FA3 kernel from
+the Hub for its tree attention), so these tests drive the two objects the way it does
+(``_TrainBeginCallback``, ``_sync_weight_merged``: pause, send, resume, version + 1,
+``update_model_version``) and read the queue with TRL's own ``RolloutQueueDataset``.
+"""
+
+from __future__ import annotations
+
+import inspect
+import time
+from collections import defaultdict
+
+import numpy as np
+import pytest
+import torch
+
+from torchrl_trl_interop import TorchRLRolloutWorker, TorchRLWeightTransfer, as_reward_transform
+from torchrl_trl_interop.testing import toy_causal_lm, toy_primed_chat_env, toy_tokenizer
+
+pytestmark = pytest.mark.filterwarnings("ignore:You are importing from 'trl.experimental'")
+
+TOL = 1e-4
+
+
+def answer_length(completions, **kwargs):
+    return [float(len(c[-1]["content"])) for c in completions]
+
+
+def own_logprobs(model, input_ids, mask):
+    ids = torch.as_tensor(input_ids)[None]
+    with torch.no_grad():
+        scores = model(input_ids=ids).logits[0].float().log_softmax(-1)
+    mask = torch.as_tensor(mask, dtype=torch.bool)
+    out = torch.zeros(len(input_ids))
+    out[1:] = scores[:-1].gather(-1, ids[0, 1:, None]).squeeze(-1)
+    return out.masked_fill(~mask, 0.0)
+
+
+def trl_named_params(model):
+    """What AsyncGRPOTrainer streams: trainable parameters by their HF names."""
+    from trl.experimental.async_grpo.async_grpo_trainer import _iter_vllm_named_params
+
+    return ((name, p.detach()) for name, p in _iter_vllm_named_params(model))
+
+
+def snapshot(model):
+    copy = toy_causal_lm(tokenizer=toy_tokenizer())
+    copy.load_state_dict({k: v.detach().clone() for k, v in model.state_dict().items()})
+    return copy
+
+
+@pytest.fixture
+def collector_setup():
+    from torchrl.collectors.llm import LLMCollector
+    from torchrl.modules.llm import TransformersWrapper
+
+    tok = toy_tokenizer(padding_side="left")
+    env = toy_primed_chat_env(
+        tok, repeats=2, batch_size=2, transforms=[as_reward_transform(answer_length)]
+    )
+    # torchrl's own wrapper: its first response log-prob is 0.0, the worker rescores
+    policy = TransformersWrapper(
+        toy_causal_lm(tokenizer=tok, seed=1),
+        tokenizer=tok,
+        input_mode="history",
+        generate=True,
+        generate_kwargs={"max_new_tokens": 4, "do_sample": True},
+        pad_output=False,
+    )
+    collector = LLMCollector(
+        env, policy=policy, dialog_turns_per_batch=4, track_policy_version=True
+    )
+    yield collector, policy
+    collector.shutdown()
+
+
+def sync(transfer, worker, trainer_model, trainer_version):
+    """``AsyncGRPOTrainer._sync_weight_merged`` on rank 0, without the vLLM client."""
+    transfer.pause()
+    transfer.send_weights(trl_named_params(trainer_model))
+    transfer.resume()
+    worker.update_model_version(trainer_version + 1)
+    return trainer_version + 1
+
+
+def test_protocols_are_implemented():
+    from trl.experimental.async_grpo.async_grpo_trainer import (
+        RolloutWorkerProtocol,
+        WeightTransferProtocol,
+    )
+
+    for protocol, cls in (
+        (RolloutWorkerProtocol, TorchRLRolloutWorker),
+        (WeightTransferProtocol, TorchRLWeightTransfer),
+    ):
+        for name, member in vars(protocol).items():
+            if callable(member) and not name.startswith("_"):
+                ours = inspect.signature(getattr(cls, name))
+                assert list(ours.parameters) == list(inspect.signature(member).parameters), name
+    worker = TorchRLRolloutWorker(toy_primed_chat_env(), num_generations=2)
+    assert {"rollout_buffer", "metrics_queue"} <= set(vars(worker))
+
+
+def test_worker_over_a_collector(collector_setup):
+    from trl.experimental.async_grpo.async_grpo_trainer import RolloutQueueDataset
+    from trl.experimental.async_grpo.async_rollout_worker import RolloutSample
+
+    collector, policy = collector_setup
+    trainer_model = toy_causal_lm(tokenizer=toy_tokenizer())  # seed 0: not the policy's weights
+    worker = TorchRLRolloutWorker(collector, num_generations=2)
+    transfer = TorchRLWeightTransfer(collector, worker=worker)
+
+    # _TrainBeginCallback: init, cold sync (version 0 -> 1), start
+    transfer.init_weight_transfer()
+    version = sync(transfer, worker, trainer_model, 0)
+    assert version == worker.model_version == transfer.version == 1
+    assert collector.policy_version == 1
+    assert set(transfer.sent_names) == {n for n, _ in trainer_model.named_parameters()}
+    snapshots = {1: snapshot(trainer_model)}
+    worker.start()
+
+    def take(n):
+        samples = []
+        deadline = time.monotonic() + 120
+        while len(samples) < n and time.monotonic() < deadline:
+            worker.check_health(stale_after_s=120)
+            try:
+                samples.append(worker.rollout_buffer.get(timeout=1))
+            except Exception:  # noqa: BLE001 - queue.Empty
+                continue
+        assert len(samples) == n
+        return samples
+
+    first = take(4)
+    # one optimizer step on the trainer's model, then the second sync (version 2)
+    with torch.no_grad():
+        for p in trainer_model.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    version = sync(transfer, worker, trainer_model, version)
+    snapshots[2] = snapshot(trainer_model)
+    later = take(12)
+    worker.stop()
+    assert worker.metrics_queue.get_nowait() == {"rollout/groups_total": 1.0}
+
+    samples = first + later
+    assert all(isinstance(s, RolloutSample) for s in samples)
+    assert {s.model_version for s in first} == {1}
+    assert samples[-1].model_version == 2  # the versions advanced after the push
+    groups = defaultdict(list)
+    for s in samples:
+        groups[s.group_id].append(s)
+        mask = s.completion_mask
+        assert s.input_ids.dtype == np.int64 and mask.dtype == np.int64
+        assert s.old_log_probs.dtype == np.float32 and len(s.old_log_probs) == len(s.input_ids)
+        n_prompt = int((mask == 0).sum())
+        assert mask.tolist() == [0] * n_prompt + [1] * (len(mask) - n_prompt)
+        assert s.prompt[-1]["role"] == "user" and s.completion[-1]["role"] == "assistant"
+        assert s.metrics["reward"] == float(len(s.completion[-1]["content"]))
+        # old log-probs are the behaviour policy's at that version, the first token included
+        own = own_logprobs(snapshots[s.model_version], s.input_ids, mask)
+        torch.testing.assert_close(torch.from_numpy(s.old_log_probs), own, atol=TOL, rtol=0)
+        assert s.old_log_probs[n_prompt] != 0.0
+    assert sorted(groups) == list(range(len(groups)))
+    for group in groups.values():
+        assert len(group) == 2
+        assert len({tuple(s.input_ids[(s.completion_mask == 0)]) for s in group}) == 1
+        rewards = np.array([s.metrics["reward"] for s in group])
+        expected = (rewards - rewards.mean()) / (rewards.std() + 1e-8)
+        np.testing.assert_allclose([s.advantage for s in group], expected, atol=1e-6)
+
+    # TRL's consumer reads our queue; at trainer version 2 with max_staleness=0 it drops v1
+    for s in samples:
+        worker.rollout_buffer.put(s)
+    from accelerate import PartialState
+
+    PartialState()  # TRL's dataset logs through accelerate, as inside its trainer
+    metrics = defaultdict(list)
+    dataset = RolloutQueueDataset(
+        worker.rollout_buffer, lambda: 2, lambda _: None, 60, metrics, max_staleness=0
+    )
+    fresh = [s for s in samples if s.model_version == 2]
+    stream = iter(dataset)
+    read = [next(stream) for _ in fresh]
+    assert [r["group_id"] for r in read] == [s.group_id for s in fresh]
+    assert all(np.array_equal(r["old_log_probs"], s.old_log_probs) for r, s in zip(read, fresh))
+    assert len(metrics["sample/dropped_stale_total"]) == len(samples) - len(fresh)
+
+
+def test_check_health_reports_a_failed_thread():
+    class Broken:
+        policy = None
+        update_policy_weights_ = None
+
+        def __iter__(self):
+            raise ValueError("the environment broke")
+
+    worker = TorchRLRolloutWorker(Broken(), num_generations=2, score_model=False)
+    with pytest.raises(RuntimeError, match="not running"):
+        worker.check_health(10)
+    worker.start()
+    worker._thread.join(timeout=10)
+    with pytest.raises(RuntimeError, match="rollout thread failed") as info:
+        worker.check_health(10)
+    assert "the environment broke" in str(info.value.__cause__)
+    with pytest.raises(TypeError, match="holds no module"):
+        TorchRLWeightTransfer("a policy")
+    with pytest.raises(ValueError, match="num_generations must be a positive int"):
+        TorchRLRolloutWorker(Broken(), num_generations=0)
