@@ -13,7 +13,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from tensordict import lazy_stack, set_list_to_stack
+from tensordict import (
+    LazyStackedTensorDict,
+    NonTensorData,
+    TensorDict,
+    lazy_stack,
+    set_list_to_stack,
+)
 
 if TYPE_CHECKING:  # pragma: no cover
     from torchrl.data.llm import History
@@ -117,7 +123,27 @@ def history_to_messages(history: History, *, keep_system: bool = True) -> list:
             "history_to_messages got a History with batch_size=[] (a single message, no turn "
             "dimension). Add the turn dimension first: history.unsqueeze(0)."
         )
-    return _zip_turns(history.role, history.content, history.ndim - 1, keep_system)
+    td = history._tensordict
+    roles = _field_lists(td, "role", history.ndim)
+    contents = _field_lists(td, "content", history.ndim)
+    return _zip_turns(roles, contents, history.ndim - 1, keep_system)
+
+
+def _field_lists(td: Any, field: str, ndim: int) -> Any:
+    """The values of a History's ``field`` as nested lists (``ndim`` levels), read in one walk.
+
+    What ``history.<field>`` followed by ``tolist()`` gives, without building a stacked
+    ``NonTensorStack`` per batch through the tensorclass: lazy stacks along their first dim are
+    walked down to the per-turn TensorDicts, whose ``NonTensorData`` payloads are read directly.
+    Any other layout falls back to tensordict's own ``tolist``.
+    """
+    if ndim == 0:
+        value = td._tensordict.get(field) if type(td) is TensorDict else None
+        if type(value) is NonTensorData:
+            return value._non_tensordict["data"]
+    elif type(td) is LazyStackedTensorDict and td.stack_dim == 0:
+        return [_field_lists(sub, field, ndim - 1) for sub in td.tensordicts]
+    return td.get(field).tolist()
 
 
 def _check_message_list(messages: Any, where: str) -> None:
