@@ -21,6 +21,8 @@ from tensordict import (
     set_list_to_stack,
 )
 
+from ._utils import row_entries
+
 if TYPE_CHECKING:  # pragma: no cover
     from torchrl.data.llm import History
 
@@ -123,10 +125,62 @@ def history_to_messages(history: History, *, keep_system: bool = True) -> list:
             "history_to_messages got a History with batch_size=[] (a single message, no turn "
             "dimension). Add the turn dimension first: history.unsqueeze(0)."
         )
-    td = history._tensordict
-    roles = _field_lists(td, "role", history.ndim)
-    contents = _field_lists(td, "content", history.ndim)
+    roles, contents = history_fields(history)
     return _zip_turns(roles, contents, history.ndim - 1, keep_system)
+
+
+def history_fields(history: History) -> tuple[Any, Any]:
+    """``(roles, contents)`` of a History as nested lists (one level per batch dimension), as
+    ``history.role`` and ``history.content`` give them, read from the stack's lists in one walk."""
+    td = history._tensordict
+    if history.ndim == 1:
+        fields = _turn_fields(td)
+        if fields is not None:
+            return fields
+    if history.ndim == 2 and type(td) is LazyStackedTensorDict and td.stack_dim == 0:
+        rows = [_turn_fields(row) for row in td.tensordicts]
+        if all(row is not None for row in rows):
+            return [r for r, _ in rows], [c for _, c in rows]
+    return _field_lists(td, "role", history.ndim), _field_lists(td, "content", history.ndim)
+
+
+def _turn_fields(td: Any) -> tuple[list, list] | None:
+    """``(roles, contents)`` of one conversation's turns held as a lazy stack of per-turn
+    TensorDicts (what ``History.from_chats`` and TorchRL's wrappers build), read in one loop;
+    ``None`` for any other layout."""
+    if type(td) is not LazyStackedTensorDict or td.stack_dim != 0:
+        return None
+    roles, contents = [], []
+    for turn in td.tensordicts:
+        if type(turn) is not TensorDict or turn._batch_size:
+            return None
+        fields = turn._tensordict
+        role, content = fields.get("role"), fields.get("content")
+        if type(role) is not NonTensorData or type(content) is not NonTensorData:
+            return None
+        roles.append(role._non_tensordict["data"])
+        contents.append(content._non_tensordict["data"])
+    return roles, contents
+
+
+def messages_of(roles: list, contents: list) -> list:
+    """Message lists from per-row ``roles`` and ``contents`` (as :func:`history_column` gives)."""
+    return _zip_turns(roles, contents, 1, True)
+
+
+def history_column(batch: Any, key: tuple[str, ...]) -> tuple[list, list] | None:
+    """``(roles, contents)`` per row of the ``[T]`` Histories at ``key`` of a lazy stack of
+    rows (what TorchRL's LLM storages return), without building the stacked History; ``None``
+    for any other layout (read ``batch.get(key)`` then)."""
+    from torchrl.data.llm import History
+
+    rows = row_entries(batch, key)
+    if rows is None or not all(type(h) is History for h in rows):
+        return None
+    fields = [_turn_fields(h._tensordict) for h in rows]
+    if not all(f is not None for f in fields):
+        return None
+    return [r for r, _ in fields], [c for _, c in fields]
 
 
 def _field_lists(td: Any, field: str, ndim: int) -> Any:

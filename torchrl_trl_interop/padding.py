@@ -12,7 +12,16 @@ from collections.abc import Sequence
 import torch
 from torch.nn.utils.rnn import pad_sequence
 
-__all__ = ["pack_right", "pad_rows", "position_mask", "split_rows", "trim_bounds", "trim_row"]
+__all__ = [
+    "length_buckets",
+    "pack_right",
+    "pad_rows",
+    "position_mask",
+    "split_rows",
+    "trim_bounds",
+    "trim_row",
+    "unbucket",
+]
 
 
 def trim_bounds(mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -159,3 +168,35 @@ def pack_right(ids: torch.Tensor, real: torch.Tensor) -> tuple[torch.Tensor, tor
     rows, cols = real.nonzero(as_tuple=True)
     out[rows, real.cumsum(-1)[rows, cols] - 1] = ids[rows, cols]
     return out, lengths
+
+
+def length_buckets(lengths: torch.Tensor, max_batch_size: int | None) -> list[torch.Tensor] | None:
+    """Row indices sorted by length (stable) and cut into buckets of at most ``max_batch_size``.
+
+    Each bucket then pads only to its own longest row. ``None`` when one bucket holds every row
+    (``max_batch_size`` is ``None`` or at least the number of rows). :func:`unbucket` puts
+    per-bucket results back in row order.
+
+    Examples:
+        >>> import torch
+        >>> length_buckets(torch.tensor([5, 1, 4, 2]), 2)
+        [tensor([1, 3]), tensor([2, 0])]
+        >>> length_buckets(torch.tensor([5, 1]), None) is None
+        True
+    """
+    if max_batch_size is None or lengths.shape[0] <= max_batch_size:
+        return None
+    return list(torch.sort(lengths, stable=True).indices.split(max_batch_size))
+
+
+def unbucket(values: Sequence[torch.Tensor], buckets: Sequence[torch.Tensor]) -> torch.Tensor:
+    """Concatenates per-bucket ``values`` and returns them in the original row order.
+
+    Examples:
+        >>> import torch
+        >>> buckets = length_buckets(torch.tensor([5, 1, 4, 2]), 2)
+        >>> unbucket([torch.tensor([10.0, 30.0]), torch.tensor([20.0, 0.0])], buckets)
+        tensor([ 0., 10., 20., 30.])
+    """
+    index = torch.cat(list(buckets)).to(values[0].device)
+    return torch.cat(list(values))[torch.argsort(index)]
