@@ -149,25 +149,20 @@ def pack_right(ids: torch.Tensor, real: torch.Tensor) -> tuple[torch.Tensor, tor
     """Packs the real tokens of every row at its start, in order: ``(ids [N, T], lengths [N])``.
 
     This is right padding whatever the input layout: positions are those of the row alone. ``T``
-    is the longest row; positions past a row's length hold ``0``. Input that is already
-    right-padded is only sliced.
+    is the input's width; positions past a row's length hold ``0``. No value is read back to
+    the host (a stable sort moves the real tokens first), so nothing waits for the device.
 
     Examples:
         >>> import torch
         >>> ids = torch.tensor([[0, 0, 5, 6], [7, 8, 9, 0]])
         >>> pack_right(ids, ids != 0)
-        (tensor([[5, 6, 0],
-                [7, 8, 9]]), tensor([2, 3]))
+        (tensor([[5, 6, 0, 0],
+                [7, 8, 9, 0]]), tensor([2, 3]))
     """
     lengths = real.sum(-1)
-    width = int(lengths.max()) if lengths.numel() else 0
-    prefix = position_mask(lengths, ids.shape[-1])
-    if torch.equal(real, prefix):
-        return ids[:, :width], lengths
-    out = ids.new_zeros(ids.shape[0], width)
-    rows, cols = real.nonzero(as_tuple=True)
-    out[rows, real.cumsum(-1)[rows, cols] - 1] = ids[rows, cols]
-    return out, lengths
+    order = torch.argsort((~real).to(torch.uint8), dim=-1, stable=True)
+    packed = ids.gather(-1, order).masked_fill_(~position_mask(lengths, ids.shape[-1]), 0)
+    return packed, lengths
 
 
 def length_buckets(lengths: torch.Tensor, max_batch_size: int | None) -> list[torch.Tensor] | None:
