@@ -127,6 +127,19 @@ def test_as_hf_dataset_rows_match_the_row_by_row_path(schema):
     assert ds.as_hf_dataset().features == features
 
 
+def test_streaming_view_can_still_be_cast():
+    """Rows are handed over already typed, but a cast of the view still applies to them."""
+    from datasets import Value
+
+    rb = ReplayBuffer(storage=LazyTensorStorage(4))
+    rb.extend(TensorDict({"x": torch.arange(4)}, batch_size=[4]))
+    hf = TorchRLBufferDataset(rb, 2, epoch=True).as_hf_dataset(num_shards=1)
+    assert [r["x"] for r in hf] == [0, 1, 2, 3]
+    cast = hf.cast_column("x", Value("float32"))
+    assert [r["x"] for r in cast] == [0.0, 1.0, 2.0, 3.0]
+    assert all(isinstance(r["x"], float) for r in cast)
+
+
 def test_llm_rows_with_history(tmp_path):
     """TorchRL's LLM layout: ragged tokens and mask, a History, a text, nested keys."""
     with set_list_to_stack(True):

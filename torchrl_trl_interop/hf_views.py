@@ -128,8 +128,8 @@ class BufferExamplesIterable(_BaseExamplesIterable):
         num_slots (int): slots of the whole view.
         epoch (int, optional): the pass's epoch, set by ``shuffle_data_sources``. Defaults to 0.
         features (Features, optional): the rows' features. Rows are built with these types
-            already, so ``datasets`` does not encode and decode every row again. Defaults to
-            ``None`` (``datasets`` infers them).
+            already, so ``datasets`` does not encode and decode every row again (unless the view
+            is cast to other features). Defaults to ``None`` (``datasets`` infers them).
     """
 
     def __init__(
@@ -148,11 +148,9 @@ class BufferExamplesIterable(_BaseExamplesIterable):
         self._features = features
 
     @property
-    def is_typed(self) -> bool:
-        return self._features is not None
-
-    @property
     def features(self) -> Features | None:
+        # equal to the view's features: ``datasets`` then yields the rows as they are, without
+        # encoding and decoding each one; a view cast to other features still casts them
         return self._features
 
     def _copy(self, **changes: Any) -> BufferExamplesIterable:

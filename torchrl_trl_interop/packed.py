@@ -160,7 +160,7 @@ def _python_values(column: PackedColumn) -> list:
         values = column.values
         if values.dtype == torch.bfloat16:
             values = values.float()  # what a bfloat16 row's tolist() gives
-        flat = values.tolist()
+        flat = values.numpy().tolist()  # numpy builds Python lists faster than torch
         return flat if column.lengths is None else _split(flat, column.lengths)
     if column.kind == "history":
         roles, contents = column.values

@@ -269,11 +269,15 @@ class TorchRLBufferDataset(torch.utils.data.IterableDataset):
     def _iter_hf_slots(
         self, slots: list[int], num_slots: int, epoch: int, skip: int
     ) -> Iterator[dict[str, Any]]:
-        """What a Hugging Face view reads: ``datasets`` gives the slots, epoch and position."""
+        """What a Hugging Face view reads: ``datasets`` gives the slots, epoch and position.
+
+        Called from the view's own generator, so it hands back the pass's iterator as is (one
+        generator level less per row).
+        """
         info = self._shard_info()
         copies = info.num_workers if num_slots > 1 else 1  # sampler copies: one per worker
         base = stream_base(self._mode, num_slots, info)
-        yield from read_pass(
+        return read_pass(
             self._reader,
             self._mode,
             slots,
