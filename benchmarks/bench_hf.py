@@ -251,6 +251,26 @@ def statistics_median(values: list[float]) -> float:
 # -- scaling: each point in its own process, so that peak RSS is its own ----------------------
 
 
+def status_mib(field: str) -> float:
+    """A memory figure of this process from ``/proc/self/status``, in MiB."""
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) / 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def reset_peak_rss() -> float:
+    """Resets the process's peak RSS to its current RSS (Linux), so that the peak measured next
+    is the path's own; returns the current RSS in MiB."""
+    try:
+        with open("/proc/self/clear_refs", "w") as refs:
+            refs.write("5")
+    except OSError:  # not Linux: the peak includes what came before
+        pass
+    return status_mib("VmRSS")
+
+
 def scale_point(kind: str, rows: int) -> dict:
     torch.set_num_threads(1)
     # imports and first-call set-up are not part of the figure
@@ -258,7 +278,7 @@ def scale_point(kind: str, rows: int) -> dict:
     touch_rows(TorchRLBufferDataset(dense_buffer(256), 256, epoch=True).as_hf_dataset())
     rb = dense_buffer(rows)
     gc.collect()
-    base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    base = reset_peak_rss()
     ds = TorchRLBufferDataset(rb, 256, epoch=True)
     start, cpu = time.perf_counter(), time.process_time()
     if kind == "to_hf_dataset":
@@ -274,8 +294,7 @@ def scale_point(kind: str, rows: int) -> dict:
         n = touch_rows(ds.as_hf_dataset())
     seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
     assert n == rows, (kind, n, rows)
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    return {"seconds": seconds, "cpu": cpu, "peak": peak, "buffer": base}
+    return {"seconds": seconds, "cpu": cpu, "peak": status_mib("VmHWM"), "buffer": base}
 
 
 def scaling(sizes: list[int]) -> None:
@@ -283,21 +302,24 @@ def scaling(sizes: list[int]) -> None:
     print()
     print(
         f"Scaling, rows of {WIDTH} int64 tokens + a bool mask (`LazyTensorStorage`), each point "
-        "in a fresh process: CPU and wall seconds, peak RSS, and the peak before the path ran "
-        "(imports and the buffer)."
+        "in a fresh process: CPU and wall seconds, the peak RSS while the path ran, and the RSS "
+        "just before it (imports and the buffer)."
     )
     print()
-    print("| rows | path | CPU s | wall s | rows/s (CPU) | peak RSS (MiB) | before (MiB) |")
+    print("| rows | path | CPU s | wall s | rows/s (CPU) | peak RSS (MiB) | RSS before (MiB) |")
     print("|---:|---|---:|---:|---:|---:|---:|")
     for rows in sizes:
         for kind in kinds:
-            out = subprocess.run(
+            done = subprocess.run(
                 [sys.executable, __file__, "--point", kind, str(rows)],
                 capture_output=True,
                 text=True,
-                check=True,
-            ).stdout.strip()
-            p = json.loads(out.splitlines()[-1])
+            )
+            if done.returncode != 0:
+                error = (done.stderr.strip().splitlines() or ["?"])[-1]
+                print(f"| {rows:,} | {kind} | failed: {error[:80]} | | | | |", flush=True)
+                continue
+            p = json.loads(done.stdout.strip().splitlines()[-1])
             print(
                 f"| {rows:,} | {kind} | {p['cpu']:.2f} | {p['seconds']:.2f} | "
                 f"{rows / p['cpu']:,.0f} | {p['peak']:.0f} | {p['buffer']:.0f} |",
@@ -313,6 +335,7 @@ def main() -> None:
     parser.add_argument("--iter-rows", type=int, default=20_000)
     parser.add_argument("--scale", type=int, nargs="*", default=[10_000, 100_000])
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--only-scale", action="store_true", help="skip the table of ratios")
     parser.add_argument("--point", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.point:
@@ -322,7 +345,8 @@ def main() -> None:
         args.repeats, args.dense_rows, args.llm_rows, args.iter_rows = 1, 5_000, 500, 2_048
         args.scale = [10_000]
     torch.set_num_threads(1)
-    main_table(args)
+    if not args.only_scale:
+        main_table(args)
     if args.scale:
         scaling(args.scale)
 
