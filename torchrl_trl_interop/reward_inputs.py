@@ -194,10 +194,7 @@ def read_tokens(td: TensorDictBase, token_key: Key, mask_key: Key | None) -> Pac
             f"{_OWNER}: token_key={public_key(token_key)!r} holds {ids.dtype} values; expected "
             "integer token ids."
         )
-    if tok_lengths is not None:
-        real = position_mask(tok_lengths, ids.shape[-1])
-    else:
-        real = torch.ones(ids.shape, dtype=torch.bool, device=ids.device)
+    real = None if tok_lengths is None else position_mask(tok_lengths, ids.shape[-1])
     if mask_key is not None:
         mask_value = get_entry(td, mask_key, "attention_mask_key", _OWNER)
         mask, mask_lengths, mask_shape = _read_padded(
@@ -206,7 +203,10 @@ def read_tokens(td: TensorDictBase, token_key: Key, mask_key: Key | None) -> Pac
         _check_mask(
             token_key, mask_key, ids, tok_lengths, batch_shape, mask, mask_lengths, mask_shape
         )
-        real = real & (mask != 0).to(real.device)
+        attended = (mask != 0).to(ids.device)
+        real = attended if real is None else real & attended
+    if real is None:
+        real = torch.ones(ids.shape, dtype=torch.bool, device=ids.device)
     ids, lengths = pack_right(ids.long(), real)
     hint = f"their {public_key(mask_key)!r} mask is all zero" if mask_key else "they are empty"
     return PackedInput(ids, lengths, batch_shape, td.device or _value_device(value), hint)
