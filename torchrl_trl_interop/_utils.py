@@ -141,11 +141,14 @@ def row_entries(batch: Any, key: Key) -> list | None:
     if not (hasattr(batch, "tensordicts") and getattr(batch, "stack_dim", None) == 0):
         return None
     out = []
-    for td in batch.tensordicts:
-        node = td
-        for part in key:
-            node = node._tensordict[part] if type(node) is TensorDict else node.get(part)
-        out.append(node)
+    try:
+        for td in batch.tensordicts:
+            node = td
+            for part in key:
+                node = node._tensordict[part] if type(node) is TensorDict else node.get(part)
+            out.append(node)
+    except (KeyError, RuntimeError):  # e.g. a nested ragged stack that cannot be read whole
+        return None
     return out
 
 

@@ -83,6 +83,7 @@ def _dense_column(value: torch.Tensor, bounds: Any) -> PackedColumn:
     if bounds is not None:
         first, last, mask_shape = bounds
         if len(mask_shape) == 2 and value.shape[:2] == mask_shape and mask_shape[0] > 0:
+            first, last = first.cpu(), last.cpu()
             positions = torch.arange(mask_shape[1])
             keep = (positions >= first[:, None]) & (positions < last[:, None])
             return PackedColumn("tensor", value[keep], (last - first).tolist())
