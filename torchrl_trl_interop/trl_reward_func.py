@@ -290,7 +290,9 @@ def as_trl_reward_func(
             by text length (prompt + completion) and cut into buckets of this size, so a reward
             model pads each call only to its own longest row; rewards come back in the original
             order. ``None`` scores all rows in one call (for a module that looks at rows
-            together). Defaults to ``32`` (``DEFAULT_MAX_BATCH_SIZE``).
+            together, or to get exactly the scores of one module call: a low-precision model,
+            e.g. bfloat16, can score a row slightly differently at another padded width).
+            Defaults to ``32`` (``DEFAULT_MAX_BATCH_SIZE``).
         device (torch.device or str, optional): the TensorDict is moved there before the call.
         name (str, optional): the function's ``__name__``.
 
