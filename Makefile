@@ -44,9 +44,12 @@ docs: setup
 docs-check: setup
 	$(PY) docs/check_rendered.py docs/_build/html/auto_examples/trl_interop.html
 
+# `make bench BENCH_1M=1` adds the 1M-row point to the HF views' scaling table (minutes, ~2 GB).
 bench: setup
 	$(PY) benchmarks/bench_dataset.py
 	$(PY) benchmarks/bench_reward.py
+	$(PY) benchmarks/bench_hf.py $(if $(BENCH_1M),--scale 10000 100000 1000000)
+	$(PY) benchmarks/bench_grpo_reward.py
 
 clean:
 	rm -rf docs/_build docs/auto_examples docs/generated tutorials/outputs outputs

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
@@ -264,3 +266,73 @@ def test_round_trip_property(chats, groups):
     assert history_to_messages(history) == nested
     again = messages_to_history(history_to_messages(history))
     assert history_to_messages(again) == nested
+
+
+def _reference_messages(history: History) -> list:
+    """The conversion before the fast path: every field through the tensorclass, then zipped."""
+
+    def zip_turns(roles, contents, depth):
+        if depth == 0:
+            return [{"role": r, "content": c} for r, c in zip(roles, contents)]
+        return [zip_turns(r, c, depth - 1) for r, c in zip(roles, contents)]
+
+    return zip_turns(history.role, history.content, history.ndim - 1)
+
+
+def _role_content(messages: Any) -> Any:
+    """Every message in (nested lists of) messages reduced to its role and content."""
+    if isinstance(messages, dict):
+        return {"role": messages["role"], "content": messages["content"]}
+    return [_role_content(m) for m in messages]
+
+
+_ROLES = st.sampled_from(["system", "user", "assistant", "tool"])
+_MESSAGE = st.fixed_dictionaries({"role": _ROLES, "content": st.text(max_size=8)})
+_CHAT = st.lists(_MESSAGE, min_size=1, max_size=4)
+
+
+class TestFastPathMatchesTensorclassPath:
+    """``history_to_messages`` reads role/content from the stack's lists once per batch; what it
+    returns equals reading every field through the tensorclass (the path it replaced)."""
+
+    @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    @given(
+        chats=st.lists(_CHAT, min_size=1, max_size=5),
+        layout=st.sampled_from(["from_chats", "buffer", "group", "tool_calls", "dense", "slice"]),
+    )
+    def test_random_layouts(self, chats, layout):
+        from torchrl.data import LazyStackStorage, ReplayBuffer
+
+        with set_list_to_stack(True):
+            if layout == "dense":  # equal turn counts: one [B, T] History
+                chats = [(c * 4)[:3] for c in chats]
+            if layout == "group":  # [E, G, T]
+                history = messages_to_history([chats, chats[::-1]])
+            elif layout == "tool_calls":  # History with every optional field set
+                history = lazy_stack(
+                    [
+                        History(
+                            role=[m["role"] for m in c],
+                            content=[m["content"] for m in c],
+                            is_complete=[True] * len(c),
+                            tool_calls=[[{"name": "f", "arguments": "{}"}]] * len(c),
+                            batch_size=(len(c),),
+                        )
+                        for c in chats
+                    ]
+                )
+            else:
+                history = History.from_chats(chats)
+            if layout == "buffer":  # rows written to and read back from TorchRL's LLM storage
+                rb = ReplayBuffer(storage=LazyStackStorage(8))
+                rb.extend(lazy_stack([TensorDict({"h": history[i]}) for i in range(len(chats))]))
+                history = rb[torch.arange(len(chats))].get("h")
+            if layout == "slice":
+                history = history[::-1][: max(1, len(chats) - 1)]
+            expected = _reference_messages(history)
+            # tool calls are carried too (tool_calls.py, tested in test_hardening.py): compare
+            # the role/content the fast path reads
+            plain = _role_content if layout == "tool_calls" else (lambda x: x)
+            assert plain(history_to_messages(history)) == expected
+            for row in range(history.batch_size[0]):
+                assert plain(history_to_messages(history[row])) == expected[row]

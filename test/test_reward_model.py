@@ -578,3 +578,50 @@ def test_history_scored_when_the_user_turned_list_to_stack_off():
     with set_list_to_stack(False):
         got = rm(td)["reward"]
     torch.testing.assert_close(got, expected)
+
+
+class TestHostSyncs:
+    """The wrapper reads the device once per call on dense input, after the model ran."""
+
+    @pytest.mark.parametrize("side", ["right", "left"])
+    @pytest.mark.parametrize("nonfinite", ["raise", "ignore"])
+    def test_one_read_on_dense_input(self, side, nonfinite):
+        from torchrl_trl_interop.testing import count_host_syncs, stub_reward_model
+
+        model = stub_reward_model()  # reads nothing back itself
+        rows = make_rows([7, 3, 12, 5], seed=5)
+        td = dense_td(*pad_rows(rows, side))
+        wrapper = HFRewardModelWrapper(model, inference_mode=True, nonfinite=nonfinite)
+        with count_host_syncs() as syncs:
+            reward = wrapper(td)["reward"]
+        assert syncs.count <= 1, syncs.calls
+        with torch.no_grad():  # the stub alone on each unpadded row
+            expected = torch.cat([model(input_ids=r[None]) for r in rows]).reshape(-1)
+        torch.testing.assert_close(reward, expected)
+
+    @pytest.mark.parametrize("arch", ["llama", "gpt2"])
+    def test_a_row_ending_with_the_pad_id_is_scored_again(self, arch):
+        # the pad id (0) is not EOS, so it is used as the fill without looking at the rows;
+        # the row whose last real token is 0 is found with the rewards and the batch rescored
+        model = reward_model(arch)
+        rows = make_rows([5, 3, 8], seed=6)
+        rows[1][-1] = 0
+        td = dense_td(*pad_rows(rows, "right", pad_value=0))
+        reward = HFRewardModelWrapper(model, inference_mode=True)(td)["reward"]
+        expected = torch.tensor([score_alone(model, r) for r in rows])
+        torch.testing.assert_close(reward, expected, atol=1e-5, rtol=0)
+        assert model.config.pad_token_id == 0
+
+    def test_config_looked_up_once(self, monkeypatch):
+        from torchrl_trl_interop import pooling
+        from torchrl_trl_interop import reward_model as module
+
+        calls = []
+        real = pooling.text_config
+        monkeypatch.setattr(module, "text_config", lambda m: calls.append(m) or real(m))
+        model = reward_model("llama")
+        wrapper = HFRewardModelWrapper(model, inference_mode=True)
+        td = lazy_td(make_rows([3, 4]))
+        for _ in range(3):
+            wrapper(td)
+        assert len(calls) == 1

@@ -209,6 +209,22 @@ class TestAsTRLRewardFunc:
         chunked = as_trl_reward_func(module, max_batch_size=2)(prompts, completions, None)
         assert chunked == whole and module.calls == 3
 
+    def test_buckets_sorted_by_length(self):
+        """Rows reach the module sorted by length, ``max_batch_size`` at a time (as
+        HFRewardModelWrapper buckets its rows); the rewards come back in the callers' order."""
+        answers = ["x" * n for n in (9, 1, 7, 3, 5, 8, 2)]
+        prompts = [[{"role": "user", "content": "Hi"}]] * len(answers)
+        completions = [[{"role": "assistant", "content": a}] for a in answers]
+        module = AnswerLength()
+        seen = []
+        module.register_forward_hook(lambda m, args, out: seen.append(out["reward"].tolist()))
+        out = as_trl_reward_func(module, max_batch_size=3)(prompts, completions, None)
+        assert out == [float(len(a)) for a in answers]
+        assert seen == [[1.0, 2.0, 3.0], [5.0, 7.0, 8.0], [9.0]]
+        seen.clear()
+        assert as_trl_reward_func(module, max_batch_size=None)(prompts, completions, None) == out
+        assert len(seen) == 1
+
     def test_empty_batch(self):
         assert as_trl_reward_func(AnswerLength())([], [], []) == []
 

@@ -12,7 +12,7 @@ from collections.abc import Iterable
 from typing import Any
 
 import torch
-from tensordict import NonTensorData, NonTensorStack, TensorDictBase
+from tensordict import NonTensorData, NonTensorStack, TensorDict, TensorDictBase
 from tensordict.utils import NestedKey, unravel_key
 
 _EXTRA_OF = {"transformers": "hf", "trl": "hf", "datasets": "hf", "accelerate": "hf", "ray": "ray"}
@@ -135,6 +135,23 @@ def get_entry(
     except RuntimeError:
         # a ragged lazy stack cannot be stacked into one tensor: read it row by row
         return td.get(key, as_list=True)
+
+
+def row_entries(batch: Any, key: Key) -> list | None:
+    """The entry at ``key`` of every row of a lazy stack (stacked along dim 0), read from the
+    rows' own dicts, so no stacked value is built; ``None`` if ``batch`` is not such a stack."""
+    if not (hasattr(batch, "tensordicts") and getattr(batch, "stack_dim", None) == 0):
+        return None
+    out = []
+    try:
+        for td in batch.tensordicts:
+            node = td
+            for part in key:
+                node = node._tensordict[part] if type(node) is TensorDict else node.get(part)
+            out.append(node)
+    except (KeyError, RuntimeError):  # e.g. a nested ragged stack that cannot be read whole
+        return None
+    return out
 
 
 def module_repr(module: Any, before: Iterable[str], after: Iterable[str] = ()) -> str:

@@ -34,7 +34,7 @@ from ._utils import (
     key_to_str,
     public_key,
 )
-from .conversation import history_to_messages
+from .conversation import history_column, history_to_messages, messages_of
 from .padding import split_rows, trim_bounds, trim_row
 
 __all__ = [
@@ -197,6 +197,11 @@ def split_columns(
                     rows = [v.to(device) for v in rows]
                 out[key] = list(rows)
                 continue
+            if _is_history(probe):
+                fields = history_column(batch, key)  # ragged rows: read without stacking
+                if fields is not None:
+                    out[key] = messages_of(*fields)
+                    continue
             value = batch.get(key)
             if isinstance(value, torch.Tensor):
                 if device is not None:

@@ -14,9 +14,15 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from tensordict import lazy_stack, set_list_to_stack
+from tensordict import (
+    LazyStackedTensorDict,
+    NonTensorData,
+    TensorDict,
+    lazy_stack,
+    set_list_to_stack,
+)
 
-from ._utils import as_names, check_bool
+from ._utils import as_names, check_bool, row_entries
 from .tool_calls import has_tool_calls, messages_with_tool_calls, tool_turns
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -131,7 +137,81 @@ def history_to_messages(history: History, *, keep_system: bool = True) -> list:
         )
     if has_tool_calls(history):
         return messages_with_tool_calls(history, keep_system)
-    return _zip_turns(history.role, history.content, history.ndim - 1, keep_system)
+    roles, contents = history_fields(history)
+    return _zip_turns(roles, contents, history.ndim - 1, keep_system)
+
+
+def history_fields(history: History) -> tuple[Any, Any]:
+    """``(roles, contents)`` of a History as nested lists (one level per batch dimension), as
+    ``history.role`` and ``history.content`` give them, read from the stack's lists in one walk."""
+    td = history._tensordict
+    if history.ndim == 1:
+        fields = _turn_fields(td)
+        if fields is not None:
+            return fields
+    if history.ndim == 2 and type(td) is LazyStackedTensorDict and td.stack_dim == 0:
+        rows = [_turn_fields(row) for row in td.tensordicts]
+        if all(row is not None for row in rows):
+            return [r for r, _ in rows], [c for _, c in rows]
+    return _field_lists(td, "role", history.ndim), _field_lists(td, "content", history.ndim)
+
+
+def _turn_fields(td: Any) -> tuple[list, list] | None:
+    """``(roles, contents)`` of one conversation's turns held as a lazy stack of per-turn
+    TensorDicts (what ``History.from_chats`` and TorchRL's wrappers build), read in one loop;
+    ``None`` for any other layout."""
+    if type(td) is not LazyStackedTensorDict or td.stack_dim != 0:
+        return None
+    roles, contents = [], []
+    for turn in td.tensordicts:
+        if type(turn) is not TensorDict or turn._batch_size:
+            return None
+        fields = turn._tensordict
+        if "tool_calls" in fields:  # tool calls: read through tool_calls.py instead
+            return None
+        role, content = fields.get("role"), fields.get("content")
+        if type(role) is not NonTensorData or type(content) is not NonTensorData:
+            return None
+        roles.append(role._non_tensordict["data"])
+        contents.append(content._non_tensordict["data"])
+    return roles, contents
+
+
+def messages_of(roles: list, contents: list) -> list:
+    """Message lists from per-row ``roles`` and ``contents`` (as :func:`history_column` gives)."""
+    return _zip_turns(roles, contents, 1, True)
+
+
+def history_column(batch: Any, key: tuple[str, ...]) -> tuple[list, list] | None:
+    """``(roles, contents)`` per row of the ``[T]`` Histories at ``key`` of a lazy stack of
+    rows (what TorchRL's LLM storages return), without building the stacked History; ``None``
+    for any other layout (read ``batch.get(key)`` then)."""
+    from torchrl.data.llm import History
+
+    rows = row_entries(batch, key)
+    if rows is None or not all(type(h) is History for h in rows):
+        return None
+    fields = [_turn_fields(h._tensordict) for h in rows]
+    if not all(f is not None for f in fields):
+        return None
+    return [r for r, _ in fields], [c for _, c in fields]
+
+
+def _field_lists(td: Any, field: str, ndim: int) -> Any:
+    """The values of a History's ``field`` as nested lists (``ndim`` levels), read in one walk.
+
+    What ``history.<field>`` followed by ``tolist()`` gives, without building a stacked
+    ``NonTensorStack`` per batch through the tensorclass: lazy stacks along their first dim are
+    walked down to the per-turn TensorDicts, whose ``NonTensorData`` payloads are read directly.
+    Any other layout falls back to tensordict's own ``tolist``.
+    """
+    if ndim == 0:
+        value = td._tensordict.get(field) if type(td) is TensorDict else None
+        if type(value) is NonTensorData:
+            return value._non_tensordict["data"]
+    elif type(td) is LazyStackedTensorDict and td.stack_dim == 0:
+        return [_field_lists(sub, field, ndim - 1) for sub in td.tensordicts]
+    return td.get(field).tolist()
 
 
 def _check_message_list(messages: Any, where: str) -> None:

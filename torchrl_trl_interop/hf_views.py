@@ -17,10 +17,12 @@ the dataset imports it only when a view is asked for.
 from __future__ import annotations
 
 import copy
+import os
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 import torch
 from datasets import (
     Dataset,
@@ -31,12 +33,22 @@ from datasets import (
     Value,
     concatenate_datasets,
 )
+from datasets.arrow_writer import ArrowWriter
+from datasets.fingerprint import generate_random_fingerprint
 from datasets.iterable_dataset import _BaseExamplesIterable
+from datasets.table import InMemoryTable
 
 from ._utils import to_python
 from .sharding import interleaved_shard_order
 
-__all__ = ["BufferExamplesIterable", "feature_of", "features_of", "iterable_view", "map_view"]
+__all__ = [
+    "BufferExamplesIterable",
+    "feature_of",
+    "features_of",
+    "iterable_view",
+    "map_view",
+    "table_view",
+]
 
 _DTYPE_TO_HF = {
     torch.bool: "bool",
@@ -51,7 +63,8 @@ _DTYPE_TO_HF = {
     torch.float64: "float64",
 }
 
-#: ``read(slots, num_slots, epoch, skip)`` yields the rows of those slots in that epoch.
+#: ``read(slots, num_slots, epoch, skip)`` yields the rows of those slots in that epoch, as dicts
+#: of plain Python values (converted once per batch and column, not per row).
 SlotReader = Callable[[list[int], int, int, int], Iterator[dict[str, Any]]]
 
 
@@ -111,21 +124,44 @@ class BufferExamplesIterable(_BaseExamplesIterable):
     """The ``datasets`` examples iterable behind :func:`iterable_view` (see the module docstring).
 
     Args:
-        read (callable): ``read(slots, num_slots, epoch, skip)``, yielding rows as dicts.
+        read (callable): ``read(slots, num_slots, epoch, skip)``, yielding rows as dicts of
+            Python values.
         slots (list of int): the slots this iterable reads, in the order ``datasets`` splits.
         num_slots (int): slots of the whole view.
         epoch (int, optional): the pass's epoch, set by ``shuffle_data_sources``. Defaults to 0.
+        features (Features, optional): the rows' features. Rows are built with these types
+            already, so ``datasets`` does not encode and decode every row again (unless the view
+            is cast to other features). Defaults to ``None`` (``datasets`` infers them).
     """
 
-    def __init__(self, read: SlotReader, slots: list[int], num_slots: int, epoch: int = 0):
+    def __init__(
+        self,
+        read: SlotReader,
+        slots: list[int],
+        num_slots: int,
+        epoch: int = 0,
+        features: Features | None = None,
+    ):
         super().__init__()
         self.read = read
         self.slots = list(slots)
         self.num_slots = num_slots
         self.epoch = epoch
+        self._features = features
+
+    @property
+    def features(self) -> Features | None:
+        # equal to the view's features: ``datasets`` then yields the rows as they are, without
+        # encoding and decoding each one; a view cast to other features still casts them
+        return self._features
 
     def _copy(self, **changes: Any) -> BufferExamplesIterable:
-        fields = {"slots": self.slots, "num_slots": self.num_slots, "epoch": self.epoch}
+        fields = {
+            "slots": self.slots,
+            "num_slots": self.num_slots,
+            "epoch": self.epoch,
+            "features": self._features,
+        }
         fields.update(changes)
         return type(self)(self.read, **fields)
 
@@ -139,7 +175,7 @@ class BufferExamplesIterable(_BaseExamplesIterable):
         for i, row in enumerate(self.read(self.slots, self.num_slots, self.epoch, skip), skip):
             if state:
                 state["rows"] = i + 1
-            yield i, {name: to_python(value) for name, value in row.items()}
+            yield i, row
 
     def shuffle_data_sources(self, generator: np.random.Generator) -> BufferExamplesIterable:
         # datasets calls this at the start of every pass with epoch > 0: the pass's epoch.
@@ -166,7 +202,9 @@ def iterable_view(read: SlotReader, num_slots: int, features: Features | None) -
     so that any contiguous block of them (what ``accelerate`` gives a rank) is spread over the
     buffer. Built in microseconds: nothing is hashed or pickled.
     """
-    ex_iterable = BufferExamplesIterable(read, interleaved_shard_order(num_slots), num_slots)
+    ex_iterable = BufferExamplesIterable(
+        read, interleaved_shard_order(num_slots), num_slots, features=features
+    )
     return IterableDataset(ex_iterable, info=DatasetInfo(features=features))
 
 
@@ -180,3 +218,28 @@ def map_view(columns: Iterator[dict[str, list]], features: Features | None) -> D
         for chunk in columns
     ]
     return parts[0] if len(parts) == 1 else concatenate_datasets(parts)
+
+
+def table_view(
+    tables: Iterator[Any], features: Features, cache_file: str | os.PathLike | None = None
+) -> Dataset:
+    """A map-style :class:`datasets.Dataset` from ``pyarrow`` tables with ``features``' schema.
+
+    ``cache_file=None`` keeps the table in memory (``Dataset(InMemoryTable)``, with a random
+    fingerprint, as :func:`iterable_view`'s, instead of a hash of the whole table); a path streams
+    each table to an Arrow file there (``datasets``' own writer) and memory-maps it, as
+    ``datasets`` does with hub data: only one table is in memory at a time.
+    """
+    info = DatasetInfo(features=features)
+    if cache_file is None:
+        parts = list(tables)
+        table = parts[0] if len(parts) == 1 else pa.concat_tables(parts)
+        # no content hash: an in-memory dataset gets no cache files, so its fingerprint only
+        # names later transforms, and hashing the table would cost as much as building it
+        return Dataset(InMemoryTable(table), info=info, fingerprint=generate_random_fingerprint())
+    path = os.fspath(cache_file)
+    with ArrowWriter(path=path, features=features) as writer:
+        for table in tables:
+            writer.write_table(table)
+        writer.finalize()
+    return Dataset.from_file(path, info=info)

@@ -12,7 +12,16 @@ from collections.abc import Sequence
 import torch
 from torch.nn.utils.rnn import pad_sequence
 
-__all__ = ["pack_right", "pad_rows", "position_mask", "split_rows", "trim_bounds", "trim_row"]
+__all__ = [
+    "length_buckets",
+    "pack_right",
+    "pad_rows",
+    "position_mask",
+    "split_rows",
+    "trim_bounds",
+    "trim_row",
+    "unbucket",
+]
 
 
 def trim_bounds(mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -140,22 +149,49 @@ def pack_right(ids: torch.Tensor, real: torch.Tensor) -> tuple[torch.Tensor, tor
     """Packs the real tokens of every row at its start, in order: ``(ids [N, T], lengths [N])``.
 
     This is right padding whatever the input layout: positions are those of the row alone. ``T``
-    is the longest row; positions past a row's length hold ``0``. Input that is already
-    right-padded is only sliced.
+    is the input's width; positions past a row's length hold ``0``. No value is read back to
+    the host (a stable sort moves the real tokens first), so nothing waits for the device.
 
     Examples:
         >>> import torch
         >>> ids = torch.tensor([[0, 0, 5, 6], [7, 8, 9, 0]])
         >>> pack_right(ids, ids != 0)
-        (tensor([[5, 6, 0],
-                [7, 8, 9]]), tensor([2, 3]))
+        (tensor([[5, 6, 0, 0],
+                [7, 8, 9, 0]]), tensor([2, 3]))
     """
     lengths = real.sum(-1)
-    width = int(lengths.max()) if lengths.numel() else 0
-    prefix = position_mask(lengths, ids.shape[-1])
-    if torch.equal(real, prefix):
-        return ids[:, :width], lengths
-    out = ids.new_zeros(ids.shape[0], width)
-    rows, cols = real.nonzero(as_tuple=True)
-    out[rows, real.cumsum(-1)[rows, cols] - 1] = ids[rows, cols]
-    return out, lengths
+    order = torch.argsort((~real).to(torch.uint8), dim=-1, stable=True)
+    packed = ids.gather(-1, order).masked_fill_(~position_mask(lengths, ids.shape[-1]), 0)
+    return packed, lengths
+
+
+def length_buckets(lengths: torch.Tensor, max_batch_size: int | None) -> list[torch.Tensor] | None:
+    """Row indices sorted by length (stable) and cut into buckets of at most ``max_batch_size``.
+
+    Each bucket then pads only to its own longest row. ``None`` when one bucket holds every row
+    (``max_batch_size`` is ``None`` or at least the number of rows). :func:`unbucket` puts
+    per-bucket results back in row order.
+
+    Examples:
+        >>> import torch
+        >>> length_buckets(torch.tensor([5, 1, 4, 2]), 2)
+        [tensor([1, 3]), tensor([2, 0])]
+        >>> length_buckets(torch.tensor([5, 1]), None) is None
+        True
+    """
+    if max_batch_size is None or lengths.shape[0] <= max_batch_size:
+        return None
+    return list(torch.sort(lengths, stable=True).indices.split(max_batch_size))
+
+
+def unbucket(values: Sequence[torch.Tensor], buckets: Sequence[torch.Tensor]) -> torch.Tensor:
+    """Concatenates per-bucket ``values`` and returns them in the original row order.
+
+    Examples:
+        >>> import torch
+        >>> buckets = length_buckets(torch.tensor([5, 1, 4, 2]), 2)
+        >>> unbucket([torch.tensor([10.0, 30.0]), torch.tensor([20.0, 0.0])], buckets)
+        tensor([ 0., 10., 20., 30.])
+    """
+    index = torch.cat(list(buckets)).to(values[0].device)
+    return torch.cat(list(values))[torch.argsort(index)]

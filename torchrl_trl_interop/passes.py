@@ -48,6 +48,7 @@ def read_pass(
     copies: int,
     base: int | None,
     skip: int = 0,
+    python: bool = False,
 ) -> Iterator[dict[str, Any]]:
     """The rows of ``slots`` (of ``num_slots``) in ``epoch``, the first ``skip`` left out.
 
@@ -63,6 +64,7 @@ def read_pass(
         copies (int): readers holding their own copy of the buffer's sampler.
         base (int or None): base seed of sampled streams (see :func:`stream_base`).
         skip (int): rows already yielded by an earlier, interrupted run of this pass.
+        python (bool): rows of Python values (the Hugging Face views) instead of tensors.
 
     Examples:
         >>> from torchrl_trl_interop.reader import BufferReader
@@ -88,7 +90,7 @@ def read_pass(
         indices = shard_indices(
             n, slots, num_slots, shuffle=mode.shuffle, seed=mode.seed_or_default, epoch=epoch
         )
-        yield from reader.epoch_rows(indices[skip:], committed, since=since)
+        yield from reader.epoch_rows(indices[skip:], committed, since=since, python=python)
         return
     remote = is_remote(rb)
     if not remote:
@@ -102,7 +104,7 @@ def read_pass(
     rows = (
         row
         for slot in slots
-        for row in reader.sampled_rows(generator(slot), mode.num_batches, committed)
+        for row in reader.sampled_rows(generator(slot), mode.num_batches, committed, python)
     )
     yield from itertools.islice(rows, skip, None)
 

@@ -22,6 +22,7 @@ __all__ = [
     "check_reward_shape",
     "choose_fill",
     "extract_reward",
+    "optimistic_pad_id",
     "pooling_model",
     "text_config",
 ]
@@ -165,6 +166,27 @@ def choose_fill(config: Any, ids: torch.Tensor, lengths: torch.Tensor) -> tuple[
     taken = set(last.tolist())
     spare = next(i for i in range(len(taken) + 1) if i not in taken)
     return spare, spare
+
+
+def optimistic_pad_id(config: Any) -> int | None:
+    """The model's own pad id when it can be the fill without reading the rows first, else ``None``.
+
+    It can when it is set and is not an EOS id (rows often end with EOS: the RewardTrainer
+    appends it). Whether a row ends with it after all is then checked with the rewards, and
+    such a batch is scored again with :func:`choose_fill`'s spare id.
+
+    Examples:
+        >>> from types import SimpleNamespace
+        >>> optimistic_pad_id(SimpleNamespace(pad_token_id=0, eos_token_id=2))
+        0
+        >>> optimistic_pad_id(SimpleNamespace(pad_token_id=2, eos_token_id=[1, 2])) is None
+        True
+    """
+    if config is None or config.pad_token_id is None:
+        return None
+    eos = getattr(config, "eos_token_id", None)
+    eos_ids = eos if isinstance(eos, (list, tuple)) else [eos]
+    return None if config.pad_token_id in eos_ids else int(config.pad_token_id)
 
 
 _WRAPPED = ("module", "_orig_mod")  # DistributedDataParallel / DataParallel, torch.compile

@@ -17,6 +17,7 @@ from tensordict import TensorDictBase, set_list_to_stack
 from ._utils import Key
 from .columns import Schema, Selection, split_columns
 from .online import committed_length, read_committed, read_committed_rows
+from .packed import arrow_table, pack_columns, python_columns
 from .workers import (
     check_overwrites,
     check_picklable_for_workers,
@@ -130,31 +131,53 @@ class BufferReader:
         names = list(columns)
         return [dict(zip(names, values)) for values in zip(*columns.values())]
 
+    def python_rows(self, batch: TensorDictBase) -> list[dict[str, Any]]:
+        """The rows of a batch with plain Python values (what ``datasets`` rows hold), converted
+        once per column (:mod:`~torchrl_trl_interop.packed`), not once per row."""
+        schema = self.schema(batch)
+        packed = pack_columns(batch, schema.columns, self.selection.attention_mask_key)
+        names = schema.names
+        return [dict(zip(names, values)) for values in zip(*python_columns(packed))]
+
+    def arrow_table(self, batch: TensorDictBase, features: Any) -> Any:
+        """The rows of a batch as a ``pyarrow.Table`` with ``features``' schema, column by column."""
+        schema = self.schema(batch)
+        packed = pack_columns(batch, schema.columns, self.selection.attention_mask_key)
+        return arrow_table(packed, schema.names, features)
+
     def epoch_rows(
         self,
         indices: torch.Tensor,
         committed: bool = False,
         since: tuple[int, int] | None = None,
+        python: bool = False,
     ) -> Iterator[dict[str, Any]]:
         """The rows at storage ``indices``, in that order, ``batch_size`` indices per read.
 
         ``since`` (a :func:`~torchrl_trl_interop.workers.write_mark` taken when the pass chose
         its rows): a row overwritten before it was read raises instead of being replaced.
+        ``python``: rows of Python values (:meth:`python_rows`) instead of tensors.
         """
         if indices.numel() == 0:  # torch splits an empty tensor into one empty chunk
             return
+        rows = self.python_rows if python else self.rows
         for chunk in indices.split(self.batch_size):
             batch = self.read(chunk, committed=committed)
             check_overwrites(self.replay_buffer, since, chunk)
-            yield from self.rows(batch)
+            yield from rows(batch)
 
     def sampled_rows(
-        self, generator: torch.Generator | None, num_batches: int | None, committed: bool = False
+        self,
+        generator: torch.Generator | None,
+        num_batches: int | None,
+        committed: bool = False,
+        python: bool = False,
     ) -> Iterator[dict[str, Any]]:
         """The rows of ``num_batches`` sampled batches (``None``: forever)."""
+        rows = self.python_rows if python else self.rows
         done = 0
         while num_batches is None or done < num_batches:
-            yield from self.rows(self.sample(generator, committed))
+            yield from rows(self.sample(generator, committed))
             done += 1
 
     def storage_batches(self, chunk_size: int) -> Iterator[TensorDictBase]:

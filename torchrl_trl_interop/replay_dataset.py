@@ -9,6 +9,7 @@ the Hugging Face views) reads batches from the buffer and splits each one into c
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -269,11 +270,15 @@ class TorchRLBufferDataset(torch.utils.data.IterableDataset):
     def _iter_hf_slots(
         self, slots: list[int], num_slots: int, epoch: int, skip: int
     ) -> Iterator[dict[str, Any]]:
-        """What a Hugging Face view reads: ``datasets`` gives the slots, epoch and position."""
+        """What a Hugging Face view reads: ``datasets`` gives the slots, epoch and position.
+
+        Called from the view's own generator, so it hands back the pass's iterator as is (one
+        generator level less per row).
+        """
         info = self._shard_info()
         copies = info.num_workers if num_slots > 1 else 1  # sampler copies: one per worker
         base = stream_base(self._mode, num_slots, info)
-        yield from read_pass(
+        return read_pass(
             self._reader,
             self._mode,
             slots,
@@ -283,6 +288,7 @@ class TorchRLBufferDataset(torch.utils.data.IterableDataset):
             copies=copies,
             base=base,
             skip=skip,
+            python=True,
         )
 
     def iter_storage(self, chunk_size: int | None = None) -> Iterator[dict[str, Any]]:
@@ -377,15 +383,22 @@ class TorchRLBufferDataset(torch.utils.data.IterableDataset):
         features = self.hf_features() if len(self._reader) > 0 else None
         return iterable_view(self._iter_hf_slots, num_shards, features)
 
-    def to_hf_dataset(self, *, chunk_size: int | None = None) -> datasets.Dataset:
+    def to_hf_dataset(
+        self, *, chunk_size: int | None = None, cache_file: str | os.PathLike | None = None
+    ) -> datasets.Dataset:
         """Returns a map-style :class:`datasets.Dataset` holding every stored row exactly once.
 
         Rows are read in storage order (no sampling), which is what trainers need for epochs and
-        ``len``. Tensors become Python lists/numbers; History becomes message lists.
+        ``len``. Tensors become Arrow lists/numbers; History becomes message lists. Each read
+        is converted column by column, straight from its tensors to Arrow (values and offsets).
 
         Keyword Args:
             chunk_size (int, optional): rows read per storage access; defaults to
                 ``max(batch_size, 4096)``.
+            cache_file (str or path, optional): write the rows to this Arrow file, chunk by
+                chunk, and memory-map it (as ``datasets`` does with hub data): for buffers
+                larger than memory. Defaults to ``None``: the table is kept in memory (no disk
+                writes, nothing to clean up; see ``docs/scale.rst``).
 
         Examples:
             Ragged rows keep their own length:
@@ -400,11 +413,14 @@ class TorchRLBufferDataset(torch.utils.data.IterableDataset):
             (2, [[0], [0, 1, 2]])
         """
         require("datasets", "TorchRLBufferDataset.to_hf_dataset")
-        from .hf_views import map_view
+        from .hf_views import map_view, table_view
 
         features = self.hf_features()
         batches = self._reader.storage_batches(self._chunk_size(chunk_size, 4096))
-        return map_view((self._reader.columns(batch) for batch in batches), features)
+        if features is None:  # a column's type is left to datasets' inference, row by row
+            return map_view((self._reader.columns(batch) for batch in batches), features)
+        tables = (self._reader.arrow_table(batch, features) for batch in batches)
+        return table_view(tables, features, cache_file)
 
     def __repr__(self) -> str:
         selection = self._reader.selection

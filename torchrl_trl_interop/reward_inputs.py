@@ -22,7 +22,7 @@ from .padding import pack_right, position_mask
 if TYPE_CHECKING:  # pragma: no cover
     from transformers import PreTrainedTokenizerBase
 
-__all__ = ["PackedInput", "read_history", "read_texts", "read_tokens"]
+__all__ = ["PackedInput", "empty_rows_error", "read_history", "read_texts", "read_tokens"]
 
 _OWNER = "HFRewardModelWrapper"
 
@@ -35,6 +35,18 @@ class PackedInput:
     lengths: torch.Tensor
     batch_shape: tuple[int, ...]
     device: torch.device | None
+    #: set when a row may hold no real token (token input): how to describe such rows. They are
+    #: looked for with the rewards (:func:`empty_rows_error`), not before: one host sync per call.
+    empty_hint: str | None = None
+
+
+def empty_rows_error(lengths: torch.Tensor, hint: str) -> ValueError:
+    """The error for rows of ``lengths`` 0: a reward model cannot score an empty sequence."""
+    empty = (lengths == 0).nonzero().flatten()[:8].tolist()
+    return ValueError(
+        f"{_OWNER}: row(s) {empty} (flattened index) have no real token: {hint} (or the row "
+        "is empty). A reward model cannot score an empty sequence; drop these rows first."
+    )
 
 
 def _non_tensor_value(value: Any) -> Any:
@@ -162,7 +174,8 @@ def read_tokens(td: TensorDictBase, token_key: Key, mask_key: Key | None) -> Pac
     """Token ids (and the mask deciding which are real) -> :class:`PackedInput`.
 
     Dense, lazily stacked (ragged), nested-list and jagged input are read; every row must keep
-    at least one real token.
+    at least one real token (checked with the rewards: see :func:`empty_rows_error`). Nothing
+    is read back from the device here.
 
     Examples:
         >>> import torch
@@ -181,10 +194,7 @@ def read_tokens(td: TensorDictBase, token_key: Key, mask_key: Key | None) -> Pac
             f"{_OWNER}: token_key={public_key(token_key)!r} holds {ids.dtype} values; expected "
             "integer token ids."
         )
-    if tok_lengths is not None:
-        real = position_mask(tok_lengths, ids.shape[-1])
-    else:
-        real = torch.ones(ids.shape, dtype=torch.bool, device=ids.device)
+    real = None if tok_lengths is None else position_mask(tok_lengths, ids.shape[-1])
     if mask_key is not None:
         mask_value = get_entry(td, mask_key, "attention_mask_key", _OWNER)
         mask, mask_lengths, mask_shape = _read_padded(
@@ -193,25 +203,23 @@ def read_tokens(td: TensorDictBase, token_key: Key, mask_key: Key | None) -> Pac
         _check_mask(
             token_key, mask_key, ids, tok_lengths, batch_shape, mask, mask_lengths, mask_shape
         )
-        real = real & (mask != 0).to(real.device)
+        attended = (mask != 0).to(ids.device)
+        real = attended if real is None else real & attended
+    if real is None:
+        real = torch.ones(ids.shape, dtype=torch.bool, device=ids.device)
     ids, lengths = pack_right(ids.long(), real)
-    if (lengths == 0).any():
-        empty = (lengths == 0).nonzero().flatten()[:8].tolist()
-        where = f"their {public_key(mask_key)!r} mask is all zero" if mask_key else "they are empty"
-        raise ValueError(
-            f"{_OWNER}: row(s) {empty} (flattened index) have no real token: {where} (or the row "
-            "is empty). A reward model cannot score an empty sequence; drop these rows first."
-        )
-    return PackedInput(ids, lengths, batch_shape, td.device or _value_device(value))
+    hint = f"their {public_key(mask_key)!r} mask is all zero" if mask_key else "they are empty"
+    return PackedInput(ids, lengths, batch_shape, td.device or _value_device(value), hint)
 
 
 def _pack(token_lists: Sequence[Sequence[int]]) -> tuple[torch.Tensor, torch.Tensor]:
     rows = [torch.as_tensor(list(ids), dtype=torch.long) for ids in token_lists]
     if not rows:
         return torch.zeros(0, 0, dtype=torch.long), torch.zeros(0, dtype=torch.long)
-    lengths = torch.tensor([row.numel() for row in rows])
-    if (lengths == 0).any():
-        empty = (lengths == 0).nonzero().flatten()[:8].tolist()
+    sizes = [row.numel() for row in rows]
+    lengths = torch.tensor(sizes)
+    if 0 in sizes:
+        empty = [i for i, size in enumerate(sizes) if size == 0][:8]
         raise ValueError(
             f"{_OWNER}: row(s) {empty} tokenize to no token at all; a reward model cannot score "
             "an empty sequence."
@@ -261,11 +269,13 @@ def read_history(
         )
     batch_shape = tuple(history.batch_size[:-1])
     conversations = flatten_nested(messages, len(batch_shape))
-    token_lists = [
-        # as trl.data_utils._tokenize renders conversational RewardTrainer data
+    # as trl.data_utils._tokenize renders conversational RewardTrainer data, every conversation
+    # in one call (one template render pass, one batched tokenizer call)
+    token_lists = (
         tokenizer.apply_chat_template(
-            conversation, tokenize=True, return_dict=True, **chat_template_kwargs
+            conversations, tokenize=True, return_dict=True, **chat_template_kwargs
         )["input_ids"]
-        for conversation in conversations
-    ]
+        if conversations
+        else []
+    )
     return PackedInput(*_pack(token_lists), batch_shape, td.device)

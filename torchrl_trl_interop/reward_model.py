@@ -31,7 +31,7 @@ from ._utils import (
     module_repr,
     public_key,
 )
-from .padding import position_mask
+from .padding import length_buckets, position_mask, unbucket
 from .pooling import (
     RewardOutputError,
     RewardShapeError,
@@ -39,10 +39,17 @@ from .pooling import (
     check_reward_shape,
     choose_fill,
     extract_reward,
+    optimistic_pad_id,
     pooling_model,
     text_config,
 )
-from .reward_inputs import PackedInput, read_history, read_texts, read_tokens
+from .reward_inputs import (
+    PackedInput,
+    empty_rows_error,
+    read_history,
+    read_texts,
+    read_tokens,
+)
 
 if TYPE_CHECKING:  # pragma: no cover
     from transformers import PreTrainedTokenizerBase
@@ -92,8 +99,9 @@ class HFRewardModelWrapper(TensorDictModuleBase):
             model's parameters (reward-model training, critics). Defaults to ``False``.
         max_batch_size (int, optional): the most rows per model call. Rows are sorted by length
             and split into micro-batches, each padded to its own longest row; rewards come back
-            in the original order. ``None`` scores every row in one call (padded to the longest
-            real row). Defaults to ``None``.
+            in the original order. ``None`` scores every row in one call, at the input's width
+            (ragged input: its longest row), with no value read back from the device before the
+            model runs. Defaults to ``None``.
         tokenizer (PreTrainedTokenizerBase, optional): the reward model's own tokenizer (often
             not the policy's), needed by ``text_key`` and ``history_key``. Defaults to ``None``.
         text_key (NestedKey, optional): read strings here instead of tokens, e.g.
@@ -296,6 +304,8 @@ class HFRewardModelWrapper(TensorDictModuleBase):
         self.nonfinite = nonfinite
         # upstream passes no mask when attention_mask_key is None (and nothing is padded)
         self._pass_mask = source_key is not None or attention_mask_key is not None
+        self._config_source: Any = None  # the model config whose pooling config is cached
+        self._config: Any = None
         self._reward_module = _RewardModelHolder(model)
 
     @property
@@ -350,14 +360,23 @@ class HFRewardModelWrapper(TensorDictModuleBase):
 
         grad_context = torch.no_grad() if self._inference_mode else contextlib.nullcontext()
         with grad_context:
-            reward = self._score(packed.ids, packed.lengths)
+            reward, clash = self._score(packed.ids, packed.lengths)
+            # every check of the call reads the device once, after the model ran
+            empty, bad, clashed = self._check_after(reward, clash, packed)
+            if clashed and not empty:  # a row ends with the pad id: score again with a spare
+                reward, _ = self._score(packed.ids, packed.lengths, look=True)
+                bad = self._nonfinite(reward)
+                bad = bad is not None and bool(bad)
+        if empty:
+            raise empty_rows_error(packed.lengths, packed.empty_hint)
 
         reward = reward.float().reshape(packed.batch_shape)
         if self.unsqueeze_reward:
             reward = reward.unsqueeze(-1)
         if packed.device is not None:
             reward = reward.to(packed.device)
-        self._check_finite(reward)
+        if bad:
+            self._report_nonfinite(reward)
 
         if torch.is_inference_mode_enabled() or reward.is_inference():
             # inside the caller's inference_mode every new tensor is an inference tensor, which
@@ -398,53 +417,90 @@ class HFRewardModelWrapper(TensorDictModuleBase):
             return tensor.device
         return default
 
-    def _score(self, ids: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
-        """Scores right-packed rows ``ids [N, T]`` of ``lengths [N]``: a reward per row."""
+    def _pooling_config(self) -> Any:
+        """The config the model's pooling reads, looked up once per model config object."""
+        source = getattr(self.model, "config", None)
+        if source is None or source is not self._config_source:
+            self._config_source = source
+            self._config = text_config(self.model)
+        return self._config
+
+    def _score(
+        self, ids: torch.Tensor, lengths: torch.Tensor, look: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Scores right-packed rows ``ids [N, T]`` of ``lengths [N]``: a reward per row.
+
+        Returns the rewards and, when the model's own pad id was used as the fill without
+        looking at the rows, a 0-d bool tensor telling whether some row ends with it after all
+        (the caller then scores again with ``look=True``, which picks a spare id).
+        """
         n = ids.shape[0]
         device = self._model_device(ids.device)
         ids = ids.to(device)
         lengths = lengths.to(device)
         if n == 0:
-            return torch.zeros(0, device=device)
-        config = text_config(self.model)
-        fill, pooling_pad = choose_fill(config, ids, lengths)
+            return torch.zeros(0, device=device), None
+        config = self._pooling_config()
+        clash = None
+        pad = optimistic_pad_id(config) if not look else None
+        if pad is not None:
+            fill, pooling_pad = pad, None
+            clash = (ids[torch.arange(n, device=device), lengths - 1] == pad).any()
+        else:
+            fill, pooling_pad = choose_fill(config, ids, lengths)
         mask = position_mask(lengths, ids.shape[-1])
         ids = ids.masked_fill(~mask, fill)
 
         # micro-batches: rows sorted by length, so each call pads only to its own longest row
-        one_call = self.max_batch_size is None or n <= self.max_batch_size
-        if one_call:
-            chunks: list[torch.Tensor | None] = [None]
+        buckets = length_buckets(lengths, self.max_batch_size)
+        if buckets is None:
+            chunks = [(ids, mask, lengths)]
         else:
-            order = torch.sort(lengths, stable=True).indices
-            chunks = list(order.split(self.max_batch_size))
+            # a sorted bucket's longest row is its last: every width read back at once
+            widths = lengths[torch.stack([b[-1] for b in buckets])].tolist()
+            chunks = [(ids[b, :w], mask[b, :w], lengths[b]) for b, w in zip(buckets, widths)]
 
         rewards = []
         with pooling_model(self.model, config, pooling_pad) as model:  # never mutates it
-            for index in chunks:
-                if index is None:
-                    chunk_ids, chunk_mask, chunk_len = ids, mask, lengths
-                else:
-                    chunk_len = lengths[index]
-                    width = int(chunk_len.max())
-                    chunk_ids, chunk_mask = ids[index, :width], mask[index, :width]
+            for chunk_ids, chunk_mask, chunk_len in chunks:
                 if self._pass_mask or bool((chunk_len != chunk_ids.shape[-1]).any()):
                     out = model(input_ids=chunk_ids, attention_mask=chunk_mask.long())
                 else:
                     out = model(input_ids=chunk_ids)
                 reward = extract_reward(out)
                 rewards.append(check_reward_shape(self.model, reward, chunk_ids.shape[0]))
-        if one_call:
-            return rewards[0]
-        # back to the original row order
-        return torch.cat(rewards)[torch.argsort(torch.cat(chunks))]
+        if buckets is None:
+            return rewards[0], clash
+        return unbucket(rewards, buckets), clash  # back to the original row order
 
-    def _check_finite(self, reward: torch.Tensor) -> None:
+    def _nonfinite(self, reward: torch.Tensor) -> torch.Tensor | None:
         if self.nonfinite == "ignore":
-            return
+            return None
+        return (~torch.isfinite(reward.detach())).any()
+
+    def _check_after(
+        self, reward: torch.Tensor, clash: torch.Tensor | None, packed: PackedInput
+    ) -> tuple[bool, bool, bool]:
+        """``(some row is empty, some reward is not finite, some row ends with the fill)``.
+
+        Every flag is computed on the device and read back in one transfer.
+        """
+        flags: dict[str, torch.Tensor] = {}
+        if packed.empty_hint is not None and packed.lengths.numel():
+            flags["empty"] = (packed.lengths == 0).any().to(reward.device)
+        if clash is not None:
+            flags["clash"] = clash
+        bad = self._nonfinite(reward)
+        if bad is not None:
+            flags["bad"] = bad
+        if not flags:
+            return False, False, False
+        values = dict(zip(flags, torch.stack(list(flags.values())).tolist()))
+        empty, bad, clashed = (bool(values.get(k, False)) for k in ("empty", "bad", "clash"))
+        return empty, bad, clashed
+
+    def _report_nonfinite(self, reward: torch.Tensor) -> None:
         bad = ~torch.isfinite(reward.detach())
-        if not bool(bad.any()):
-            return
         where = bad.nonzero().tolist()[:8]
         message = (
             f"HFRewardModelWrapper: {int(bad.sum())} of {bad.numel()} reward(s) at "

@@ -8,7 +8,7 @@ module, and reads the reward back.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -30,12 +30,18 @@ from ._utils import (
     public_key,
 )
 from .conversation import is_message_list
+from .padding import length_buckets, unbucket
 from .rows import rows_to_tensordict
 
 if TYPE_CHECKING:  # pragma: no cover
     from transformers import PreTrainedTokenizerBase
 
-__all__ = ["as_trl_reward_func"]
+__all__ = ["DEFAULT_MAX_BATCH_SIZE", "as_trl_reward_func"]
+
+#: Rows per module call of :func:`as_trl_reward_func` by default: GRPO scores
+#: ``generation_batch_size`` completions of very different lengths at once, and a reward model
+#: scoring them sorted by length, 32 at a time, pads far less than in one call.
+DEFAULT_MAX_BATCH_SIZE = 32
 
 
 def _show(key: Key | None) -> Any:
@@ -149,12 +155,9 @@ class _ModuleRewardFunc:
             )
         return columns
 
-    def _score(self, columns: list[tuple[NestedKey, list]], start: int, stop: int) -> list[float]:
+    def _score(self, columns: list[tuple[NestedKey, list]], index: Sequence[int]) -> list[float]:
         names = [f"#{i}" for i in range(len(columns))]
-        rows = [
-            {name: values[i] for name, (_, values) in zip(names, columns)}
-            for i in range(start, stop)
-        ]
+        rows = [{name: values[i] for name, (_, values) in zip(names, columns)} for i in index]
         rename = {name: key for name, (key, _) in zip(names, columns)}
         with set_list_to_stack(True):
             td = rows_to_tensordict(rows, rename=rename)
@@ -170,11 +173,11 @@ class _ModuleRewardFunc:
                 "module's output."
             )
         reward = out.get(self.reward_key)
-        if not isinstance(reward, torch.Tensor) or reward.numel() != stop - start:
+        if not isinstance(reward, torch.Tensor) or reward.numel() != len(rows):
             raise ValueError(
                 f"{self.__name__}: the module's reward at {self.reward_key!r} is "
                 f"{getattr(reward, 'shape', type(reward).__name__)}; expected one value per "
-                f"completion ({stop - start})."
+                f"completion ({len(rows)})."
             )
         return reward.detach().reshape(-1).float().cpu().tolist()
 
@@ -193,12 +196,25 @@ class _ModuleRewardFunc:
         if not prompts:
             return []
         columns = self._columns(list(prompts), list(completions), completion_ids, kwargs)
-        n = len(prompts)
-        step = self.max_batch_size or n
-        rewards: list[float] = []
-        for start in range(0, n, step):
-            rewards.extend(self._score(columns, start, min(start + step, n)))
-        return rewards
+        # rows sorted by length and cut into buckets, as HFRewardModelWrapper cuts its rows:
+        # each module call then pads only to its own longest row
+        lengths = torch.tensor(
+            [_text_length(p) + _text_length(c) for p, c in zip(prompts, completions)]
+        )
+        buckets = length_buckets(lengths, self.max_batch_size)
+        if buckets is None:
+            return self._score(columns, range(len(prompts)))
+        rewards = [torch.tensor(self._score(columns, b.tolist())) for b in buckets]
+        return unbucket(rewards, buckets).tolist()
+
+
+def _text_length(value: Any) -> int:
+    """Characters of a prompt or completion (text or message list): the length rows sort by."""
+    if isinstance(value, str):
+        return len(value)
+    if isinstance(value, (list, tuple)):
+        return sum(_text_length(m.get("content", "")) if isinstance(m, dict) else 0 for m in value)
+    return 0
 
 
 def _default_name(module: Any) -> str:
@@ -226,7 +242,7 @@ def as_trl_reward_func(
     kwargs_keys: Mapping[str, NestedKey] | None = None,
     reward_key: NestedKey | None = None,
     processing_class: PreTrainedTokenizerBase | None = None,
-    max_batch_size: int | None = None,
+    max_batch_size: int | None = DEFAULT_MAX_BATCH_SIZE,
     device: torch.device | str | None = None,
     name: str | None = None,
 ) -> Callable[..., list[float]]:
@@ -249,7 +265,8 @@ def as_trl_reward_func(
     ``kwargs_keys``          extra dataset columns TRL passes as kwargs, ``{column: key}``
     ======================== ===============================================================
 
-    runs ``module`` on it under :func:`torch.no_grad` (in chunks of ``max_batch_size`` rows) and
+    runs ``module`` on it under :func:`torch.no_grad` (rows sorted by length, in buckets of
+    ``max_batch_size``, as :class:`~torchrl_trl_interop.HFRewardModelWrapper` buckets) and
     returns the reward at ``reward_key`` as Python floats, in order. Its ``__name__`` (TRL's
     metric name, ``rewards/<name>/mean``) is ``name``, else the wrapped model's id, else the
     module's class name. It is a plain callable, not an ``nn.Module``, so TRL calls it with
@@ -272,8 +289,13 @@ def as_trl_reward_func(
             module's only ``out_keys`` entry when it has exactly one, else ``"reward"``.
         processing_class (PreTrainedTokenizerBase, optional): renders/tokenizes text for
             ``text_key`` (conversational input) and ``token_key``. Defaults to ``None``.
-        max_batch_size (int, optional): the most rows per module call. Defaults to ``None``
-            (all rows at once).
+        max_batch_size (int or None, optional): the most rows per module call. Rows are sorted
+            by text length (prompt + completion) and cut into buckets of this size, so a reward
+            model pads each call only to its own longest row; rewards come back in the original
+            order. ``None`` scores all rows in one call (for a module that looks at rows
+            together, or to get exactly the scores of one module call: a low-precision model,
+            e.g. bfloat16, can score a row slightly differently at another padded width).
+            Defaults to ``32`` (``DEFAULT_MAX_BATCH_SIZE``).
         device (torch.device or str, optional): the TensorDict is moved there before the call.
         name (str, optional): the function's ``__name__``.
 

@@ -643,8 +643,18 @@ trained_rm_func = as_trl_reward_func(
     trained_rm, reward_key="rm_reward", processing_class=rm_tok, name="trained_rm"
 )
 prompts, completions = zip(*(split_prompt_completion(c) for c in fresh_conversations))
-bridged = trained_rm_func(prompts=list(prompts), completions=list(completions), completion_ids=None)
+# ``max_batch_size=None`` scores every row in one call, as ``trained_rm(fresh)`` did, so the
+# scores are the module's to the bit. By default rows are sorted by length and scored 32 at a
+# time (faster: less padding), which in bfloat16 can move a score by one bfloat16 step.
+same_call = as_trl_reward_func(
+    trained_rm, reward_key="rm_reward", processing_class=rm_tok, max_batch_size=None
+)
+bridged = same_call(prompts=list(prompts), completions=list(completions), completion_ids=None)
 assert torch.allclose(torch.tensor(bridged), fresh["rm_reward"], atol=1e-5)
+bucketed = trained_rm_func(
+    prompts=list(prompts), completions=list(completions), completion_ids=None
+)
+assert torch.allclose(torch.tensor(bucketed), fresh["rm_reward"], atol=2e-2)
 
 prompt_data = TorchRLBufferDataset(
     train_rb, batch_size=64, keys=[("history", "prompt")], rename={("history", "prompt"): "prompt"}
