@@ -1,13 +1,13 @@
 """Sphinx configuration: API reference, the executed sphinx-gallery tutorial, and the guides.
 
-The site uses the PyTorch ecosystem's theme (``pytorch_sphinx_theme2``, as TorchRL and tensordict
-do), copy buttons on code blocks, and links into the docs of torch, tensordict, torchrl,
-transformers, trl and datasets through intersphinx (see ``_intersphinx_mapping`` below for how
-that behaves offline). ``make docs`` builds it with warnings as errors.
+The site uses ``pydata_sphinx_theme`` (the base of the PyTorch ecosystem's theme, which TorchRL and
+tensordict use) in PyTorch orange (``_static/custom.css``), copy buttons on code blocks, and links
+into the docs of torch, tensordict, torchrl, transformers, trl and datasets through intersphinx
+(see ``_intersphinx_mapping`` below for how that behaves offline). The theme loads nothing from
+third-party hosts. ``make docs`` builds it with warnings as errors.
 """
 
 import os
-import re
 import sys
 from pathlib import Path
 
@@ -19,13 +19,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("MPLBACKEND", "Agg")
 
-import markupsafe
-import pytorch_sphinx_theme2
-from sphinx.util import logging as sphinx_logging
-
 import torchrl_trl_interop
-
-logger = sphinx_logging.getLogger(__name__)
 
 project = "torchrl-trl-interop"
 author = "torchrl-trl-interop developers"
@@ -40,7 +34,6 @@ extensions = [
     "sphinx.ext.viewcode",
     "sphinx_copybutton",
     "sphinx_gallery.gen_gallery",
-    "pytorch_sphinx_theme2",
 ]
 
 autosummary_generate = True
@@ -119,15 +112,13 @@ sphinx_gallery_conf = {
 
 exclude_patterns = ["_build", "_inventories", "Thumbs.db", ".DS_Store", "sg_execution_times.rst"]
 
-# -- HTML: the PyTorch ecosystem's theme ----------------------------------------------------------
-html_theme = "pytorch_sphinx_theme2"
-html_theme_path = [pytorch_sphinx_theme2.get_html_theme_path()]
-# Ours first (API pages titled by the short name, as in TorchRL's reference; layout.html, see
-# _without_trackers), then the theme's page templates (navbar, search field, ...), which it keeps
-# in a sub-folder, and the theme's folder itself, so that our layout.html can extend
-# "templates/layout.html".
-_THEME_DIR = Path(pytorch_sphinx_theme2.__file__).parent
-templates_path = ["_templates", str(_THEME_DIR / "templates"), str(_THEME_DIR)]
+# -- HTML -----------------------------------------------------------------------------------------
+# pydata-sphinx-theme: the PyTorch ecosystem's look (pytorch_sphinx_theme2 is built on it) without
+# pytorch.org's analytics, consent and CDN scripts. Top-bar entries are the toctree titles of
+# index.rst (``Scale <scale>``: a short entry for a long page title).
+html_theme = "pydata_sphinx_theme"
+# Ours: API pages titled by the short name, as in TorchRL's reference (_templates/autosummary).
+templates_path = ["_templates"]
 html_title = f"{project} {release}"
 html_static_path = ["_static"]
 html_css_files = ["custom.css"]
@@ -136,17 +127,19 @@ html_theme_options = {
     "navigation_with_keys": False,
     "show_toc_level": 2,
     "show_nav_level": 2,
-    "navbar_center": "navbar-nav",
-    "header_links_before_dropdown": 8,
-    # Not a pytorch.org-hosted project: no Linux Foundation header/footer, no pytorch.org link,
-    # no page-rating widget or analytics, no llms.txt.
-    "show_lf_header": False,
-    "show_lf_footer": False,
-    "show_pytorch_org_link": False,
-    "article_header_end": [],
-    "article_footer_items": [],
+    # The left bar only on pages that have sub-pages (the API reference, the tutorials): on the
+    # others it would be an empty "Section Navigation" column that narrows the code blocks.
+    "sidebar_includehidden": False,
+    "header_links_before_dropdown": 9,
+    # The search field as an icon (Ctrl+K still opens it): nine top-bar entries fit on one line.
+    "navbar_persistent": ["search-button"],
+    "navbar_end": ["theme-switcher"],
+    # No repository URL is published for this project: no GitHub icon or "edit this page".
+    "icon_links": [],
     "use_edit_page_button": False,
-    "llm_disabled": True,
+    "footer_start": ["copyright"],
+    "footer_center": [],
+    "footer_end": ["sphinx-version", "theme-version"],
 }
 html_context = {"default_mode": "light"}
 # "Show Source" (the page's .rst) is noise for readers; API pages keep their [source] links.
@@ -162,73 +155,3 @@ from diagram_remote import draw  # noqa: E402
 
 (DOCS / "generated").mkdir(exist_ok=True)
 draw(str(DOCS / "generated" / "remote_layouts.png"))
-
-
-def _short_navbar_titles(app, pagename, templatename, context, doctree):
-    """Top-bar entries use the page title up to its first ``:`` or ``,``.
-
-    ("Scale: workers, ranks, ..." -> "Scale"); the page itself keeps its full title. Runs after
-    the theme has filled ``hierarchical_header_nav``.
-    """
-    for item in context.get("hierarchical_header_nav") or []:
-        if not item.get("external"):
-            item["title"] = re.split(r"[:,]", item["title"], maxsplit=1)[0].strip()
-
-
-# The theme is made for pytorch.org's own sites: its page head loads Google Tag Manager, a Facebook
-# pixel, a consent manager, Google site search, jQuery and list.js from CDNs, Google Fonts, and a
-# PyTorch preview image; its footer says "Copyright © Meta Platforms". Not ours to send readers
-# to: _templates/layout.html filters the head through `without_trackers` and uses the base
-# theme's footer, and the build fails (a warning, under -W) if a page still names one of them.
-_THIRD_PARTY = (
-    "googletagmanager.com",
-    "connect.facebook.net",
-    "facebook.com/tr",
-    "osano.com",
-    "cse.google.com",
-    "code.jquery.com",
-    "cdnjs.cloudflare.com",
-    "fonts.googleapis.com",
-    "fonts.gstatic.com",
-    "pytorch_seo.png",
-    "Meta Platforms",
-)
-_THIRD_PARTY_RE = "|".join(re.escape(host) for host in _THIRD_PARTY)
-
-
-def _without_trackers(head: str, local_jquery: str) -> str:
-    """The theme's page head without the third-party pieces above (jQuery from the theme's copy)."""
-    head = re.sub(r'src="https://code\.jquery\.com/[^"]*"', f'src="{local_jquery}"', str(head))
-    for tag in ("script", "noscript"):
-        inline = (
-            rf"<{tag}\b[^>]*>(?:(?!</{tag}>).)*?(?:{_THIRD_PARTY_RE})(?:(?!</{tag}>).)*</{tag}>"
-        )
-        loaded = rf"<{tag}\b[^>]*(?:{_THIRD_PARTY_RE})[^>]*>\s*</{tag}>"
-        head = re.sub(f"{loaded}|{inline}", "", head, flags=re.DOTALL)
-    head = re.sub(rf"<(?:link|meta)\b[^>]*(?:{_THIRD_PARTY_RE})[^>]*>", "", head)
-    return markupsafe.Markup(head)
-
-
-def _add_template_filters(app):
-    if hasattr(app.builder, "templates"):
-        app.builder.templates.environment.filters["without_trackers"] = _without_trackers
-
-
-def _check_no_third_party(app, exception):
-    if exception is not None or app.builder.format != "html":
-        return
-    for page in sorted(Path(app.outdir).rglob("*.html")):
-        found = set(re.findall(_THIRD_PARTY_RE, page.read_text(encoding="utf-8")))
-        if found:
-            logger.warning(
-                "%s still names %s: update _without_trackers in docs/conf.py for this version "
-                "of pytorch_sphinx_theme2",
-                page.relative_to(app.outdir),
-                ", ".join(sorted(found)),
-            )
-
-
-def setup(app):
-    app.connect("builder-inited", _add_template_filters)
-    app.connect("html-page-context", _short_navbar_titles, priority=900)
-    app.connect("build-finished", _check_no_third_party)
