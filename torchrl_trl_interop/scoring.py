@@ -80,7 +80,7 @@ def score_packed(
 def report_nonfinite(reward: torch.Tensor, reward_key: NestedKey, nonfinite: str) -> None:
     """Raises (``nonfinite="raise"``) or warns about the NaN or infinite entries of ``reward``.
 
-    Called by the wrapper's ``forward``, so the warning points at the caller's line.
+    Called from the wrapper's ``forward`` (the warning's ``stacklevel`` counts on it).
     """
     bad = ~torch.isfinite(reward.detach())
     where = bad.nonzero().tolist()[:8]
