@@ -1,15 +1,15 @@
 """Hugging Face reward models as TensorDict modules: :class:`HFRewardModelWrapper`.
 
 Read -> score -> write: :mod:`~torchrl_trl_interop.reward_inputs` turns the TensorDict into
-right-packed token ids, the model scores them in length-bucketed micro-batches, and
-:mod:`~torchrl_trl_interop.pooling` reads one reward per row out of its output. Where and why
-this differs from upstream ``torchrl.modules.llm.HFRewardModelWrapper``: ``docs/overview.rst``.
+right-packed token ids, :mod:`~torchrl_trl_interop.scoring` scores them in length-bucketed
+micro-batches (:mod:`~torchrl_trl_interop.pooling` reads one reward per row out of the model's
+output), and the rewards are written back in the TensorDict's batch shape. Where and why this
+differs from upstream ``torchrl.modules.llm.HFRewardModelWrapper``: ``docs/overview.rst``.
 """
 
 from __future__ import annotations
 
 import contextlib
-import warnings
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -31,32 +31,14 @@ from ._utils import (
     module_repr,
     public_key,
 )
-from .padding import length_buckets, position_mask, unbucket
-from .pooling import (
-    RewardOutputError,
-    RewardShapeError,
-    check_model_input,
-    check_reward_shape,
-    choose_fill,
-    extract_reward,
-    optimistic_pad_id,
-    pooling_model,
-    text_config,
-)
-from .reward_inputs import (
-    PackedInput,
-    empty_rows_error,
-    read_history,
-    read_texts,
-    read_tokens,
-)
+from .pooling import RewardOutputError, RewardShapeError, check_model_input, text_config
+from .reward_inputs import PackedInput, read_history, read_texts, read_tokens
+from .scoring import NONFINITE_MODES, report_nonfinite, score_packed
 
 if TYPE_CHECKING:  # pragma: no cover
     from transformers import PreTrainedTokenizerBase
 
 __all__ = ["HFRewardModelWrapper", "RewardOutputError", "RewardShapeError"]
-
-_NONFINITE_MODES = ("raise", "warn", "ignore")
 
 
 class _RewardModelHolder(nn.Module):
@@ -232,10 +214,9 @@ class HFRewardModelWrapper(TensorDictModuleBase):
             ("unsqueeze_reward", unsqueeze_reward),
         ):
             check_bool(value, flag, owner)
-        if nonfinite not in _NONFINITE_MODES:
+        if nonfinite not in NONFINITE_MODES:
             raise ValueError(
-                f"HFRewardModelWrapper: nonfinite={nonfinite!r}; expected one of "
-                f"{_NONFINITE_MODES}."
+                f"HFRewardModelWrapper: nonfinite={nonfinite!r}; expected one of {NONFINITE_MODES}."
             )
         token_key = as_key(token_key, "token_key")
         reward_key = as_key(reward_key, "reward_key")
@@ -348,7 +329,8 @@ class HFRewardModelWrapper(TensorDictModuleBase):
                 entry has an unreadable type.
             ValueError: if the mask's shape or row lengths do not match the tokens', a row has
                 no real token, a token id is outside the model's vocabulary, a row is longer
-                than its ``max_position_embeddings`` (all checked before the model runs), or (with ``nonfinite="raise"``) a reward is NaN or infinite.
+                than its ``max_position_embeddings`` (all checked before the model runs), or
+                (with ``nonfinite="raise"``) a reward is NaN or infinite.
             RewardShapeError: (a :class:`ValueError` and a :class:`RuntimeError`) if the model
                 returns anything but one scalar per row.
             RewardOutputError: (a :class:`TypeError` and a :class:`RuntimeError`) if the model
@@ -359,16 +341,15 @@ class HFRewardModelWrapper(TensorDictModuleBase):
         check_model_input(self.model, packed.ids, packed.lengths, self._input_arg())
 
         grad_context = torch.no_grad() if self._inference_mode else contextlib.nullcontext()
-        with grad_context:
-            reward, clash = self._score(packed.ids, packed.lengths)
-            # every check of the call reads the device once, after the model ran
-            empty, bad, clashed = self._check_after(reward, clash, packed)
-            if clashed and not empty:  # a row ends with the pad id: score again with a spare
-                reward, _ = self._score(packed.ids, packed.lengths, look=True)
-                bad = self._nonfinite(reward)
-                bad = bad is not None and bool(bad)
-        if empty:
-            raise empty_rows_error(packed.lengths, packed.empty_hint)
+        with grad_context:  # reads the device once, after the model ran
+            reward, bad = score_packed(
+                self.model,
+                self._pooling_config(),
+                packed,
+                max_batch_size=self.max_batch_size,
+                pass_mask=self._pass_mask,
+                nonfinite=self.nonfinite,
+            )
 
         reward = reward.float().reshape(packed.batch_shape)
         if self.unsqueeze_reward:
@@ -376,8 +357,7 @@ class HFRewardModelWrapper(TensorDictModuleBase):
         if packed.device is not None:
             reward = reward.to(packed.device)
         if bad:
-            self._report_nonfinite(reward)
-
+            report_nonfinite(reward, self._reward_key, self.nonfinite)
         if torch.is_inference_mode_enabled() or reward.is_inference():
             # inside the caller's inference_mode every new tensor is an inference tensor, which
             # no later backward pass may use: hand back a normal copy (a [*batch] tensor)
@@ -390,7 +370,7 @@ class HFRewardModelWrapper(TensorDictModuleBase):
         return tensordict
 
     # -----------------------------------------------------------------------------------------
-    # scoring
+    # what the model reads
     # -----------------------------------------------------------------------------------------
 
     def _read(self, tensordict: TensorDictBase) -> PackedInput:
@@ -410,13 +390,6 @@ class HFRewardModelWrapper(TensorDictModuleBase):
             return f"history_key={public_key(self._history_key)!r} (tokenized)"
         return f"token_key={public_key(self._token_key)!r}"
 
-    def _model_device(self, default: torch.device) -> torch.device:
-        for tensor in self.model.parameters():
-            return tensor.device
-        for tensor in self.model.buffers():
-            return tensor.device
-        return default
-
     def _pooling_config(self) -> Any:
         """The config the model's pooling reads, looked up once per model config object."""
         source = getattr(self.model, "config", None)
@@ -424,89 +397,3 @@ class HFRewardModelWrapper(TensorDictModuleBase):
             self._config_source = source
             self._config = text_config(self.model)
         return self._config
-
-    def _score(
-        self, ids: torch.Tensor, lengths: torch.Tensor, look: bool = False
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Scores right-packed rows ``ids [N, T]`` of ``lengths [N]``: a reward per row.
-
-        Returns the rewards and, when the model's own pad id was used as the fill without
-        looking at the rows, a 0-d bool tensor telling whether some row ends with it after all
-        (the caller then scores again with ``look=True``, which picks a spare id).
-        """
-        n = ids.shape[0]
-        device = self._model_device(ids.device)
-        ids = ids.to(device)
-        lengths = lengths.to(device)
-        if n == 0:
-            return torch.zeros(0, device=device), None
-        config = self._pooling_config()
-        clash = None
-        pad = optimistic_pad_id(config) if not look else None
-        if pad is not None:
-            fill, pooling_pad = pad, None
-            clash = (ids[torch.arange(n, device=device), lengths - 1] == pad).any()
-        else:
-            fill, pooling_pad = choose_fill(config, ids, lengths)
-        mask = position_mask(lengths, ids.shape[-1])
-        ids = ids.masked_fill(~mask, fill)
-
-        # micro-batches: rows sorted by length, so each call pads only to its own longest row
-        buckets = length_buckets(lengths, self.max_batch_size)
-        if buckets is None:
-            chunks = [(ids, mask, lengths)]
-        else:
-            # a sorted bucket's longest row is its last: every width read back at once
-            widths = lengths[torch.stack([b[-1] for b in buckets])].tolist()
-            chunks = [(ids[b, :w], mask[b, :w], lengths[b]) for b, w in zip(buckets, widths)]
-
-        rewards = []
-        with pooling_model(self.model, config, pooling_pad) as model:  # never mutates it
-            for chunk_ids, chunk_mask, chunk_len in chunks:
-                if self._pass_mask or bool((chunk_len != chunk_ids.shape[-1]).any()):
-                    out = model(input_ids=chunk_ids, attention_mask=chunk_mask.long())
-                else:
-                    out = model(input_ids=chunk_ids)
-                reward = extract_reward(out)
-                rewards.append(check_reward_shape(self.model, reward, chunk_ids.shape[0]))
-        if buckets is None:
-            return rewards[0], clash
-        return unbucket(rewards, buckets), clash  # back to the original row order
-
-    def _nonfinite(self, reward: torch.Tensor) -> torch.Tensor | None:
-        if self.nonfinite == "ignore":
-            return None
-        return (~torch.isfinite(reward.detach())).any()
-
-    def _check_after(
-        self, reward: torch.Tensor, clash: torch.Tensor | None, packed: PackedInput
-    ) -> tuple[bool, bool, bool]:
-        """``(some row is empty, some reward is not finite, some row ends with the fill)``.
-
-        Every flag is computed on the device and read back in one transfer.
-        """
-        flags: dict[str, torch.Tensor] = {}
-        if packed.empty_hint is not None and packed.lengths.numel():
-            flags["empty"] = (packed.lengths == 0).any().to(reward.device)
-        if clash is not None:
-            flags["clash"] = clash
-        bad = self._nonfinite(reward)
-        if bad is not None:
-            flags["bad"] = bad
-        if not flags:
-            return False, False, False
-        values = dict(zip(flags, torch.stack(list(flags.values())).tolist()))
-        empty, bad, clashed = (bool(values.get(k, False)) for k in ("empty", "bad", "clash"))
-        return empty, bad, clashed
-
-    def _report_nonfinite(self, reward: torch.Tensor) -> None:
-        bad = ~torch.isfinite(reward.detach())
-        where = bad.nonzero().tolist()[:8]
-        message = (
-            f"HFRewardModelWrapper: {int(bad.sum())} of {bad.numel()} reward(s) at "
-            f"{public_key(self._reward_key)!r} are NaN or infinite (first indices: {where}). "
-            "Check the model's dtype and inputs, or pass nonfinite='warn' or 'ignore'."
-        )
-        if self.nonfinite == "raise":
-            raise ValueError(message)
-        warnings.warn(message, RuntimeWarning, stacklevel=3)
