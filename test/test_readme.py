@@ -18,3 +18,11 @@ def test_quickstart_runs(capsys):
     assert "'prompt': '" in out and "'input_ids': tensor([" in out
     reward = namespace["rm"](namespace["rb"][namespace["torch"].arange(2)])["reward"]
     assert reward.shape == (2,) and reward.dtype == namespace["torch"].float32
+
+
+def test_images_exist():
+    """Every image the README shows is committed at the path it names."""
+    images = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", README.read_text())
+    assert images, "the README shows no figure"
+    for path in images:
+        assert (README.parent / path).is_file(), path
