@@ -15,7 +15,8 @@ import os
 import shutil
 import tempfile
 import threading
-from contextlib import nullcontext
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -81,6 +82,23 @@ def _storage_format(replay_buffer: ReplayBuffer) -> str:
     return "torchrl"  # torchrl's tensor checkpointer, or one the user chose
 
 
+@contextmanager
+def _checkpointing(replay_buffer: ReplayBuffer, fmt: str | None = None) -> Iterator[str]:
+    """Holds the buffer's lock with the checkpointer of ``fmt`` (decided under the lock when
+    ``None``) in place of the storage's own; yields the format."""
+    lock = getattr(replay_buffer, "_replay_lock", None) or nullcontext()
+    with lock:
+        fmt = fmt or _storage_format(replay_buffer)
+        storage = replay_buffer.storage
+        own = storage.checkpointer
+        if fmt == "rows":
+            storage.checkpointer = _RowsCheckpointer()
+        try:
+            yield fmt
+        finally:
+            storage.checkpointer = own
+
+
 def check_checkpointable(replay_buffer: Any, owner: str) -> None:
     """Raises a clear error for a buffer these functions cannot save faithfully."""
     if is_remote(replay_buffer):
@@ -142,17 +160,8 @@ def save_replay_buffer(replay_buffer: ReplayBuffer, path: str | os.PathLike) -> 
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))
     old: Path | None = None
     try:
-        lock = getattr(replay_buffer, "_replay_lock", None) or nullcontext()
-        with lock:
-            fmt = _storage_format(replay_buffer)
-            storage = replay_buffer.storage
-            own = storage.checkpointer
-            if fmt == "rows":
-                storage.checkpointer = _RowsCheckpointer()
-            try:
-                replay_buffer.dumps(tmp / "buffer")
-            finally:
-                storage.checkpointer = own
+        with _checkpointing(replay_buffer) as fmt:
+            replay_buffer.dumps(tmp / "buffer")
         with open(tmp / _FORMAT_FILE, "w") as file:
             json.dump({"version": _FORMAT_VERSION, "storage": fmt}, file)
         _fsync_tree(tmp)
@@ -195,16 +204,8 @@ def load_replay_buffer(replay_buffer: ReplayBuffer, path: str | os.PathLike) -> 
         )
     with open(path / _FORMAT_FILE) as file:
         fmt = json.load(file)["storage"]
-    lock = getattr(replay_buffer, "_replay_lock", None) or nullcontext()
-    with lock:
-        storage = replay_buffer.storage
-        own = storage.checkpointer
-        if fmt == "rows":
-            storage.checkpointer = _RowsCheckpointer()
-        try:
-            replay_buffer.loads(path / "buffer")
-        finally:
-            storage.checkpointer = own
+    with _checkpointing(replay_buffer, fmt):
+        replay_buffer.loads(path / "buffer")
     writer = replay_buffer.writer
     if hasattr(writer, "_commit_log"):  # CommittedWriter: publish the restored length
         writer._commit_log[1] = len(replay_buffer.storage)
