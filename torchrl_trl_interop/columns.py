@@ -33,6 +33,7 @@ from ._utils import (
     get_entry,
     key_to_str,
     public_key,
+    row_entries,
 )
 from .conversation import history_column, history_to_messages, messages_of
 from .padding import split_rows, trim_bounds, trim_row
@@ -114,14 +115,21 @@ def _unwrap(value: Any) -> Any:
 
 def _ragged_rows(batch: TensorDictBase, key: Key) -> list[torch.Tensor]:
     """Per-row tensors of a ragged column of a lazy stack, without building nested lazy stacks."""
-    if _is_lazy(batch) and batch.stack_dim == 0:
-        try:
-            rows = [td.get(key) for td in batch.tensordicts]
-        except (RuntimeError, KeyError):
-            rows = None
-        if rows is not None and all(isinstance(r, torch.Tensor) for r in rows):
-            return rows
+    rows = row_entries(batch, key)
+    if rows is not None and all(isinstance(r, torch.Tensor) for r in rows):
+        return rows
     return list(batch.get(key, as_list=True))
+
+
+def _mask_rows(batch: TensorDictBase, mask_key: Key | None) -> tuple[Any, list | None]:
+    """What the mask at ``mask_key`` trims with: ``(bounds, None)`` for a dense mask (see
+    :func:`trim_bounds`), ``(None, per-row masks)`` for a ragged one, ``(None, None)`` without."""
+    if mask_key is None:
+        return None, None
+    if _probe(batch, mask_key)[1]:
+        return None, _ragged_rows(batch, mask_key)
+    mask = batch.get(mask_key)
+    return (*trim_bounds(mask), mask.shape), None
 
 
 def _non_tensor_rows(key: Key, value: Any, batch: int) -> list:
@@ -175,14 +183,7 @@ def split_columns(
     device = as_device(device, "device", "split_columns")
     with set_list_to_stack(True):  # reading History needs it; scoped to the call
         # Mask first: it decides the trimming of every tensor of its shape.
-        bounds = None
-        row_masks = None
-        if mask_key is not None:
-            if _probe(batch, mask_key)[1]:
-                row_masks = _ragged_rows(batch, mask_key)
-            else:
-                mask = batch.get(mask_key)
-                bounds = (*trim_bounds(mask), mask.shape)
+        bounds, row_masks = _mask_rows(batch, mask_key)
 
         out: dict[Key, list] = {}
         for key in columns:

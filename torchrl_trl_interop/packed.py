@@ -23,9 +23,9 @@ import torch
 from tensordict import NonTensorData, TensorDictBase, set_list_to_stack
 
 from ._utils import Key, row_entries, to_python
-from .columns import _is_history, _non_tensor_rows, _probe, _ragged_rows
+from .columns import _is_history, _mask_rows, _non_tensor_rows, _probe, _ragged_rows
 from .conversation import history_column, history_fields, history_to_messages
-from .padding import trim_bounds, trim_row
+from .padding import trim_row
 from .tool_calls import has_tool_calls
 
 __all__ = ["PackedColumn", "arrow_table", "pack_columns", "python_columns"]
@@ -110,21 +110,12 @@ def pack_columns(
     """
     n = batch.batch_size[0]
     with set_list_to_stack(True):  # reading History needs it; scoped to the call
-        bounds = None
-        row_masks = None
-        if attention_mask_key is not None:
-            if _probe(batch, attention_mask_key)[1]:
-                row_masks = _ragged_rows(batch, attention_mask_key)
-            else:
-                mask = batch.get(attention_mask_key)
-                bounds = (*trim_bounds(mask), mask.shape)
+        bounds, row_masks = _mask_rows(batch, attention_mask_key)
         out = []
         for key in keys:
             probe, lazy = _probe(batch, key)
             if lazy and isinstance(probe, torch.Tensor):
-                rows = row_entries(batch, key)
-                if rows is None or not all(isinstance(r, torch.Tensor) for r in rows):
-                    rows = _ragged_rows(batch, key)
+                rows = _ragged_rows(batch, key)
                 if bounds is not None and rows:
                     out.append(_dense_column(torch.stack(rows), bounds))
                     continue
