@@ -21,7 +21,13 @@ from tensordict import TensorDict, TensorDictBase
 
 from ._utils import check_positive_int, require
 
-__all__ = ["WeightSyncCallback", "model_weights", "policy_model", "weights_checksum"]
+__all__ = [
+    "WeightSyncCallback",
+    "copy_weights_into",
+    "model_weights",
+    "policy_model",
+    "weights_checksum",
+]
 
 _OWNER = "WeightSyncCallback"
 
@@ -44,6 +50,20 @@ def policy_model(policy: Any) -> Any:
     if isinstance(policy, TensorDictModuleBase) and isinstance(inner, torch.nn.Module):
         return inner
     return policy
+
+
+def copy_weights_into(policy: Any, weights: TensorDictBase) -> None:
+    """Copies ``weights`` in place into the model a policy in this process samples with.
+
+    Examples:
+        >>> linear = torch.nn.Linear(2, 2)
+        >>> copy_weights_into(linear, model_weights(torch.nn.Linear(2, 2)).apply(torch.zeros_like))
+        >>> linear.weight.abs().sum().item()
+        0.0
+    """
+    from torchrl.weight_update import WeightStrategy
+
+    WeightStrategy("tensordict").apply_weights(policy_model(policy), weights, inplace=True)
 
 
 def model_weights(model: torch.nn.Module) -> TensorDictBase:
@@ -202,10 +222,7 @@ class WeightSyncCallback:
         elif self.kind == "scheme":
             self.target.send(weights)
         else:
-            from torchrl.weight_update import WeightStrategy
-
-            module = policy_model(self.target)
-            WeightStrategy("tensordict").apply_weights(module, weights, inplace=True)
+            copy_weights_into(self.target, weights)
         _set_version(self.policy_version, step)
         self.version = step
         self.sync_seconds.append(time.perf_counter() - start)

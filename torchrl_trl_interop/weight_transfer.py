@@ -91,10 +91,9 @@ class TorchRLWeightTransfer:
         if self.remote:
             self.target.update_policy_weights_(weights, policy_version=self.version + 1)
         else:
-            from torchrl.weight_update import WeightStrategy
+            from .weight_sync import copy_weights_into
 
-            model = _policy_model(self.target)
-            WeightStrategy("tensordict").apply_weights(model, weights, inplace=True)
+            copy_weights_into(getattr(self.target, "policy", self.target), weights)
         self.version += 1
 
     def resume(self) -> None:
