@@ -163,7 +163,7 @@ class TorchRLRolloutWorker:
 
             model = policy_model(policy)
             score_model = model if model is not policy else None
-        self.score_model = score_model or None
+        self.score_model = None if score_model is False else score_model  # False: keep theirs
         if temperature is None:
             kwargs = getattr(policy, "generate_kwargs", None) or {}
             temperature = kwargs.get("temperature", 1.0) if isinstance(kwargs, dict) else 1.0
