@@ -32,8 +32,8 @@ from tensordict import TensorDict
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_dataset import time_interleaved  # noqa: E402
 
-from torchrl_trl_interop import HFRewardModelWrapper, as_trl_reward_func  # noqa: E402
-from torchrl_trl_interop.testing import (  # noqa: E402
+from torchrl_trl_interop import HFRewardModelWrapper, as_trl_reward_func
+from torchrl_trl_interop.testing import (
     TOY_CORPUS,
     count_host_syncs,
     stub_reward_model,

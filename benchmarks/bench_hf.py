@@ -37,8 +37,8 @@ from torchrl.data import LazyStackStorage, LazyTensorStorage, ReplayBuffer
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_dataset import Timing, fmt_ratio, time_interleaved, touch_rows  # noqa: E402
 
-from torchrl_trl_interop import TorchRLBufferDataset  # noqa: E402
-from torchrl_trl_interop.testing import toy_chats  # noqa: E402
+from torchrl_trl_interop import TorchRLBufferDataset
+from torchrl_trl_interop.testing import toy_chats
 
 WIDTH = 128
 

@@ -26,8 +26,8 @@ os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 
 import torch  # noqa: E402
 
-from torchrl_trl_interop import as_reward_transform, as_trl_rollout_func  # noqa: E402
-from torchrl_trl_interop.testing import (  # noqa: E402
+from torchrl_trl_interop import as_reward_transform, as_trl_rollout_func
+from torchrl_trl_interop.testing import (
     IM_START,
     toy_causal_lm,
     toy_chat_env,

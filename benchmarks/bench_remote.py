@@ -33,13 +33,14 @@ os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 
 import torch  # noqa: E402
 
-from torchrl_trl_interop import (  # noqa: E402
+from torchrl_trl_interop import (
     RemotePolicy,
     TorchRLRolloutWorker,
     WeightSyncCallback,
     as_trl_rollout_func,
+    trainer_generation_config,
 )
-from torchrl_trl_interop.testing import (  # noqa: E402
+from torchrl_trl_interop.testing import (
     IM_START,
     ToyGenerator,
     toy_answer_length,
@@ -51,8 +52,7 @@ from torchrl_trl_interop.testing import (  # noqa: E402
     toy_tokenizer,
     toy_trainer_args,
 )
-from torchrl_trl_interop.trainer_policy import trainer_generation_config  # noqa: E402
-from torchrl_trl_interop.weight_sync import model_weights  # noqa: E402
+from torchrl_trl_interop.weights._sync import model_weights
 
 
 def grpo_trainer_steps(remote: bool, steps: int, out_dir: str) -> float:

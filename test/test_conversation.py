@@ -12,14 +12,16 @@ from tensordict import TensorDict, lazy_stack, list_to_stack, set_list_to_stack
 from tensordict import _utils_options as td_options
 from torchrl.data.llm import History
 
-from torchrl_trl_interop.conversation import (
+from torchrl_trl_interop import (
+    TorchRLBufferDataset,
     history_to_messages,
     is_conversational,
     is_message_list,
     messages_to_history,
+    replay_buffer_from_hf,
+    rows_to_tensordict,
     split_prompt_completion,
 )
-from torchrl_trl_interop.rows import rows_to_tensordict
 from torchrl_trl_interop.testing import toy_chats
 
 
@@ -336,3 +338,69 @@ class TestFastPathMatchesTensorclassPath:
             assert plain(history_to_messages(history)) == expected
             for row in range(history.batch_size[0]):
                 assert plain(history_to_messages(history[row])) == expected[row]
+
+
+def chat(answer: str) -> list[dict]:
+    return [{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": answer}]
+
+
+class TestToolCalls:
+    """Regression (issue 10, item 9): ``history_to_messages`` dropped tool calls; ``messages_to_history`` refused them."""
+
+    call = {"type": "function", "function": {"name": "add", "arguments": {"a": 2, "b": 2}}}
+    tool_chat = [
+        {"role": "system", "content": "Use tools."},
+        {"role": "user", "content": "2+2?"},
+        {"role": "assistant", "content": "", "tool_calls": [call]},
+        {"role": "tool", "name": "add", "content": "4"},
+        {"role": "assistant", "content": "4"},
+    ]
+
+    def test_round_trip_in_trl_format(self):
+        chats = [self.tool_chat, chat("4")]
+        history = messages_to_history(chats)
+        assert history_to_messages(history) == chats
+        assert history_to_messages(history[0], keep_system=False) == self.tool_chat[1:]
+        nested = [[self.tool_chat, chat("5")], [chat("4"), chat("6")]]
+        assert history_to_messages(messages_to_history(nested)) == nested
+
+    def test_content_none_next_to_tool_calls(self):
+        turn = {"role": "assistant", "content": None, "tool_calls": [self.call]}
+        out = history_to_messages(messages_to_history([chat("4")[0], turn]))
+        assert out[1] == {**turn, "content": ""}
+        with pytest.raises(ValueError, match=r"needs a str 'content', got None"):
+            messages_to_history([{"role": "assistant", "content": None}])
+
+    def test_torchrl_bare_calls_come_out_in_trl_format(self):
+        from tensordict import set_list_to_stack
+        from torchrl.data.llm import History
+
+        bare = {"name": "add", "arguments": {"a": 2, "b": 2}}
+        with set_list_to_stack(True):
+            history = lazy_stack(
+                [
+                    History(role="assistant", content="", tool_calls=[bare]),
+                    History(role="tool", content="4"),
+                ]
+            )
+        assert history_to_messages(history) == self.tool_chat[2:4]
+
+    def test_tool_name_must_match_the_call(self):
+        wrong = [*self.tool_chat[:3], {"role": "tool", "name": "mul", "content": "4"}]
+        with pytest.raises(ValueError, match=r"messages\[3\] is a tool turn named 'mul'.*'add'"):
+            messages_to_history(wrong)
+        with pytest.raises(TypeError, match=r"\['tool_calls'\] should be a list of dicts"):
+            messages_to_history([{"role": "assistant", "content": "", "tool_calls": "add(2)"}])
+
+    def test_through_a_buffer_and_both_hf_views(self):
+        rows = [{"messages": self.tool_chat}, {"messages": chat("4")}]
+        rb = replay_buffer_from_hf(rows)
+        ds = TorchRLBufferDataset(rb, 2, epoch=True)
+        assert [r["messages"] for r in ds] == [self.tool_chat, chat("4")]
+        assert [r["messages"] for r in ds.as_hf_dataset(num_shards=1)] == [
+            self.tool_chat,
+            chat("4"),
+        ]
+        first = TorchRLBufferDataset(replay_buffer_from_hf(rows[:1]), 1).to_hf_dataset()[0]
+        calls = [m for m in first["messages"] if m["tool_calls"]]
+        assert calls[0]["tool_calls"] == [self.call]

@@ -43,13 +43,14 @@ def dists(tmp_path_factory) -> tuple[Path, Path]:
 def test_sdist_carries_the_license_and_what_the_tests_need(dists):
     with tarfile.open(dists[0]) as tar:
         names = {name.split("/", 1)[1] for name in tar.getnames() if "/" in name}
-    tests = {p.relative_to(ROOT).as_posix() for p in (ROOT / "test").glob("*.py")}
+    tests = {p.relative_to(ROOT).as_posix() for p in (ROOT / "test").rglob("*.py")}
     needed = {
         "LICENSE",
         "README.md",
         "pyproject.toml",
         "test/conftest.py",
-        "test/_torchrun_worker.py",
+        "test/data/_torchrun_worker.py",
+        "test/data/_resume_worker.py",
         "tutorials/trl_interop.py",
         "tutorials/README.txt",
         "docs/conf.py",

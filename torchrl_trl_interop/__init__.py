@@ -17,41 +17,43 @@ from typing import Any
 
 __version__ = "0.1.0"
 
-# public name -> submodule defining it, by direction (docs/api.rst follows the same groups)
+# public name -> the private module defining it, grouped as the folders are (docs/api.rst too)
 _EXPORTS: dict[str, str] = {
-    # TorchRL -> TRL: buffers as datasets
-    "TorchRLBufferDataset": "replay_dataset",
-    "PaddingCollator": "collate",
-    "CommittedWriter": "online",
-    "split_columns": "columns",
-    "build_preference_pairs": "preferences",
-    "as_trl_rollout_func": "rollout_func",
-    "BufferCheckpointCallback": "checkpoint",
-    "last_complete_checkpoint": "checkpoint",
-    # TRL -> TorchRL: reward models as modules, TRL data into buffers and environments
-    "HFRewardModelWrapper": "reward_model",
-    "RewardOutputError": "pooling",
-    "RewardShapeError": "pooling",
-    "replay_buffer_from_hf": "buffer_from_hf",
-    "RewardTransform": "reward_transform",
-    "as_reward_transform": "reward_transform",
-    # generation apart from training: weight sync, policy versions, TRL's AsyncGRPO seams
-    "WeightSyncCallback": "weight_sync",
-    "weights_checksum": "weight_sync",
-    "RemotePolicy": "remote_policy",
-    "StaleRolloutError": "staleness",
-    "TorchRLRolloutWorker": "async_grpo",
-    "TorchRLWeightTransfer": "weight_transfer",
-    # reward functions, both ways
-    "as_trl_reward_func": "trl_reward_func",
-    "TRLRewardFuncWrapper": "reward_func_module",
-    # conversations
-    "history_to_messages": "conversation",
-    "messages_to_history": "conversation",
-    "split_prompt_completion": "conversation",
-    "is_conversational": "conversation",
-    "is_message_list": "conversation",
-    "rows_to_tensordict": "rows",
+    # conversations: History <-> TRL messages (pure functions)
+    "history_to_messages": "_conversation",
+    "messages_to_history": "_conversation",
+    "split_prompt_completion": "_conversation",
+    "is_conversational": "_conversation",
+    "is_message_list": "_conversation",
+    # data/: buffers <-> TRL and Hugging Face datasets
+    "TorchRLBufferDataset": "data._dataset",
+    "PaddingCollator": "data._collate",
+    "CommittedWriter": "data._committed",
+    "split_columns": "data._columns",
+    "rows_to_tensordict": "data._rows",
+    "replay_buffer_from_hf": "data._from_hf",
+    "build_preference_pairs": "data._preferences",
+    "BufferCheckpointCallback": "data._checkpoint",
+    "last_complete_checkpoint": "data._checkpoint",
+    # rewards/: reward models and reward functions, both ways; rewards inside environments
+    "HFRewardModelWrapper": "rewards._reward_model",
+    "RewardOutputError": "rewards._pooling",
+    "RewardShapeError": "rewards._pooling",
+    "as_trl_reward_func": "rewards._to_trl",
+    "TRLRewardFuncWrapper": "rewards._from_trl",
+    "RewardTransform": "rewards._env_transform",
+    "as_reward_transform": "rewards._env_transform",
+    # weights/: trainer weights -> generators, policy versions
+    "WeightSyncCallback": "weights._sync",
+    "weights_checksum": "weights._sync",
+    "RemotePolicy": "weights._remote_policy",
+    "StaleRolloutError": "weights._staleness",
+    # rollouts/: TorchRL generation feeding TRL's trainers
+    "as_trl_rollout_func": "rollouts._rollout_func",
+    "TrainerModelPolicy": "rollouts._trainer_policy",
+    "trainer_generation_config": "rollouts._trainer_policy",
+    "TorchRLRolloutWorker": "rollouts._async_grpo",
+    "TorchRLWeightTransfer": "rollouts._weight_transfer",
 }
 
 __all__ = sorted(_EXPORTS)

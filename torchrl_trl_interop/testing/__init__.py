@@ -3,12 +3,16 @@
 Everything here is built locally from configs, with random weights and no download, so tests,
 the tutorial and the benchmarks all run offline on CPU from the same objects:
 
-* :mod:`~torchrl_trl_interop.testing.tokenizer`: the tokenizer and its chat template;
-* :mod:`~torchrl_trl_interop.testing.models`: tiny reward models and causal LMs;
-* :mod:`~torchrl_trl_interop.testing.data`: conversations, prompts, buffers, trainer settings;
-* :mod:`~torchrl_trl_interop.testing.envs`: chat environments for the online loop;
-* :mod:`~torchrl_trl_interop.testing.generation`: a generator apart from the trainer;
-* :mod:`~torchrl_trl_interop.testing.stubs`: stand-ins for measuring the reward wrapper.
+* the tokenizer and its chat template (``_tokenizer.py``);
+* tiny reward models and causal LMs (``_models.py``);
+* conversations, prompts, buffers, trainer settings (``_data.py``);
+* chat environments for the online loop (``_envs.py``);
+* a generator apart from the trainer (``_generation.py``);
+* stand-ins for measuring the reward wrapper (``_stubs.py``);
+* the tutorial's toy task: small additions, a sloppy teacher, a checkable reward
+  (``_toy_task.py``).
+
+This package is the one import path of all of them: ``from torchrl_trl_interop.testing import ...``.
 
 Examples:
     >>> from torchrl_trl_interop.testing import toy_tokenizer, toy_reward_model
@@ -20,20 +24,45 @@ Examples:
     1
 """
 
-from .data import toy_buffer, toy_chats, toy_collected_buffer, toy_prompts, toy_trainer_args
-from .envs import toy_chat_env, toy_primed_chat_env, toy_tool_reply
-from .generation import ToyGenerator, toy_answer_length, toy_generator_policy, toy_grpo_step
-from .models import toy_causal_lm, toy_reward_model
-from .stubs import count_host_syncs, stub_reward_model
-from .tokenizer import CHATML_TEMPLATE, IM_END, IM_START, PAD_TOKEN, TOY_CORPUS, toy_tokenizer
+from ._data import (
+    toy_buffer,
+    toy_chats,
+    toy_collected_buffer,
+    toy_padded,
+    toy_prompts,
+    toy_trainer_args,
+)
+from ._envs import toy_chat_env, toy_primed_chat_env, toy_tool_reply
+from ._generation import ToyGenerator, toy_answer_length, toy_generator_policy, toy_grpo_step
+from ._models import toy_causal_lm, toy_reward_model
+from ._stubs import count_host_syncs, stub_reward_model
+from ._tokenizer import CHATML_TEMPLATE, IM_END, IM_START, PAD_TOKEN, TOY_CORPUS, toy_tokenizer
+from ._toy_task import (
+    DEMO_WARNING_FILTERS,
+    arithmetic_chats,
+    arithmetic_questions,
+    correct_answer,
+    demo_setup,
+    parse_question,
+    printable_share,
+    worked_answer,
+)
 
 __all__ = [
     "CHATML_TEMPLATE",
+    "DEMO_WARNING_FILTERS",
     "IM_END",
     "IM_START",
     "PAD_TOKEN",
     "TOY_CORPUS",
     "ToyGenerator",
+    "arithmetic_chats",
+    "arithmetic_questions",
+    "correct_answer",
+    "demo_setup",
+    "parse_question",
+    "printable_share",
+    "worked_answer",
     "count_host_syncs",
     "stub_reward_model",
     "toy_answer_length",
@@ -43,6 +72,7 @@ __all__ = [
     "toy_chats",
     "toy_collected_buffer",
     "toy_generator_policy",
+    "toy_padded",
     "toy_grpo_step",
     "toy_primed_chat_env",
     "toy_prompts",

@@ -1,0 +1,395 @@
+"""Replay buffers checkpointed with the trainer: faithful, atomic, restored on resume; kill and resume."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+from tensordict import TensorDict, lazy_stack, set_list_to_stack
+from torchrl.data import (
+    LazyStackStorage,
+    LazyTensorStorage,
+    ListStorage,
+    ReplayBuffer,
+    SamplerWithoutReplacement,
+)
+from torchrl.data.llm import History
+
+from torchrl_trl_interop import (
+    BufferCheckpointCallback,
+    CommittedWriter,
+    TorchRLBufferDataset,
+    last_complete_checkpoint,
+)
+from torchrl_trl_interop.data._checkpoint import load_replay_buffer, save_replay_buffer
+from torchrl_trl_interop.testing import toy_buffer
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def text_rows(n: int, *, ragged: bool, start: int = 0):
+    rows = []
+    for i in range(start, start + n):
+        with set_list_to_stack(True):
+            chat = [{"role": "user", "content": f"q{i}"}, {"role": "assistant", "content": "a" * i}]
+            history = History.from_chats([chat])[0]
+        ids = torch.arange(i % 5 + 1) if ragged else torch.full((3,), i)
+        rows.append(
+            TensorDict({"ids": ids, "row": torch.tensor(i), "prompt": f"p{i}", "h": history})
+        )
+    return lazy_stack(rows) if ragged else torch.stack(rows)
+
+
+STORAGES = {
+    "LazyTensorStorage": (lambda: LazyTensorStorage(6), False),
+    "LazyStackStorage": (lambda: LazyStackStorage(6), True),
+    "ListStorage": (lambda: ListStorage(6), True),
+}
+
+
+def empty(capacity: int, n: int = 0) -> ReplayBuffer:
+    return toy_buffer(n, storage=LazyTensorStorage(capacity))
+
+
+def stored(rb) -> list[str]:
+    return [repr(row) for row in TorchRLBufferDataset(rb, 4).iter_storage()]
+
+
+def full_buffer(name: str):
+    make, ragged = STORAGES[name]
+    rb = ReplayBuffer(storage=make(), sampler=SamplerWithoutReplacement())
+    rb.extend(text_rows(6, ragged=ragged))
+    rb.extend(text_rows(2, ragged=ragged, start=6))  # wraps: slots 0 and 1 hold rows 6 and 7
+    rb.sample(2)  # the sampler is half-way through its epoch
+    return rb
+
+
+class TestSaveLoad:
+    @pytest.mark.parametrize("name", list(STORAGES))
+    def test_text_history_cursor_and_sampler_come_back(self, name, tmp_path):
+        rb = full_buffer(name)
+        save_replay_buffer(rb, tmp_path / "rb")
+        make, ragged = STORAGES[name]
+        restored = ReplayBuffer(storage=make(), sampler=SamplerWithoutReplacement())
+        restored.extend(text_rows(3, ragged=ragged, start=50))  # replaced, not merged
+        load_replay_buffer(restored, tmp_path / "rb")
+        assert stored(restored) == stored(rb)
+        assert [r["prompt"] for r in TorchRLBufferDataset(restored, 4).iter_storage()] == [
+            "p6", "p7", "p2", "p3", "p4", "p5"
+        ]  # fmt: skip
+        assert restored.writer._cursor == rb.writer._cursor == 2
+        assert restored.writer._write_count == rb.writer._write_count == 8
+        assert torch.equal(restored.sampler._sample_list, rb.sampler._sample_list)
+
+    def test_torchrl_dumps_alone_loses_strings(self, tmp_path):
+        """Why text storages are saved as rows: torchrl 0.14.1 restores every string as row 0's."""
+        rb = full_buffer("LazyTensorStorage")
+        rb.dumps(tmp_path / "raw")
+        restored = ReplayBuffer(storage=LazyTensorStorage(6))
+        restored.loads(tmp_path / "raw")
+        assert restored[:]["prompt"] != rb[:]["prompt"]
+
+    def test_tensor_only_storage_uses_torchrl_format(self, tmp_path):
+        save_replay_buffer(toy_buffer(5), tmp_path / "rb")
+        assert json.loads((tmp_path / "rb" / "format.json").read_text())["storage"] == "torchrl"
+        restored = empty(5)
+        load_replay_buffer(restored, tmp_path / "rb")
+        assert restored[:]["x"].tolist() == [0, 1, 2, 3, 4]
+
+    def test_committed_writer_publishes_the_restored_length(self, tmp_path):
+        rb = toy_buffer(5, writer=CommittedWriter())
+        save_replay_buffer(rb, tmp_path / "rb")
+        restored = toy_buffer(0, storage=LazyTensorStorage(5), writer=CommittedWriter())
+        load_replay_buffer(restored, tmp_path / "rb")
+        assert restored.writer.committed == (0, 5)
+
+    def test_resave_replaces(self, tmp_path):
+        save_replay_buffer(empty(5, 3), tmp_path / "rb")
+        save_replay_buffer(toy_buffer(5), tmp_path / "rb")
+        restored = empty(5)
+        load_replay_buffer(restored, tmp_path / "rb")
+        assert len(restored) == 5
+        assert os.listdir(tmp_path) == ["rb"]  # no temporary or old directory left behind
+
+
+class TestCrashWhileSaving:
+    def test_failed_write_leaves_the_previous_save(self, tmp_path, monkeypatch):
+        save_replay_buffer(empty(5, 3), tmp_path / "rb")
+        rb = toy_buffer(5)
+
+        def fail(path):
+            raise OSError("disk full")
+
+        monkeypatch.setattr(rb.writer, "dumps", fail)  # storage and sampler written, then fails
+        with pytest.raises(OSError, match="disk full"):
+            save_replay_buffer(rb, tmp_path / "rb")
+        restored = empty(5)
+        load_replay_buffer(restored, tmp_path / "rb")
+        assert restored[:]["x"].tolist() == [0, 1, 2]
+        assert os.listdir(tmp_path) == ["rb"]
+
+    @pytest.mark.parametrize("where", ["writer", "fsync"])
+    def test_sigkill_mid_write(self, tmp_path, where):
+        """A process SIGKILLed while saving checkpoint-2's buffer: checkpoint-1's still loads."""
+        script = textwrap.dedent(
+            f"""
+            import os, signal
+            import torchrl_trl_interop.data._buffer_files as ckpt
+            from torchrl_trl_interop.testing import toy_buffer
+            from torchrl.data import LazyTensorStorage
+            ckpt.save_replay_buffer(toy_buffer(3, storage=LazyTensorStorage(5)), {str(tmp_path / "checkpoint-1" / "rb")!r})
+            rb = toy_buffer(5, storage=LazyTensorStorage(5))
+            die = lambda *a, **k: os.kill(os.getpid(), signal.SIGKILL)
+            if {where!r} == "writer":
+                rb.writer.dumps = die
+            else:
+                ckpt._fsync_tree = die
+            ckpt.save_replay_buffer(rb, {str(tmp_path / "checkpoint-2" / "rb")!r})
+            """
+        )
+        proc = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True)
+        assert proc.returncode == -9, proc.stderr.decode()[-2000:]
+        assert not (tmp_path / "checkpoint-2" / "rb").exists()
+        leftovers = os.listdir(tmp_path / "checkpoint-2")
+        assert len(leftovers) == 1 and leftovers[0].startswith(".rb.tmp-")  # only the temp dir
+        with pytest.raises(FileNotFoundError, match="no saved replay buffer"):
+            load_replay_buffer(empty(5), tmp_path / "checkpoint-2" / "rb")
+        restored = empty(5)
+        load_replay_buffer(restored, tmp_path / "checkpoint-1" / "rb")
+        assert restored[:]["x"].tolist() == [0, 1, 2]
+        for step in (1, 2):
+            (tmp_path / f"checkpoint-{step}" / "trainer_state.json").write_text("{}")
+        assert last_complete_checkpoint(tmp_path, "rb") == str(tmp_path / "checkpoint-1")
+
+
+class TestCallbackArguments:
+    def test_ray_and_non_buffers_are_refused(self):
+        with pytest.raises(TypeError, match="replay_buffer must be a torchrl ReplayBuffer"):
+            BufferCheckpointCallback([1, 2])
+
+    def test_dirname(self):
+        with pytest.raises(ValueError, match="dirname must be a non-empty directory name"):
+            BufferCheckpointCallback(toy_buffer(2), dirname="a/b")
+
+    def test_is_a_trainer_callback_by_protocol(self):
+        callback = BufferCheckpointCallback(toy_buffer(2))
+        assert callback.on_log(None, None, None, logs={}) is None
+        with pytest.raises(AttributeError, match="no attribute 'state'"):
+            callback.state  # noqa: B018  (not an ExportableState)
+
+    def test_resume_without_a_saved_buffer_names_the_last_complete_checkpoint(self, tmp_path):
+        args = type("Args", (), {"output_dir": str(tmp_path), "ignore_data_skip": False})
+        state = type("State", (), {"global_step": 4, "is_world_process_zero": True})
+        for step in (2, 4):
+            (tmp_path / f"checkpoint-{step}").mkdir()
+            (tmp_path / f"checkpoint-{step}" / "trainer_state.json").write_text("{}")
+        save_replay_buffer(toy_buffer(2), tmp_path / "checkpoint-2" / "replay_buffer")
+        with pytest.raises(FileNotFoundError, match=r"Resume from '.*checkpoint-2'"):
+            BufferCheckpointCallback(toy_buffer(2)).on_train_begin(args, state, None)
+
+    @pytest.mark.parametrize(
+        ("stateful", "ignore_data_skip", "match"),
+        [
+            (True, False, "resumes by skipping batches"),
+            (False, True, "the DataLoader is not stateful"),
+        ],
+    )
+    def test_resume_settings_that_cannot_restore_the_data_position_warn(
+        self, tmp_path, stateful, ignore_data_skip, match
+    ):
+        args = type("Args", (), {"output_dir": str(tmp_path), "ignore_data_skip": ignore_data_skip})
+        state = type("State", (), {"global_step": 2, "is_world_process_zero": True})
+        loader = type("Loader", (), {"use_stateful_dataloader": stateful})()
+        save_replay_buffer(toy_buffer(2), tmp_path / "checkpoint-2" / "replay_buffer")
+        rb = empty(2)
+        with pytest.warns(UserWarning, match=match):
+            BufferCheckpointCallback(rb).on_train_begin(args, state, None, train_dataloader=loader)
+        assert rb[:]["x"].tolist() == [0, 1]  # the buffer is restored all the same
+
+
+# -- kill and resume: a subprocess trains, SIGKILLs itself, a second one resumes -------------------
+
+ROWS, BATCH, MAX_STEPS, SAVE_STEPS = 12, 2, 15, 4  # 6 steps an epoch, 2.5 epochs
+#: The settings under which each view resumes exactly (docs/scale.rst, "Resuming").
+EXACT = {
+    "torch": {"view": "torch", "stateful": True, "ignore_data_skip": True},
+    "as_hf_dataset": {"view": "iterable", "stateful": True, "ignore_data_skip": True},
+    "to_hf_dataset": {"view": "map", "stateful": False, "ignore_data_skip": False},
+    # 2 spawn workers, kept across epochs (each advances its own epoch); RewardTrainer cannot
+    # send an iterable view to spawn workers (a lambda of its _prepare_dataset does not pickle)
+    "torch-2-workers": {
+        "view": "torch",
+        "stateful": True,
+        "ignore_data_skip": True,
+        "workers": 2,
+        "persistent": True,
+    },
+}
+
+
+def config(case: str, tmp: Path, run: str, **extra) -> dict:
+    return {
+        "rows": ROWS,
+        "batch": BATCH,
+        "max_steps": MAX_STEPS,
+        "save_steps": SAVE_STEPS,
+        "shuffle": True,
+        "workers": 0,
+        **EXACT[case],
+        "out": str(tmp / case / run),
+        "rows_file": str(tmp / case / f"{run}.txt"),
+        **extra,
+    }
+
+
+def train(configs, expect: int = 0) -> None:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "TRL_EXPERIMENTAL_SILENCE": "1"}
+    worker = str(Path(__file__).with_name("_resume_worker.py"))
+    proc = subprocess.run(
+        [sys.executable, worker, json.dumps(configs)], cwd=ROOT, env=env, capture_output=True
+    )
+    assert proc.returncode == expect, proc.stderr.decode()[-4000:]
+
+
+def steps(path: str) -> dict[int, list[int]]:
+    lines = (line.split() for line in Path(path).read_text().splitlines())
+    return {int(step): [int(i) for i in ids] for step, *ids in lines}
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    """One uninterrupted run of every case, in one process."""
+    tmp = tmp_path_factory.mktemp("uninterrupted")
+    configs = [config(case, tmp, "u") for case in EXACT]
+    for cfg in configs:
+        Path(cfg["out"]).parent.mkdir(parents=True)
+    train(configs)
+    return {case: steps(cfg["rows_file"]) for case, cfg in zip(EXACT, configs)}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", list(EXACT))
+def test_kill_and_resume_is_exact(case, uninterrupted, tmp_path):
+    kill_at = random.randint(7, MAX_STEPS - 1)  # in the second epoch or later
+    (tmp_path / case).mkdir()
+    killed = config(case, tmp_path, "run", kill_at=kill_at)
+    train(killed, expect=-9)
+    resumed = dict(killed, kill_at=None, resume=True, rows_file=str(tmp_path / case / "r.txt"))
+    train(resumed)
+    before, after, reference = (
+        steps(killed["rows_file"]),
+        steps(resumed["rows_file"]),
+        uninterrupted[case],
+    )
+    checkpoint = min(after) - 1
+    # killed in on_step_end, before the trainer saves that step: a kill at a save step leaves
+    # that checkpoint without its trainer state, and the run resumes from the one before
+    assert checkpoint == (kill_at - 1) // SAVE_STEPS * SAVE_STEPS, (kill_at, checkpoint)
+    assert max(before) == kill_at and max(after) == MAX_STEPS
+    # what the trainer learned from: the killed run up to its checkpoint, then the resumed run
+    trained = [before[s] for s in range(1, checkpoint + 1)] + [after[s] for s in sorted(after)]
+    assert trained == [reference[s] for s in range(1, MAX_STEPS + 1)], f"killed at {kill_at}"
+    rows = [i for batch in trained for i in batch]
+    epochs = [rows[i : i + ROWS] for i in range(0, len(rows) - ROWS + 1, ROWS)]
+    assert len(epochs) == 2 and all(sorted(e) == list(range(ROWS)) for e in epochs)
+    assert epochs[0] != epochs[1]  # shuffled afresh each epoch
+
+
+# -- an online run: a writer thread extends the buffer while the trainer samples it --------------
+
+
+class OnlineWriter:
+    """A collector thread writing 3 rows per trainer step; a callback hands it each step's number."""
+
+    def __init__(self, rb: ReplayBuffer):
+        import queue
+        import threading
+
+        self.rb, self.todo, self.done = rb, queue.Queue(), queue.Queue()
+        self.thread = threading.Thread(target=self.run, daemon=True)
+        self.thread.start()
+
+    def run(self):
+        while (step := self.todo.get()) is not None:
+            ids = torch.arange(3) + 100 * step
+            self.rb.extend(TensorDict({"row_id": ids, "x": ids[:, None].float().expand(3, 4)}, [3]))
+            self.done.put(step)
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        self.todo.put(state.global_step + 1)
+        self.done.get(timeout=60)
+
+    def on_train_end(self, args, state, control, **kwargs):
+        self.todo.put(None)
+
+    def __getattr__(self, name):
+        if name.startswith("on_"):
+            return lambda *a, **k: None
+        raise AttributeError(name)
+
+
+def buffer_state(rb: ReplayBuffer) -> tuple:
+    return rb[:]["row_id"].tolist(), rb.writer._cursor, rb.writer._write_count
+
+
+def online_run(tmp_path: Path, resume: str | None, snapshots: dict) -> ReplayBuffer:
+    from transformers import Trainer, TrainingArguments, default_data_collator
+
+    from torchrl_trl_interop.testing import toy_trainer_args
+
+    class Tiny(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(4, 1)
+
+        def forward(self, x, row_id=None):
+            return {"loss": self.lin(x).pow(2).mean()}
+
+    class Snapshot:
+        def on_train_begin(self, args, state, control, **kwargs):
+            snapshots[("begin", state.global_step)] = buffer_state(rb)
+
+        def on_step_end(self, args, state, control, **kwargs):
+            snapshots[("end", state.global_step)] = buffer_state(rb)
+
+        def __getattr__(self, name):
+            if name.startswith("on_"):
+                return lambda *a, **k: None
+            raise AttributeError(name)
+
+    rb = toy_buffer(0, storage=LazyTensorStorage(10))
+    rb.extend(TensorDict({"row_id": torch.arange(3), "x": torch.zeros(3, 4)}, [3]))
+    ds = TorchRLBufferDataset(rb, 2, num_batches=None, seed=0)  # online: sampled as it grows
+    args = toy_trainer_args(
+        str(tmp_path), max_steps=6, save_strategy="steps", save_steps=3, dataloader_num_workers=0
+    )
+    callbacks = [BufferCheckpointCallback(rb), OnlineWriter(rb), Snapshot()]
+    trainer = Trainer(
+        model=Tiny(),
+        args=TrainingArguments(**args),
+        train_dataset=ds,
+        data_collator=default_data_collator,
+        callbacks=callbacks,
+    )
+    trainer.train(resume_from_checkpoint=resume)
+    return rb
+
+
+@pytest.mark.slow
+def test_online_run_resumes_with_the_buffer_as_it_was(tmp_path):
+    first: dict = {}
+    uninterrupted = online_run(tmp_path, None, first)
+    assert len(uninterrupted) == 10 and uninterrupted.writer._write_count == 21  # wrapped
+    second: dict = {}
+    resumed = online_run(tmp_path, str(tmp_path / "checkpoint-3"), second)
+    # the resumed run starts from the buffer as saved at step 3, not from its fresh 3 rows
+    assert second[("begin", 3)] == first[("end", 3)]
+    assert second[("end", 4)] == first[("end", 4)]
+    assert buffer_state(resumed) == buffer_state(uninterrupted)

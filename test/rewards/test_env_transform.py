@@ -1,0 +1,212 @@
+"""TRL rewards inside TorchRL environments: ``RewardTransform`` / ``as_reward_transform``.
+
+The unit tests step a real ``ChatEnv`` with a written answer (a random toy model never writes
+``<think>`` tags); the training-step test runs the real pipeline: ``LLMCollector`` rollouts
+rewarded through the transform, ``MCAdvantage``, one ``GRPOLoss`` optimizer step.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from tensordict import TensorDict
+from torchrl.collectors.llm import LLMCollector
+from torchrl.data import LazyStackStorage, ReplayBuffer
+from torchrl.envs import StepCounter
+from torchrl.envs.llm import ChatEnv
+from torchrl.envs.llm.transforms.dataloading import DataLoadingPrimer
+from torchrl.modules.llm import TransformersWrapper
+from torchrl.modules.llm.policies import ChatHistory
+from torchrl.objectives.llm import GRPOLoss, MCAdvantage
+from trl.rewards import think_format_reward
+
+from torchrl_trl_interop import (
+    HFRewardModelWrapper,
+    RewardTransform,
+    TRLRewardFuncWrapper,
+    as_reward_transform,
+    history_to_messages,
+    messages_to_history,
+)
+from torchrl_trl_interop.testing import toy_causal_lm, toy_prompts, toy_reward_model
+
+THINKS = "<think>\nTwo and two.\n</think>\nFour."
+
+
+def brevity(completions, **kwargs):
+    """A TRL reward function: shorter last answers score higher."""
+    return [-float(len(c[0]["content"])) for c in completions]
+
+
+def chat(answer, question="2+2?"):
+    return [{"role": "user", "content": question}, {"role": "assistant", "content": answer}]
+
+
+def step(env, conversations, td=None):
+    """Resets ``env`` (unless ``td`` is given) and steps it as if the policy wrote ``conversations``."""
+    if td is None:
+        questions = [c[0]["content"] for c in conversations]
+        td = env.reset(TensorDict({"query": questions}, batch_size=[len(conversations)]))
+    td["history"] = ChatHistory(
+        prompt=td["history"].prompt,
+        full=messages_to_history(conversations),
+        batch_size=[len(conversations)],
+    )
+    return env.step(td)
+
+
+def chat_env(*transforms, batch_size=2):
+    env = ChatEnv(batch_size=(batch_size,), input_mode="history")
+    for t in transforms:
+        env = env.append_transform(t)
+    return env
+
+
+class CountingModule(TRLRewardFuncWrapper):
+    """A real TRLRewardFuncWrapper that counts the rows it scores."""
+
+    rows_scored = 0
+
+    def forward(self, tensordict):
+        type(self).rows_scored += tensordict.numel()
+        return super().forward(tensordict)
+
+
+class TestRewardTransform:
+    def test_trl_reward_function_scores_the_assistant_turn(self):
+        env = chat_env(as_reward_transform(think_format_reward))
+        assert env.full_reward_spec["reward"].shape == (2, 1, 1)
+        out = step(env, [chat(THINKS), chat("Four.")])
+        assert out["next", "reward"].tolist() == [[[1.0]], [[0.0]]]
+
+    def test_weights_and_several_functions(self):
+        env = chat_env(as_reward_transform([think_format_reward, brevity], weights=[10.0, 1.0]))
+        out = step(env, [chat(THINKS), chat("Four.")])
+        expected = [10.0 - len(THINKS), -float(len("Four."))]
+        assert out["next", "reward"].reshape(-1).tolist() == expected
+
+    def test_only_done_scores_the_last_step(self):
+        module = TRLRewardFuncWrapper(brevity)
+        env = chat_env(StepCounter(max_steps=2), RewardTransform(module, only_done=True))
+        first = step(env, [chat("abc"), chat("abcdef")])
+        assert first["next", "reward"].reshape(-1).tolist() == [0.0, 0.0]
+        conversations = [chat("abc") + [{"role": "user", "content": "More?"}] for _ in range(2)]
+        second_turn = [
+            c + [{"role": "assistant", "content": a}] for c, a in zip(conversations, ["x", "yz"])
+        ]
+        second = step(env, second_turn, td=env.step_mdp(first))
+        assert second["next", "done"].all()
+        assert second["next", "reward"].reshape(-1).tolist() == [-1.0, -2.0]
+
+    def test_rows_not_ending_with_an_assistant_turn_are_not_scored(self):
+        CountingModule.rows_scored = 0
+        env = chat_env(RewardTransform(CountingModule(brevity)))
+        unanswered = chat("abc") + [{"role": "user", "content": "Again?"}]
+        out = step(env, [chat("abcd"), unanswered])
+        assert out["next", "reward"].reshape(-1).tolist() == [-4.0, 0.0]
+        assert CountingModule.rows_scored == 1
+
+    def test_hf_reward_model(self, tokenizer):
+        rm = HFRewardModelWrapper(
+            toy_reward_model(tokenizer=tokenizer),
+            tokenizer=tokenizer,
+            history_key=("history", "full"),
+        )
+        env = chat_env(RewardTransform(rm))
+        conversations = [chat("Four."), chat("Five, I think.")]
+        out = step(env, conversations)
+        td = TensorDict({"history": {"full": messages_to_history(conversations)}}, batch_size=[2])
+        expected = rm(td)["reward"]
+        torch.testing.assert_close(out["next", "reward"].reshape(-1), expected.reshape(-1))
+
+    def test_refuses_to_overwrite_a_reward(self):
+        env = chat_env(as_reward_transform(brevity), as_reward_transform(think_format_reward))
+        with pytest.raises(ValueError, match="already holds a reward.*accumulate=True"):
+            step(env, [chat(THINKS), chat("Four.")])
+        env = chat_env(
+            as_reward_transform(brevity), as_reward_transform(think_format_reward, accumulate=True)
+        )
+        out = step(env, [chat(THINKS), chat("Four.")])
+        assert out["next", "reward"].reshape(-1).tolist() == [1.0 - len(THINKS), -5.0]
+
+    def test_missing_history(self):
+        env = chat_env(as_reward_transform(brevity))
+        td = env.reset(TensorDict({"query": ["a", "b"]}, batch_size=[2]))
+        td["history"] = ChatHistory(prompt=td["history"].prompt, batch_size=[2])
+        with pytest.raises(KeyError, match="no conversation at history_key"):
+            env.transform._step(td, td.empty())
+
+    def test_bad_arguments(self):
+        with pytest.raises(TypeError, match="expected a TensorDict module"):
+            RewardTransform(brevity)
+        with pytest.raises(TypeError, match=r"\['weights'\], which RewardTransform does not take"):
+            as_reward_transform(TRLRewardFuncWrapper(brevity), weights=[1.0])
+
+
+class TestTorchRLTrainingStep:
+    def test_collector_mc_advantage_grpo_loss(self, left_tokenizer):
+        """LLMCollector rollouts rewarded by TRL functions in the env, MCAdvantage, one GRPO step."""
+        tok = left_tokenizer
+        model = toy_causal_lm(tokenizer=tok)
+        torch.manual_seed(0)
+        loader = torch.utils.data.DataLoader(
+            [{"query": p} for p in toy_prompts(4)],
+            batch_size=2,
+            collate_fn=lambda rows: {"query": [r["query"] for r in rows]},
+        )
+        env = ChatEnv(batch_size=(2,), tokenizer=tok, input_mode="history")
+        env = env.append_transform(DataLoadingPrimer(dataloader=loader, repeats=2, batch_size=(2,)))
+        env = env.append_transform(StepCounter(max_steps=1))
+        env = env.append_transform(as_reward_transform([think_format_reward, brevity]))
+        policy = TransformersWrapper(
+            model,
+            tokenizer=tok,
+            input_mode="history",
+            generate=True,
+            generate_kwargs={"max_new_tokens": 6, "do_sample": True},
+            pad_output=False,
+        )
+        rb = ReplayBuffer(storage=LazyStackStorage(16), transform=MCAdvantage(grpo_size=2))
+        collector = LLMCollector(
+            env, policy=policy, dialog_turns_per_batch=2, total_dialog_turns=8, replay_buffer=rb
+        )
+        for _ in collector:
+            pass
+        collector.shutdown()
+        batch = rb[:]
+        assert len(batch) == 8
+
+        # the env's reward is the TRL functions' score of each rollout's answer
+        conversations = history_to_messages(batch["history", "full"])
+        completions = [c[-1:] for c in conversations]
+        expected = [a + b for a, b in zip(think_format_reward(completions), brevity(completions))]
+        assert batch["next", "reward"].reshape(-1).tolist() == expected
+        # MCAdvantage normalised it within each prompt's group of 2
+        advantage = batch["advantage"].reshape(-1)
+        queries = list(batch["query"])
+        for q in set(queries):
+            group = torch.tensor([a for a, qq in zip(advantage.tolist(), queries) if qq == q])
+            assert len(group) == 2 and abs(group.sum().item()) < 1e-5
+        assert advantage.abs().sum() > 0
+
+        # one GRPO step on the real model: old log-probs from the same weights (on-policy)
+        actor = TransformersWrapper(
+            model,
+            tokenizer=tok,
+            input_mode="tokens",
+            generate=False,
+            return_log_probs=True,
+            pad_output=False,
+        )
+        with torch.no_grad():
+            old = actor(batch.copy()).get(("log_probs", "full"), as_list=True)
+        for row, log_probs in zip(batch.unbind(0), old):
+            row.set(("log_probs", "full"), log_probs)
+        loss_fn = GRPOLoss(actor_network=actor, masking_strategy="sft", entropy_bonus=False)
+        optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
+        before = [p.detach().clone() for p in model.parameters()]
+        loss = loss_fn(batch).loss_objective
+        assert torch.isfinite(loss)
+        loss.backward()
+        optimizer.step()
+        assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters()))

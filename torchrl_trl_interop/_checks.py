@@ -1,0 +1,155 @@
+"""Argument checks and optional dependencies: each error names the argument and the call.
+
+This module imports nothing of the package.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import numbers
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+from tensordict import TensorDictBase
+
+_EXTRA_OF = {"transformers": "hf", "trl": "hf", "datasets": "hf", "accelerate": "hf", "ray": "ray"}
+
+
+def require(package: str, feature: str) -> None:
+    """Raises an :class:`ImportError` naming the extra to install if ``package`` is missing."""
+    if importlib.util.find_spec(package) is None:
+        extra = _EXTRA_OF.get(package, "hf")
+        raise ImportError(
+            f"{feature} needs the optional package `{package}`, which is not installed. "
+            f"Install it with `pip install torchrl-trl-interop[{extra}]` (or `pip install {package}`)."
+        )
+
+
+# -- argument checks -----------------------------------------------------------------------------
+
+
+def check_positive_int(value: Any, arg: str, owner: str, *, allow_none: bool = False) -> None:
+    """Raises a :class:`ValueError` unless ``value`` is a positive int (or ``None`` if allowed)."""
+    if value is None and allow_none:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        expected = "a positive int or None" if allow_none else "a positive int"
+        raise ValueError(f"{owner}: {arg} must be {expected}, got {arg}={value!r}.")
+
+
+def check_real(value: Any, arg: str, owner: str, *, finite: bool = True) -> float:
+    """``value`` as a float; raises unless it is a real number (and finite, if asked).
+
+    Raises:
+        TypeError: if ``value`` is not a real number (a ``str``, a list, ``None``, a bool...).
+        ValueError: if ``finite`` and ``value`` is NaN or infinite.
+    """
+    if isinstance(value, torch.Tensor) and value.numel() == 1 and not value.is_complex():
+        value = value.item()
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(
+            f"{owner}: {arg} must be a real number (int or float), got {value!r:.100} of type "
+            f"{type(value).__name__}."
+        )
+    value = float(value)
+    if finite and not math.isfinite(value):
+        raise ValueError(f"{owner}: {arg} must be a finite number, got {arg}={value!r}.")
+    return value
+
+
+def as_names(value: Any, arg: str, owner: str) -> tuple[str, ...]:
+    """A non-empty tuple of str from a str (one name, never its characters) or an iterable of str.
+
+    Raises:
+        TypeError: if ``value`` is neither a str nor an iterable of str; the message names ``arg``.
+        ValueError: if ``value`` is empty.
+    """
+    if type(value) is tuple and value and all(type(v) is str for v in value):
+        return value  # already checked (the per-row path)
+    if isinstance(value, str):
+        return (value,)
+    if not isinstance(value, Iterable) or isinstance(value, (bytes, dict)):
+        raise TypeError(
+            f"{owner}: {arg} must be a str or a list of str, got {value!r:.100} of type "
+            f"{type(value).__name__}."
+        )
+    names = tuple(value)
+    bad = [v for v in names if not isinstance(v, str)]
+    if bad:
+        raise TypeError(
+            f"{owner}: {arg} must be a str or a list of str, got {value!r:.100} (holding "
+            f"{type(bad[0]).__name__})."
+        )
+    if not names:
+        raise ValueError(f"{owner}: {arg} is empty; pass at least one name.")
+    return names
+
+
+def as_mapping(value: Any, arg: str, owner: str, what: str) -> dict:
+    """``value`` as a dict (``None``: empty); raises a :class:`TypeError` naming ``arg`` and
+    ``what`` it should map (e.g. ``"{column: key}"``) unless it is a mapping."""
+    from collections.abc import Mapping
+
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise TypeError(
+            f"{owner}: {arg} must be a dict {what}, got {value!r:.100} of type "
+            f"{type(value).__name__}."
+        )
+    return dict(value)
+
+
+def check_tensordict(value: Any, arg: str, owner: str) -> None:
+    """Raises a :class:`TypeError` naming ``arg`` unless ``value`` is a TensorDict."""
+    if not isinstance(value, TensorDictBase):
+        raise TypeError(
+            f"{owner}: {arg} must be a TensorDict (e.g. TensorDict({{...}}, batch_size=[n])), got "
+            f"{type(value).__name__}."
+        )
+
+
+def check_tokenizer(value: Any, arg: str, owner: str) -> None:
+    """Raises a :class:`TypeError` naming ``arg`` unless ``value`` looks like an HF tokenizer."""
+    looks_like = hasattr(value, "pad_token_id") or hasattr(value, "tokenizer")  # or a processor
+    if value is not None and (not callable(value) or not looks_like):
+        hint = (
+            " Load it first: AutoTokenizer.from_pretrained(...)." if isinstance(value, str) else ""
+        )
+        raise TypeError(
+            f"{owner}: {arg} must be a Hugging Face tokenizer (a PreTrainedTokenizerBase), got "
+            f"{value!r:.100} of type {type(value).__name__}.{hint}"
+        )
+
+
+def as_device(value: Any, arg: str, owner: str) -> torch.device | None:
+    """``value`` as a :class:`torch.device` (``None`` passes); a :class:`TypeError` naming ``arg``
+    for anything that is not a device."""
+    if value is None or isinstance(value, torch.device):
+        return value
+    try:
+        return torch.device(value)
+    except (TypeError, RuntimeError) as err:
+        raise TypeError(
+            f"{owner}: {arg} must be a torch.device or a device string such as 'cpu' or "
+            f"'cuda:0', got {value!r:.100} of type {type(value).__name__}."
+        ) from err
+
+
+def check_bool(value: Any, arg: str, owner: str) -> bool:
+    """``value`` if it is a bool (or a numpy bool); raises a :class:`TypeError` otherwise."""
+    if isinstance(value, bool) or type(value).__name__ == "bool_":
+        return bool(value)
+    raise TypeError(
+        f"{owner}: {arg} must be a bool (True or False), got {value!r:.100} of type "
+        f"{type(value).__name__}."
+    )
+
+
+def module_repr(module: Any, before: Iterable[str], after: Iterable[str] = ()) -> str:
+    """A module's repr in tensordict's layout: one field per line, keys between ``before``/``after``."""
+    fields = [*before, f"in_keys={module.in_keys}", f"out_keys={module.out_keys}", *after]
+    body = ",\n    ".join(fields)
+    return f"{type(module).__name__}(\n    {body})"

@@ -1,0 +1,361 @@
+"""Conversions between TorchRL's :class:`~torchrl.data.llm.History` and TRL's conversational format.
+
+TRL writes a conversation as a list of ``{"role": ..., "content": ...}`` dicts (a "message list");
+TorchRL holds it as a :class:`~torchrl.data.llm.History` TensorClass whose last batch dimension is
+the turn. This module is the only place the two are converted: the dataset, the reward wrapper,
+the reward bridges and the tutorial all call these functions.
+
+Only ``role``, ``content`` and tool calls cross the boundary; they are kept exactly (no
+stripping, no template). Tool calls are converted by ``_tool_calls``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from tensordict import (
+    LazyStackedTensorDict,
+    NonTensorData,
+    TensorDict,
+    lazy_stack,
+    set_list_to_stack,
+)
+
+from ._checks import as_names, check_bool
+from ._keys import row_entries
+from ._tool_calls import has_tool_calls, messages_with_tool_calls, tool_turns
+
+if TYPE_CHECKING:  # pragma: no cover
+    from torchrl.data.llm import History
+
+__all__ = [
+    "history_to_messages",
+    "is_conversational",
+    "is_message_list",
+    "messages_to_history",
+    "split_prompt_completion",
+]
+
+Message = dict[str, str]
+
+
+def is_message_list(value: Any) -> bool:
+    """Tells whether ``value`` is one conversation in TRL's format (a list of role/content dicts).
+
+    Examples:
+        >>> is_message_list([{"role": "user", "content": "Hi"}])
+        True
+        >>> is_message_list("Hi"), is_message_list([])
+        (False, False)
+    """
+    return (
+        isinstance(value, (list, tuple))
+        and len(value) > 0
+        and all(isinstance(m, dict) and "role" in m and "content" in m for m in value)
+    )
+
+
+def is_conversational(example: dict[str, Any]) -> bool:
+    """Tells whether a TRL row (a dict of columns) holds conversations in its standard columns.
+
+    Looks at ``prompt``, ``chosen``, ``rejected``, ``completion`` and ``messages``, as TRL does.
+
+    Examples:
+        >>> is_conversational({"prompt": [{"role": "user", "content": "Hi"}]})
+        True
+        >>> is_conversational({"prompt": "Hi", "completion": " there"})
+        False
+    """
+    if not isinstance(example, Mapping):
+        raise TypeError(
+            f"is_conversational: example must be a dict of columns (one TRL row), got "
+            f"{type(example).__name__}."
+        )
+    for column in ("prompt", "chosen", "rejected", "completion", "messages"):
+        if column in example:
+            return is_message_list(example[column])
+    return False
+
+
+def _zip_turns(roles: Any, contents: Any, depth: int, keep_system: bool) -> list:
+    if depth == 0:
+        return [
+            {"role": r, "content": c}
+            for r, c in zip(roles, contents)
+            if keep_system or r != "system"
+        ]
+    return [_zip_turns(r, c, depth - 1, keep_system) for r, c in zip(roles, contents)]
+
+
+def history_to_messages(history: History, *, keep_system: bool = True) -> list:
+    """Converts a :class:`~torchrl.data.llm.History` into TRL message lists.
+
+    The last batch dimension of ``history`` is the turn; every leading dimension becomes one
+    level of list nesting, so a ``[T]`` History gives one message list and a ``[B, T]`` History
+    (ragged ``T`` included, as :meth:`History.from_chats` builds it) gives ``B`` message lists.
+
+    Args:
+        history (History): a History with at least one batch dimension (the turns).
+
+    Keyword Args:
+        keep_system (bool, optional): if ``False``, system turns are dropped. Defaults to ``True``.
+
+    Returns:
+        a (nested) list of ``{"role": ..., "content": ...}`` dicts. A turn's ``tool_calls``
+        are carried in TRL's format (``[{"type": "function", "function": {"name", "arguments"}}]``)
+        and a ``tool`` turn that answers one gets its ``"name"``. Other History fields
+        (``is_complete``, ``tool_responses``) are not part of TRL's format and are not copied.
+
+    Raises:
+        TypeError: if ``history`` is not a History.
+        ValueError: if ``history`` has no batch dimension (a single message, no turn axis).
+
+    Examples:
+        >>> from tensordict import set_list_to_stack
+        >>> from torchrl.data.llm import History
+        >>> chats = [[{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello!"}],
+        ...          [{"role": "user", "content": "2+2?"}]]
+        >>> with set_list_to_stack(True):
+        ...     history = History.from_chats(chats)
+        >>> history_to_messages(history) == chats
+        True
+        >>> history_to_messages(history[0])
+        [{'role': 'user', 'content': 'Hi'}, {'role': 'assistant', 'content': 'Hello!'}]
+    """
+    from torchrl.data.llm import History
+
+    if not isinstance(history, History):
+        raise TypeError(
+            f"history_to_messages expects a torchrl.data.llm.History, got {type(history).__name__}. "
+            "Build one with History.from_chats(list_of_message_lists) or messages_to_history(...)."
+        )
+    check_bool(keep_system, "keep_system", "history_to_messages")
+    if history.ndim == 0:
+        raise ValueError(
+            "history_to_messages got a History with batch_size=[] (a single message, no turn "
+            "dimension). Add the turn dimension first: history.unsqueeze(0)."
+        )
+    if has_tool_calls(history):
+        return messages_with_tool_calls(history, keep_system)
+    roles, contents = history_fields(history)
+    return _zip_turns(roles, contents, history.ndim - 1, keep_system)
+
+
+def history_fields(history: History) -> tuple[Any, Any]:
+    """``(roles, contents)`` of a History as nested lists (one level per batch dimension), as
+    ``history.role`` and ``history.content`` give them, read from the stack's lists in one walk."""
+    td = history._tensordict
+    if history.ndim == 1:
+        fields = _turn_fields(td)
+        if fields is not None:
+            return fields
+    if history.ndim == 2 and type(td) is LazyStackedTensorDict and td.stack_dim == 0:
+        rows = [_turn_fields(row) for row in td.tensordicts]
+        if all(row is not None for row in rows):
+            return [r for r, _ in rows], [c for _, c in rows]
+    return _field_lists(td, "role", history.ndim), _field_lists(td, "content", history.ndim)
+
+
+def _turn_fields(td: Any) -> tuple[list, list] | None:
+    """``(roles, contents)`` of one conversation's turns held as a lazy stack of per-turn
+    TensorDicts (what ``History.from_chats`` and TorchRL's wrappers build), read in one loop;
+    ``None`` for any other layout."""
+    if type(td) is not LazyStackedTensorDict or td.stack_dim != 0:
+        return None
+    roles, contents = [], []
+    for turn in td.tensordicts:
+        if type(turn) is not TensorDict or turn._batch_size:
+            return None
+        fields = turn._tensordict
+        if "tool_calls" in fields:  # tool calls: read through tool_calls.py instead
+            return None
+        role, content = fields.get("role"), fields.get("content")
+        if type(role) is not NonTensorData or type(content) is not NonTensorData:
+            return None
+        roles.append(role._non_tensordict["data"])
+        contents.append(content._non_tensordict["data"])
+    return roles, contents
+
+
+def messages_of(roles: list, contents: list) -> list:
+    """Message lists from per-row ``roles`` and ``contents`` (as :func:`history_column` gives)."""
+    return _zip_turns(roles, contents, 1, True)
+
+
+def history_column(batch: Any, key: tuple[str, ...]) -> tuple[list, list] | None:
+    """``(roles, contents)`` per row of the ``[T]`` Histories at ``key`` of a lazy stack of
+    rows (what TorchRL's LLM storages return), without building the stacked History; ``None``
+    for any other layout (read ``batch.get(key)`` then)."""
+    from torchrl.data.llm import History
+
+    rows = row_entries(batch, key)
+    if rows is None or not all(type(h) is History for h in rows):
+        return None
+    fields = [_turn_fields(h._tensordict) for h in rows]
+    if not all(f is not None for f in fields):
+        return None
+    return [r for r, _ in fields], [c for _, c in fields]
+
+
+def _field_lists(td: Any, field: str, ndim: int) -> Any:
+    """The values of a History's ``field`` as nested lists (``ndim`` levels), read in one walk.
+
+    What ``history.<field>`` followed by ``tolist()`` gives, without building a stacked
+    ``NonTensorStack`` per batch through the tensorclass: lazy stacks along their first dim are
+    walked down to the per-turn TensorDicts, whose ``NonTensorData`` payloads are read directly.
+    Any other layout falls back to tensordict's own ``tolist``.
+    """
+    if ndim == 0:
+        value = td._tensordict.get(field) if type(td) is TensorDict else None
+        if type(value) is NonTensorData:
+            return value._non_tensordict["data"]
+    elif type(td) is LazyStackedTensorDict and td.stack_dim == 0:
+        return [_field_lists(sub, field, ndim - 1) for sub in td.tensordicts]
+    return td.get(field).tolist()
+
+
+def _check_message_list(messages: Any, where: str) -> None:
+    if not isinstance(messages, (list, tuple)):
+        raise TypeError(
+            f"messages_to_history: {where} should be a list of {{'role', 'content'}} dicts, "
+            f"got {type(messages).__name__}."
+        )
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict):
+            raise TypeError(
+                f"messages_to_history: {where}[{i}] should be a dict with 'role' and 'content', "
+                f"got {type(message).__name__}: {message!r}."
+            )
+        for field in ("role", "content"):
+            if field == "content" and message.get("content") is None and message.get("tool_calls"):
+                continue  # TRL's tool-calling turn: the calls are its content
+            if not isinstance(message.get(field), str):
+                raise ValueError(
+                    f"messages_to_history: {where}[{i}] needs a str {field!r}, got "
+                    f"{message.get(field)!r} (message: {message!r}). Multimodal or tool content "
+                    "must be rendered to text first."
+                )
+
+
+def _depth(messages: Sequence) -> int:
+    """0 for one message list, 1 for a list of message lists, etc."""
+    depth = 0
+    node: Any = messages
+    while isinstance(node, (list, tuple)) and node and isinstance(node[0], (list, tuple)):
+        depth += 1
+        node = node[0]
+    return depth
+
+
+def _build(messages: Sequence, depth: int, where: str) -> History:
+    from torchrl.data.llm import History
+
+    if depth == 0:
+        _check_message_list(messages, where)
+        if not messages:
+            raise ValueError(
+                f"messages_to_history: {where} is an empty conversation; a History needs at least "
+                "one turn."
+            )
+        if any(m.get("tool_calls") for m in messages):
+            return lazy_stack([History(**turn) for turn in tool_turns(messages, where)])
+        return History(
+            role=[m["role"] for m in messages],
+            content=[m["content"] for m in messages],
+            batch_size=(len(messages),),
+        )
+    if not isinstance(messages, (list, tuple)) or not messages:
+        raise ValueError(
+            f"messages_to_history: {where} should be a non-empty list of conversations."
+        )
+    return lazy_stack([_build(m, depth - 1, f"{where}[{i}]") for i, m in enumerate(messages)])
+
+
+def messages_to_history(messages: Sequence) -> History:
+    """Converts TRL message lists into a :class:`~torchrl.data.llm.History`.
+
+    The inverse of :func:`history_to_messages`: one message list gives a ``[T]`` History, a list
+    of ``B`` message lists gives a ``[B, T]`` History (a lazy stack when turn counts differ), and
+    so on for deeper nesting. tensordict's list-to-stack mode is scoped inside this call; the
+    process-wide setting is left as it was.
+
+    Args:
+        messages (list): a message list, or a (nested) list of message lists.
+
+    Returns:
+        a History whose leading dimensions follow the nesting of ``messages``.
+
+    TRL tool calls are kept: a turn's ``tool_calls`` go to the History's ``tool_calls`` field
+    (its ``content: None`` becomes ``""``), and :func:`history_to_messages` gives them back. A
+    History has no field for a tool turn's ``name``: it must be the name of the call it answers.
+
+    Raises:
+        TypeError: if a message is not a dict, a conversation is not a list, or ``tool_calls``
+            is not a list of dicts.
+        ValueError: if a message lacks a str ``role``/``content`` (``content`` may be ``None``
+            next to ``tool_calls``), a conversation is empty, or a tool turn's ``name`` is not
+            that of the call it answers.
+
+    Examples:
+        >>> chat = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello!"}]
+        >>> history = messages_to_history(chat)
+        >>> history.batch_size
+        torch.Size([2])
+        >>> ragged = messages_to_history([chat, chat[:1]])
+        >>> ragged.batch_size
+        torch.Size([2, -1])
+        >>> history_to_messages(ragged)[1]
+        [{'role': 'user', 'content': 'Hi'}]
+    """
+    with set_list_to_stack(True):
+        return _build(messages, _depth(messages), "messages")
+
+
+def split_prompt_completion(
+    messages: Sequence[Message], *, completion_roles: Sequence[str] = ("assistant",)
+) -> tuple[list[Message], list[Message]]:
+    """Splits one conversation into TRL's ``prompt`` and ``completion`` message lists.
+
+    The completion is the trailing run of turns whose role is in ``completion_roles`` (by default
+    the final assistant turn(s)); the prompt is everything before it. ``prompt + completion`` is
+    the input, message for message (new lists, the dicts are copied).
+
+    Args:
+        messages (list of dict): one conversation, ``[{"role": ..., "content": ...}, ...]``.
+
+    Keyword Args:
+        completion_roles (sequence of str, optional): roles that make up the completion.
+            ``("assistant", "tool")`` keeps a whole tool-calling episode in the completion.
+            Defaults to ``("assistant",)``.
+
+    Returns:
+        a ``(prompt, completion)`` pair of message lists; ``prompt`` may be empty.
+
+    Raises:
+        TypeError: if ``messages`` is not a message list.
+        ValueError: if the conversation does not end with a ``completion_roles`` turn.
+
+    Examples:
+        >>> chat = [{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "4"}]
+        >>> split_prompt_completion(chat)
+        ([{'role': 'user', 'content': '2+2?'}], [{'role': 'assistant', 'content': '4'}])
+    """
+    if not is_message_list(messages):
+        raise TypeError(
+            "split_prompt_completion expects one conversation (a non-empty list of "
+            f"{{'role', 'content'}} dicts), got {type(messages).__name__}: {messages!r:.200}."
+        )
+    roles = set(as_names(completion_roles, "completion_roles", "split_prompt_completion"))
+    start = len(messages)
+    while start > 0 and messages[start - 1]["role"] in roles:
+        start -= 1
+    if start == len(messages):
+        raise ValueError(
+            f"split_prompt_completion: the conversation ends with a {messages[-1]['role']!r} turn, "
+            f"not one of completion_roles={tuple(completion_roles)}, so it holds no completion. "
+            "Score conversations after the policy answered, or widen completion_roles."
+        )
+    prompt = [dict(m) for m in messages[:start]]
+    completion = [dict(m) for m in messages[start:]]
+    return prompt, completion

@@ -1,0 +1,214 @@
+"""TorchRL's LLM key layout and the package's one key form; reading entries by key.
+
+The keys TorchRL's LLM wrappers write (``TransformersWrapper``, ``vLLMWrapper``, ``ChatEnv``) are
+declared here once; every module takes them from here. This module imports nothing of the package.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+from tensordict import NonTensorData, NonTensorStack, TensorDict, TensorDictBase
+from tensordict.utils import NestedKey, unravel_key
+
+# -- TorchRL's LLM key layout -------------------------------------------------------------------
+# What ``TransformersWrapper``/``vLLMWrapper`` (tokens, masks, text, history, log-probs), ``ChatEnv``
+# (history, reward, done) and ``LLMCollector(track_policy_version=True)`` write; each in
+# tensordict's canonical form (``unravel_key``: a str for one level, a tuple of str for more).
+
+TOKEN_KEY: tuple[str, str] = ("tokens", "full")
+PROMPT_TOKEN_KEY: tuple[str, str] = ("tokens", "prompt")
+RESPONSE_TOKEN_KEY: tuple[str, str] = ("tokens", "response")
+ATTENTION_MASK_KEY: tuple[str, str] = ("masks", "all_attention_mask")
+ASSISTANT_MASK_KEY: tuple[str, str] = ("masks", "all_assistant_mask")
+TEXT_KEY: tuple[str, str] = ("text", "full")
+HISTORY_KEY: tuple[str, str] = ("history", "full")
+PROMPT_HISTORY_KEY: tuple[str, str] = ("history", "prompt")
+RESPONSE_HISTORY_KEY: tuple[str, str] = ("history", "response")
+FULL_LOG_PROBS_KEY: tuple[str, str] = ("log_probs", "full")
+RESPONSE_LOG_PROBS_KEY: tuple[str, str] = ("log_probs", "response")
+REWARD_KEY: str = "reward"
+NEXT_REWARD_KEY: tuple[str, str] = ("next", "reward")
+DONE_KEY: str = "done"
+NEXT_DONE_KEY: tuple[str, str] = ("next", "done")
+POLICY_VERSION_KEY: str = "policy_version"
+NEXT_POLICY_VERSION_KEY: tuple[str, str] = ("next", "policy_version")
+
+#: The legacy internal form (a flat tuple of str); being replaced by :func:`as_nested_key`.
+Key = tuple[str, ...]
+
+
+# -- keys ----------------------------------------------------------------------------------------
+
+
+def _is_nested_key(key: Any) -> bool:
+    if isinstance(key, str):
+        return True
+    return isinstance(key, tuple) and len(key) > 0 and all(_is_nested_key(k) for k in key)
+
+
+def as_key(key: NestedKey, arg: str = "key") -> Key:
+    """Returns ``key`` in the package's one internal form: a flat tuple of str.
+
+    Any tensordict ``NestedKey`` is accepted (``"a"``, ``("a", "b")``, ``("a", ("b", "c"))``);
+    it is flattened with :func:`tensordict.utils.unravel_key`.
+
+    Raises:
+        TypeError: if ``key`` is not a str or a non-empty (nested) tuple of str; the message
+            names ``arg``.
+    """
+    if type(key) is tuple and key and all(type(k) is str for k in key):
+        return key  # already in internal form (the hot path: keys resolved once, used per batch)
+    if not _is_nested_key(key):
+        raise TypeError(
+            f"{arg}={key!r} is not a key. Expected a key: a str or a non-empty tuple of str (a "
+            f"tensordict NestedKey), got {type(key).__name__}."
+        )
+    flat = unravel_key(key)
+    return (flat,) if isinstance(flat, str) else flat
+
+
+def as_nested_key(key: NestedKey, arg: str = "key") -> NestedKey:
+    """Returns ``key`` in the package's one key form: tensordict's canonical ``NestedKey``.
+
+    That is what :func:`tensordict.utils.unravel_key` returns, and what ``td.keys(True)``,
+    ``in_keys`` and ``out_keys`` hold: a str for a top-level key, a flat tuple of str for a nested
+    one. Any ``NestedKey`` is accepted (``("a",)`` -> ``"a"``, ``("a", ("b", "c"))`` ->
+    ``("a", "b", "c")``).
+
+    Raises:
+        TypeError: if ``key`` is not a str or a non-empty (nested) tuple of str; the message
+            names ``arg``.
+
+    Examples:
+        >>> as_nested_key(("reward",)), as_nested_key(("tokens", ("full",)))
+        ('reward', ('tokens', 'full'))
+    """
+    if type(key) is str:
+        return key
+    if not _is_nested_key(key):
+        raise TypeError(
+            f"{arg}={key!r} is not a key. Expected a key: a str or a non-empty tuple of str (a "
+            f"tensordict NestedKey), got {type(key).__name__}."
+        )
+    return unravel_key(key)
+
+
+def key_parts(key: NestedKey) -> tuple[str, ...]:
+    """The levels of a canonical key as a tuple: ``"a"`` -> ``("a",)``; a tuple is returned as is.
+
+    Examples:
+        >>> key_parts("reward"), key_parts(("tokens", "full"))
+        (('reward',), ('tokens', 'full'))
+    """
+    return (key,) if isinstance(key, str) else key
+
+
+def as_optional_key(key: NestedKey | None, arg: str = "key") -> Key | None:
+    """:func:`as_key`, passing ``None`` through (an optional input that is not used)."""
+    return None if key is None else as_key(key, arg)
+
+
+def as_keys(keys: NestedKey | Iterable[NestedKey], arg: str) -> list[Key]:
+    """A list of keys in internal form; a single str or tuple key counts as one key."""
+    if isinstance(keys, (str, tuple)):
+        return [as_key(keys, arg)]
+    if not isinstance(keys, Iterable) or isinstance(keys, (bytes, dict)):
+        raise TypeError(
+            f"{arg} should be a list of keys (str or tuple of str), got {type(keys).__name__}."
+        )
+    return [as_key(k, f"{arg}[{i}]") for i, k in enumerate(keys)]
+
+
+def public_key(key: Key) -> NestedKey:
+    """tensordict's canonical form of an internal key (``("a",)`` -> ``"a"``), for ``in_keys``."""
+    return key[0] if len(key) == 1 else key
+
+
+def key_to_str(key: NestedKey, sep: str = ".") -> str:
+    """Joins a key into one string: ``("tokens", "full")`` -> ``"tokens.full"``, ``"a"`` -> ``"a"``."""
+    return key if isinstance(key, str) else sep.join(key)
+
+
+def format_keys(keys: Iterable[Any]) -> str:
+    """Formats a collection of keys for an error message, sorted for readability."""
+    return (
+        "["
+        + ", ".join(sorted(repr(public_key(k) if isinstance(k, tuple) else k) for k in keys))
+        + "]"
+    )
+
+
+def _is_leaf(cls: type) -> bool:
+    # tensors, non-tensor data (text) and tensorclasses (History) are leaves; sub-tensordicts not
+    return not issubclass(cls, TensorDictBase) or bool(getattr(cls, "_is_non_tensor", False))
+
+
+def keys_present(td: TensorDictBase) -> str:
+    """The leaf keys of ``td`` (a History counts as one), formatted for an error message."""
+    return format_keys(td.keys(include_nested=True, leaves_only=True, is_leaf=_is_leaf))
+
+
+def get_entry(
+    td: TensorDictBase,
+    key: Key,
+    arg: str,
+    owner: str,
+    hint: str = "",
+    where: str = "the input tensordict",
+) -> Any:
+    """``td.get(key)``, as a list of rows when the entry is a ragged lazy stack.
+
+    Raises:
+        KeyError: if ``key`` is absent; the message names ``arg``, ``where`` it was looked for,
+            the keys present, and ``hint`` (what to do) or a default hint.
+    """
+    if key not in td.keys(include_nested=True):
+        hint = hint or f"Pass {arg}=... naming the entry that holds it."
+        raise KeyError(
+            f"{owner}: {arg}={public_key(key)!r} not found in {where} (found {keys_present(td)}). "
+            f"{hint}"
+        )
+    try:
+        return td.get(key)
+    except RuntimeError:
+        # a ragged lazy stack cannot be stacked into one tensor: read it row by row
+        return td.get(key, as_list=True)
+
+
+def row_entries(batch: Any, key: Key) -> list | None:
+    """The entry at ``key`` of every row of a lazy stack (stacked along dim 0), read from the
+    rows' own dicts, so no stacked value is built; ``None`` if ``batch`` is not such a stack."""
+    if not (hasattr(batch, "tensordicts") and getattr(batch, "stack_dim", None) == 0):
+        return None
+    out = []
+    try:
+        for td in batch.tensordicts:
+            node = td
+            for part in key:
+                node = node._tensordict[part] if type(node) is TensorDict else node.get(part)
+            out.append(node)
+    except (KeyError, RuntimeError):  # e.g. a nested ragged stack that cannot be read whole
+        return None
+    return out
+
+
+# -- values --------------------------------------------------------------------------------------
+
+
+def flatten_nested(nested: Any, depth: int) -> list:
+    """Flattens ``depth`` levels of list nesting: ``depth=0`` gives ``[nested]``."""
+    if depth == 0:
+        return [nested]
+    if depth == 1:
+        return list(nested)
+    return [item for sub in nested for item in flatten_nested(sub, depth - 1)]
+
+
+def to_python(value: Any) -> Any:
+    """A tensor or a tensordict non-tensor entry as plain Python (``tolist``); anything else as is."""
+    if isinstance(value, (torch.Tensor, NonTensorData, NonTensorStack)):
+        return value.tolist()
+    return value

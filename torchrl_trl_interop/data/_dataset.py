@@ -1,0 +1,438 @@
+"""A torchrl ``ReplayBuffer`` seen as a dataset: :class:`TorchRLBufferDataset`.
+
+Configuration, then iteration: every view (the torch ``IterableDataset``, :meth:`iter_storage`,
+the Hugging Face views) reads batches from the buffer and splits each one into columns once
+(``_reader.BufferReader``); who reads which rows is decided by
+``_sharding``, and reads from other processes are checked by
+``_processes``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import torch
+from tensordict.utils import NestedKey
+from torchrl.data import ReplayBuffer
+
+from .._checks import as_device, check_positive_int, require
+from .._keys import key_to_str
+from ._columns import Selection
+from ._epochs import PassCounter, read_pass, stream_base
+from ._processes import check_one_dim_storage, is_remote
+from ._reader import BufferReader
+from ._sharding import ReadMode, ShardInfo, distributed_rank, shard_info
+
+if TYPE_CHECKING:  # pragma: no cover
+    import datasets
+
+__all__ = ["DEFAULT_HF_EPOCH_SHARDS", "TorchRLBufferDataset"]
+
+#: Shards of the Hugging Face view of an epoch-mode dataset (a power of two: see
+#: ``_sharding.interleaved_shard_order``).
+DEFAULT_HF_EPOCH_SHARDS = 64
+
+
+class TorchRLBufferDataset(torch.utils.data.IterableDataset):
+    """A torch :class:`~torch.utils.data.IterableDataset` over a torchrl :class:`~torchrl.data.ReplayBuffer`.
+
+    Each iteration samples ``num_batches`` batches of ``batch_size`` rows from the buffer and
+    yields one flat ``dict[str, Any]`` per row; with ``epoch=True`` it yields instead every stored
+    row exactly once. Works on every torchrl storage, on the ragged lazy stacks that TorchRL's LLM
+    wrappers write by default (``pad_output=False``), and on a
+    :class:`~torchrl.data.RayReplayBuffer` (or its ``client()``). A row holds each stored value
+    as a tensor (ragged rows at their own length, padded rows cut to ``attention_mask_key``'s
+    span), a ``str``, or a TRL message list (History); nested keys ``("a", "b")`` become
+    ``"a.b"``. :meth:`as_hf_dataset` and :meth:`to_hf_dataset` give the Hugging Face views that
+    TRL trainers take. ``docs/overview.rst`` and ``docs/scale.rst`` say how rows are split
+    between DataLoader workers and ranks, and where this differs from upstream
+    ``torchrl.modules.llm.TorchRLBufferDataset``.
+
+    Args:
+        replay_buffer (ReplayBuffer): the buffer to read (any torchrl ``ReplayBuffer`` subclass,
+            including ``RayReplayBuffer``, or a ``RayReplayBuffer.client()``).
+        batch_size (int): rows drawn per ``replay_buffer.sample`` call (per storage read with
+            ``epoch=True``).
+
+    Keyword Args:
+        keys (list of NestedKey, optional): only these keys are yielded; a key naming a sub-
+            tensordict selects all its leaves. A key that is absent raises a ``KeyError``.
+            Defaults to ``None`` (every leaf).
+        rename (dict, optional): maps stored keys to output names, e.g.
+            ``{("tokens", "full"): "input_ids", ("masks", "all_attention_mask"): "attention_mask"}``.
+        attention_mask_key (NestedKey, optional): a mask (bool or int) deciding which tokens are
+            real; every tensor whose leading shape is the mask's is cut to the attended span.
+        device (torch.device or str, optional): tensors are moved there. Defaults to ``None``.
+        num_batches (int or None, optional): batches per iteration; ``None`` streams forever
+            (the consumer sets a step limit, e.g. ``max_steps``) and sees rows written while it
+            runs. Defaults to ``1``. Leave it at ``1`` with ``epoch=True``.
+        sep (str, optional): joins nested keys into output names. Defaults to ``"."``.
+        epoch (bool, optional): if ``True``, one iteration yields every row stored when it
+            starts, exactly once, split without overlap across DataLoader workers and ranks.
+            Defaults to ``False`` (sampling).
+        shuffle (bool, optional): with ``epoch=True``, visit the rows in an order drawn from
+            ``(seed, epoch)``, new every epoch (see :meth:`set_epoch`). Defaults to ``False``
+            (storage order).
+        seed (int, optional): base seed of the shuffling (epoch mode; defaults to ``0`` there, so
+            that every rank agrees) or of the per-reader sampling streams (sampling mode).
+            Defaults to ``None``.
+        split_by_rank (bool, optional): whether epochs are split across ``torch.distributed``
+            ranks. ``None`` (default): split when a process group is initialized, unless an
+            ``accelerate`` state with several processes exists (a HF ``Trainer`` shards its
+            DataLoaders itself). ``True`` for a hand-written loop in a process that also runs
+            ``accelerate``, ``False`` to never split by rank.
+
+    Raises:
+        TypeError: if ``replay_buffer`` is not a ReplayBuffer, ``rename`` is not a dict,
+            ``epoch``/``shuffle`` are not bools, ``device`` is not a device, a key is not a key,
+            or a stored value cannot be converted (the key and type are named).
+        ValueError: on a bad option or combination of options (the message says which).
+        KeyError: if a key in ``keys``, ``rename`` or ``attention_mask_key`` is not stored.
+        RuntimeError: when iterating an empty buffer, or when a configuration would silently
+            train on wrong rows (see ``docs/scale.rst``); each message says what to change.
+
+    Examples:
+        >>> import torch
+        >>> from tensordict import TensorDict, lazy_stack
+        >>> from torchrl.data import LazyStackStorage, ReplayBuffer
+        >>> rb = ReplayBuffer(storage=LazyStackStorage(100))
+        >>> rows = [TensorDict({"tokens": {"full": torch.arange(n)}, "prompt": f"p{n}"}) for n in (3, 5)]
+        >>> _ = rb.extend(lazy_stack(rows))  # ragged, as TorchRL's LLM wrappers write it
+
+        Ragged rows come out with their own lengths, nested keys as ``"a.b"``:
+
+        >>> ds = TorchRLBufferDataset(rb, batch_size=4)
+        >>> sorted(next(iter(ds)))
+        ['prompt', 'tokens.full']
+        >>> {len(row["tokens.full"]) for row in TorchRLBufferDataset(rb, batch_size=64)}
+        {3, 5}
+
+        Every stored row once, as a Hugging Face dataset, with renamed columns:
+
+        >>> hf = TorchRLBufferDataset(rb, 4, rename={("tokens", "full"): "input_ids"}).to_hf_dataset()
+        >>> hf[0]
+        {'prompt': 'p3', 'input_ids': [0, 1, 2]}
+
+        Every stored row once per epoch, shuffled, split across DataLoader workers:
+
+        >>> from torchrl.data import LazyTensorStorage
+        >>> rb = ReplayBuffer(storage=LazyTensorStorage(100))
+        >>> _ = rb.extend(TensorDict({"x": torch.arange(10)}, batch_size=[10]))
+        >>> ds = TorchRLBufferDataset(rb, 4, epoch=True, shuffle=True, seed=0)
+        >>> sorted(int(row["x"]) for row in ds)
+        [0, 1, 2, 3, 4, 5, 6, 7, 8, 9]
+        >>> loader = torch.utils.data.DataLoader(ds, batch_size=5, num_workers=2)  # doctest: +SKIP
+        >>> sorted(torch.cat([b["x"] for b in loader]).tolist())  # doctest: +SKIP
+        [0, 1, 2, 3, 4, 5, 6, 7, 8, 9]
+    """
+
+    def __init__(
+        self,
+        replay_buffer: ReplayBuffer,
+        batch_size: int,
+        *,
+        keys: Sequence[NestedKey] | None = None,
+        rename: Mapping[NestedKey, str] | None = None,
+        attention_mask_key: NestedKey | None = None,
+        device: torch.device | str | None = None,
+        num_batches: int | None = 1,
+        sep: str = ".",
+        epoch: bool = False,
+        shuffle: bool = False,
+        seed: int | None = None,
+        split_by_rank: bool | None = None,
+    ) -> None:
+        owner = "TorchRLBufferDataset"
+        remote = is_remote(replay_buffer)
+        if not isinstance(replay_buffer, ReplayBuffer) and not remote:
+            raise TypeError(
+                "TorchRLBufferDataset: replay_buffer must be a torchrl ReplayBuffer (ReplayBuffer, "
+                f"TensorDictReplayBuffer, RayReplayBuffer, ...), got {type(replay_buffer).__name__}."
+            )
+        check_positive_int(batch_size, "batch_size", owner)
+        check_one_dim_storage(replay_buffer)
+        # ``epoch`` is the flag; ``self._passes`` counts the epochs
+        self._mode = ReadMode(num_batches, epoch, shuffle, seed, split_by_rank)
+        if remote and seed is not None and not epoch:
+            raise ValueError(
+                f"TorchRLBufferDataset: seed={seed!r} cannot seed a {type(replay_buffer).__name__}: "
+                "its actor samples for every reader (readers get distinct rows without seeds). "
+                "Drop seed=, or pass epoch=True (the seed then orders each epoch)."
+            )
+        self._passes = PassCounter()  # the epoch counter, the pass in progress
+        # (rank, world size) decided by the process that started this DataLoader worker.
+        self._parent_rank: tuple[int, int] | None = None
+        selection = Selection.from_args(keys, rename, attention_mask_key, sep)
+        device = as_device(device, "device", owner)
+        self._reader = BufferReader(replay_buffer, batch_size, selection=selection, device=device)
+        if len(replay_buffer) > 0:
+            self._reader.schema()
+
+    # -- properties (upstream-compatible accessors) ---------------------------------------------
+
+    @property
+    def replay_buffer(self) -> ReplayBuffer:
+        """The wrapped replay buffer."""
+        return self._reader.replay_buffer
+
+    @property
+    def batch_size(self) -> int:
+        """Rows drawn per ``sample`` call."""
+        return self._reader.batch_size
+
+    @property
+    def num_batches(self) -> int | None:
+        """Batches per iteration (``None``: unbounded)."""
+        return self._mode.num_batches
+
+    @property
+    def column_names(self) -> list[str]:
+        """Output names of the yielded columns (needs a non-empty buffer)."""
+        return list(self._reader.schema().names)
+
+    # -- who reads what ------------------------------------------------------------------------
+
+    def set_epoch(self, epoch: int) -> None:
+        """Sets the epoch that orders the next pass (epoch mode) and seeds its streams (``seed=``).
+
+        HF ``Trainer`` (through accelerate) calls it at the start of every epoch, on every rank,
+        like ``DistributedSampler.set_epoch``; call it yourself in a hand-written loop with
+        DataLoader workers (each epoch's workers get a copy of the dataset, so their passes do
+        not advance it). Without calls, each pass in this process advances it.
+
+        Examples:
+            >>> from torchrl_trl_interop.testing import toy_buffer
+            >>> ds = TorchRLBufferDataset(toy_buffer(8), 8, epoch=True, shuffle=True, seed=0)
+            >>> ds.set_epoch(3)
+            >>> first = [int(r["x"]) for r in ds]
+            >>> ds.set_epoch(3)
+            >>> first == [int(r["x"]) for r in ds]
+            True
+        """
+        self._passes.set_epoch(epoch)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where this reader is: the epoch of the pass, the rows it yielded, its stream seed.
+
+        The protocol of torchdata's ``StatefulDataLoader`` (which calls it in each DataLoader
+        worker) and of ``accelerate``: :meth:`load_state_dict` on a new dataset over the same
+        buffer makes the next pass yield exactly the rows an uninterrupted run would have
+        yielded next. Between passes the state names the next epoch and 0 rows.
+
+        Examples:
+            >>> from torchrl_trl_interop.testing import toy_buffer
+            >>> ds = TorchRLBufferDataset(toy_buffer(6), 2, epoch=True, shuffle=True)
+            >>> whole = [int(r["x"]) for r in ds]  # epoch 0, uninterrupted
+            >>> ds.set_epoch(0)
+            >>> it = iter(ds)
+            >>> first = [int(next(it)["x"]) for _ in range(4)]
+            >>> state = ds.state_dict()
+            >>> state["epoch"], state["rows"]
+            (0, 4)
+            >>> resumed = TorchRLBufferDataset(toy_buffer(6), 2, epoch=True, shuffle=True)
+            >>> resumed.load_state_dict(state)
+            >>> first + [int(r["x"]) for r in resumed] == whole
+            True
+        """
+        return self._passes.state_dict()
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Restores a :meth:`state_dict`: the next pass resumes that epoch after its rows.
+
+        Raises:
+            ValueError: if ``state_dict`` is not a state of this dataset.
+        """
+        self._passes.load_state_dict(state_dict)
+
+    def _shard_info(self) -> ShardInfo:
+        """This process's rank and DataLoader worker: the rank is decided here, only."""
+        in_worker = torch.utils.data.get_worker_info() is not None
+        rank_world = self._parent_rank if in_worker else None
+        return shard_info(split_by_rank=self._mode.split_by_rank, rank_world=rank_world)
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        info = self._shard_info()
+        state = self._passes.start(self._mode, info.num_shards, info)
+        rows = read_pass(
+            self._reader,
+            self._mode,
+            [info.shard_id],
+            info.num_shards,
+            state["epoch"],
+            info=info,
+            copies=info.num_shards,
+            base=state["base"],
+            skip=state["rows"],
+        )
+        yield from self._passes.track(state, rows)
+
+    def _iter_hf_slots(
+        self, slots: list[int], num_slots: int, epoch: int, skip: int
+    ) -> Iterator[dict[str, Any]]:
+        """What a Hugging Face view reads: ``datasets`` gives the slots, epoch and position.
+
+        Called from the view's own generator, so it hands back the pass's iterator as is (one
+        generator level less per row).
+        """
+        info = self._shard_info()
+        copies = info.num_workers if num_slots > 1 else 1  # sampler copies: one per worker
+        base = stream_base(self._mode, num_slots, info)
+        return read_pass(
+            self._reader,
+            self._mode,
+            slots,
+            num_slots,
+            epoch,
+            info=info,
+            copies=copies,
+            base=base,
+            skip=skip,
+            python=True,
+        )
+
+    def iter_storage(self, chunk_size: int | None = None) -> Iterator[dict[str, Any]]:
+        """Yields every stored row exactly once, in storage order (no sampling, no splitting).
+
+        Keyword Args:
+            chunk_size (int, optional): rows read per storage access; defaults to
+                ``max(batch_size, 1024)``.
+        """
+        for batch in self._reader.storage_batches(self._chunk_size(chunk_size, 1024)):
+            yield from self._reader.rows(batch)
+
+    def _chunk_size(self, chunk_size: int | None, default: int) -> int:
+        check_positive_int(chunk_size, "chunk_size", "TorchRLBufferDataset", allow_none=True)
+        return chunk_size or max(self._reader.batch_size, default)
+
+    def __getstate__(self) -> dict[str, Any]:
+        from multiprocessing.context import get_spawning_popen
+
+        state = self.__dict__.copy()
+        if get_spawning_popen() is not None:
+            # A DataLoader worker has no process group of its own: it splits by the rank
+            # decided here. (The reader makes its buffer safe to send.)
+            state["_parent_rank"] = distributed_rank(self._mode.split_by_rank)
+        return state
+
+    # -- Hugging Face views --------------------------------------------------------------------
+
+    def hf_features(self) -> datasets.Features | None:
+        """The ``datasets.Features`` of the rows, inferred from the first stored row.
+
+        Returns ``None`` when some column's type cannot be inferred (``datasets`` then infers it).
+        """
+        require("datasets", "TorchRLBufferDataset.hf_features")
+        from ._hf_views import features_of
+
+        self._reader.check_not_empty()
+        row = self._reader.rows(self._reader.read(torch.arange(1)))[0]
+        for name, value in row.items():
+            if isinstance(value, torch.Tensor) and value.is_complex():
+                raise TypeError(
+                    f"TorchRLBufferDataset: column {name!r} holds {value.dtype} values, which "
+                    "Arrow (and so datasets) cannot store. Store the real and imaginary parts "
+                    "as two float columns, or leave the column out with keys=[...]."
+                )
+        return features_of(row)
+
+    def as_hf_dataset(self, *, num_shards: int | None = None) -> datasets.IterableDataset:
+        """Returns a streaming :class:`datasets.IterableDataset` over this buffer.
+
+        Sampling mode: each pass draws ``num_batches`` batches per shard (``None``: forever, so
+        give the trainer ``max_steps``). Epoch mode: one pass yields every stored row exactly
+        once, in an order drawn from ``(seed, epoch)`` with ``shuffle=True``; the epoch is
+        ``datasets``' own (``set_epoch``, which HF trainers call, and ``load_state_dict``).
+        DataLoader workers, ``accelerate`` and ``split_dataset_by_node`` split the shards, so
+        each row is read once (``docs/scale.rst``). Built in microseconds: the buffer is never
+        pickled to fingerprint it.
+
+        Keyword Args:
+            num_shards (int, optional): shards of the view. Defaults to ``64`` with
+                ``epoch=True`` (enough for ranks x workers up to 64) and ``1`` when sampling
+                (one stream, upstream's behaviour).
+
+        Raises:
+            ValueError: if ``num_shards`` is not a positive int.
+
+        Examples:
+            >>> import torch
+            >>> from tensordict import TensorDict
+            >>> from torchrl.data import LazyTensorStorage, ReplayBuffer
+            >>> rb = ReplayBuffer(storage=LazyTensorStorage(10))
+            >>> _ = rb.extend(TensorDict({"x": torch.arange(4.0)}, batch_size=[4]))
+            >>> hf = TorchRLBufferDataset(rb, batch_size=2).as_hf_dataset()
+            >>> hf.features["x"]
+            Value('float32')
+            >>> len(list(hf))
+            2
+
+            In epoch mode, ranks (here through ``split_dataset_by_node``) read disjoint rows:
+
+            >>> from datasets.distributed import split_dataset_by_node
+            >>> hf = TorchRLBufferDataset(rb, batch_size=2, epoch=True).as_hf_dataset(num_shards=4)
+            >>> [sorted(r["x"] for r in split_dataset_by_node(hf, rank=k, world_size=2)) for k in (0, 1)]
+            [[0.0, 1.0], [2.0, 3.0]]
+        """
+        require("datasets", "TorchRLBufferDataset.as_hf_dataset")
+        from ._hf_views import iterable_view
+
+        if num_shards is None:
+            num_shards = DEFAULT_HF_EPOCH_SHARDS if self._mode.epoch else 1
+        check_positive_int(num_shards, "num_shards", "TorchRLBufferDataset.as_hf_dataset")
+        features = self.hf_features() if len(self._reader) > 0 else None
+        return iterable_view(self._iter_hf_slots, num_shards, features)
+
+    def to_hf_dataset(
+        self, *, chunk_size: int | None = None, cache_file: str | os.PathLike | None = None
+    ) -> datasets.Dataset:
+        """Returns a map-style :class:`datasets.Dataset` holding every stored row exactly once.
+
+        Rows are read in storage order (no sampling), which is what trainers need for epochs and
+        ``len``. Tensors become Arrow lists/numbers; History becomes message lists. Each read
+        is converted column by column, straight from its tensors to Arrow (values and offsets).
+
+        Keyword Args:
+            chunk_size (int, optional): rows read per storage access; defaults to
+                ``max(batch_size, 4096)``.
+            cache_file (str or path, optional): write the rows to this Arrow file, chunk by
+                chunk, and memory-map it (as ``datasets`` does with hub data): for buffers
+                larger than memory. Defaults to ``None``: the table is kept in memory (no disk
+                writes, nothing to clean up; see ``docs/scale.rst``).
+
+        Examples:
+            Ragged rows keep their own length:
+
+            >>> import torch
+            >>> from tensordict import TensorDict, lazy_stack
+            >>> from torchrl.data import LazyStackStorage, ReplayBuffer
+            >>> rb = ReplayBuffer(storage=LazyStackStorage(10))
+            >>> _ = rb.extend(lazy_stack([TensorDict({"ids": torch.arange(n)}) for n in (1, 3)]))
+            >>> ds = TorchRLBufferDataset(rb, batch_size=2).to_hf_dataset()
+            >>> len(ds), ds["ids"][:]
+            (2, [[0], [0, 1, 2]])
+        """
+        require("datasets", "TorchRLBufferDataset.to_hf_dataset")
+        from ._hf_views import map_view, table_view
+
+        features = self.hf_features()
+        batches = self._reader.storage_batches(self._chunk_size(chunk_size, 4096))
+        if features is None:  # a column's type is left to datasets' inference, row by row
+            return map_view((self._reader.columns(batch) for batch in batches), features)
+        tables = (self._reader.arrow_table(batch, features) for batch in batches)
+        return table_view(tables, features, cache_file)
+
+    def __repr__(self) -> str:
+        selection = self._reader.selection
+        keys = selection.keys
+        keys = "<all>" if keys is None else [key_to_str(k, selection.sep) for k in keys]
+        rb = self._reader.replay_buffer
+        storage = "<remote>" if is_remote(rb) else type(rb.storage).__name__
+        mode = f"epoch=True, shuffle={self._mode.shuffle}" if self._mode.epoch else "epoch=False"
+        return (
+            f"{type(self).__name__}(replay_buffer={type(rb).__name__}("
+            f"storage={storage}, len={len(rb)}), "
+            f"batch_size={self.batch_size}, keys={keys}, num_batches={self._mode.num_batches}, "
+            f"{mode}, seed={self._mode.seed}, device={self._reader.device})"
+        )

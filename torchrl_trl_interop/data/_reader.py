@@ -1,0 +1,205 @@
+"""Reading a replay buffer into named rows: :class:`BufferReader`, the one row path of every view.
+
+A reader reads batches (by storage index or by sampling) through the buffer's transforms and
+splits each one into columns once (:func:`~torchrl_trl_interop.split_columns`), under the
+output names of its ``_columns.Schema``. It does not decide who reads
+what: :class:`~torchrl_trl_interop.TorchRLBufferDataset` does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from tensordict import TensorDictBase, set_list_to_stack
+
+from .._keys import Key
+from ._arrow import arrow_table, pack_columns, python_columns
+from ._columns import Schema, Selection, split_columns
+from ._committed import committed_length, read_committed, read_committed_rows
+from ._processes import (
+    check_overwrites,
+    check_picklable_for_workers,
+    check_storage_columns,
+    picklable_remote,
+    sample,
+    spawn_safe_buffer,
+    write_mark,
+)
+
+__all__ = ["BufferReader"]
+
+
+class BufferReader:
+    """Reads rows of ``replay_buffer``, ``batch_size`` at a time, as ``{output name: value}`` dicts.
+
+    Args:
+        replay_buffer (ReplayBuffer): any torchrl buffer, a ``RayReplayBuffer`` or its client.
+        batch_size (int): rows per sampled batch and per storage read.
+
+    Keyword Args:
+        selection (Selection, optional): the columns to read and their names. Defaults to
+            every leaf column, under its dotted name.
+        device (torch.device, optional): tensors are moved there.
+
+    Examples:
+        >>> import torch
+        >>> from torchrl_trl_interop.testing import toy_buffer
+        >>> reader = BufferReader(toy_buffer(4), 2, selection=Selection(rename={("x",): "id"}))
+        >>> [row["id"].item() for row in reader.epoch_rows(torch.tensor([3, 1, 2]))]
+        [3, 1, 2]
+    """
+
+    def __init__(
+        self,
+        replay_buffer: Any,
+        batch_size: int,
+        *,
+        selection: Selection | None = None,
+        device: torch.device | None = None,
+    ) -> None:
+        self.replay_buffer = replay_buffer
+        self.batch_size = batch_size
+        self.selection = selection if selection is not None else Selection()
+        self.device = device
+        self._schema: Schema | None = None
+
+    def __len__(self) -> int:
+        return len(self.replay_buffer)
+
+    @property
+    def known_columns(self) -> list[Key] | None:
+        """The stored columns read, once a batch was seen (``None`` before)."""
+        return None if self._schema is None else self._schema.columns
+
+    def schema(self, batch: TensorDictBase | None = None) -> Schema:
+        """The columns and output names, resolved from the first batch read (or row 0)."""
+        if self._schema is None:
+            if batch is None:
+                self.check_not_empty()
+                batch = self.read(torch.arange(1))
+            schema = self.selection.resolve(batch)
+            check_storage_columns(self.replay_buffer, batch, schema.columns, self.selection.sep)
+            self._schema = schema
+        return self._schema
+
+    def check_not_empty(self) -> None:
+        """Raises a :class:`RuntimeError` if the buffer holds no row."""
+        if len(self.replay_buffer) == 0:
+            raise RuntimeError(
+                "TorchRLBufferDataset: the replay buffer is empty (len(replay_buffer) == 0), so "
+                "there is nothing to sample. Extend it (e.g. run the collector) before iterating."
+            )
+
+    def read(self, index: torch.Tensor, *, committed: bool = False) -> TensorDictBase:
+        """Rows by storage index (no sampling), through the buffer's transforms.
+
+        ``committed=True`` (a worker reading a buffer with a :class:`CommittedWriter`) retries a
+        read that overlapped a write, so no row comes back half written.
+        """
+        with set_list_to_stack(True):  # History needs it; scoped to the read
+            if committed:
+                return read_committed_rows(self.replay_buffer, index)
+            return self.replay_buffer[index]
+
+    def length(self, committed: bool = False) -> int:
+        """Rows stored now (``committed``: rows a :class:`CommittedWriter` finished writing)."""
+        return committed_length(self.replay_buffer) if committed else len(self.replay_buffer)
+
+    def sample(self, generator: torch.Generator | None, committed: bool = False) -> TensorDictBase:
+        """One sampled batch, drawn with ``generator`` (``None``: the buffer's own sampler)."""
+        with set_list_to_stack(True):
+            if committed:
+                return read_committed(self.replay_buffer, self.batch_size, generator)
+            return sample(self.replay_buffer, self.batch_size, generator)
+
+    def columns(self, batch: TensorDictBase) -> dict[str, list]:
+        """``{output name: per-row values}`` of a batch: the one row path of every view."""
+        schema = self.schema(batch)
+        columns = split_columns(
+            batch,
+            keys=schema.columns,
+            attention_mask_key=self.selection.attention_mask_key,
+            device=self.device,
+        )
+        return dict(zip(schema.names, columns.values()))
+
+    def rows(self, batch: TensorDictBase) -> list[dict[str, Any]]:
+        """The rows of a batch, one dict each."""
+        columns = self.columns(batch)
+        names = list(columns)
+        return [dict(zip(names, values)) for values in zip(*columns.values())]
+
+    def python_rows(self, batch: TensorDictBase) -> list[dict[str, Any]]:
+        """The rows of a batch with plain Python values (what ``datasets`` rows hold), converted
+        once per column (``_arrow``), not once per row."""
+        schema = self.schema(batch)
+        packed = pack_columns(batch, schema.columns, self.selection.attention_mask_key)
+        names = schema.names
+        return [dict(zip(names, values)) for values in zip(*python_columns(packed))]
+
+    def arrow_table(self, batch: TensorDictBase, features: Any) -> Any:
+        """The rows of a batch as a ``pyarrow.Table`` with ``features``' schema, column by column."""
+        schema = self.schema(batch)
+        packed = pack_columns(batch, schema.columns, self.selection.attention_mask_key)
+        return arrow_table(packed, schema.names, features)
+
+    def epoch_rows(
+        self,
+        indices: torch.Tensor,
+        committed: bool = False,
+        since: tuple[int, int] | None = None,
+        python: bool = False,
+    ) -> Iterator[dict[str, Any]]:
+        """The rows at storage ``indices``, in that order, ``batch_size`` indices per read.
+
+        ``since`` (a ``_processes.write_mark`` taken when the pass chose
+        its rows): a row overwritten before it was read raises instead of being replaced.
+        ``python``: rows of Python values (:meth:`python_rows`) instead of tensors.
+        """
+        if indices.numel() == 0:  # torch splits an empty tensor into one empty chunk
+            return
+        rows = self.python_rows if python else self.rows
+        for chunk in indices.split(self.batch_size):
+            batch = self.read(chunk, committed=committed)
+            check_overwrites(self.replay_buffer, since, chunk)
+            yield from rows(batch)
+
+    def sampled_rows(
+        self,
+        generator: torch.Generator | None,
+        num_batches: int | None,
+        committed: bool = False,
+        python: bool = False,
+    ) -> Iterator[dict[str, Any]]:
+        """The rows of ``num_batches`` sampled batches (``None``: forever)."""
+        rows = self.python_rows if python else self.rows
+        done = 0
+        while num_batches is None or done < num_batches:
+            yield from rows(self.sample(generator, committed))
+            done += 1
+
+    def storage_batches(self, chunk_size: int) -> Iterator[TensorDictBase]:
+        """Every stored row once, in storage order, ``chunk_size`` rows per read."""
+        self.check_not_empty()
+        since = write_mark(self.replay_buffer)
+        n = len(self.replay_buffer)
+        for start in range(0, n, chunk_size):
+            index = torch.arange(start, min(start + chunk_size, n))
+            batch = self.read(index)
+            check_overwrites(self.replay_buffer, since, index)
+            yield batch
+
+    def __getstate__(self) -> dict[str, Any]:
+        from multiprocessing.context import get_spawning_popen
+
+        state = self.__dict__.copy()
+        if get_spawning_popen() is None:
+            # A plain pickle (e.g. a Ray task receiving the dataset).
+            state["replay_buffer"] = picklable_remote(self.replay_buffer)
+        else:
+            # Sent to a spawned process: a DataLoader worker.
+            check_picklable_for_workers(self.replay_buffer)
+            state["replay_buffer"] = spawn_safe_buffer(self.replay_buffer)
+        return state

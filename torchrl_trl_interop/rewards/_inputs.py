@@ -1,0 +1,281 @@
+"""What a reward model reads: a TensorDict's tokens, text or History -> right-packed token ids.
+
+Every reader returns :class:`PackedInput`: ``ids [N, T]`` with the real tokens of each row at
+its start (right padding whatever the input layout), ``lengths [N]``, the batch shape the
+rewards take, and the device they go back to. The mask, not the pad id, decides which tokens are
+real. :class:`~torchrl_trl_interop.HFRewardModelWrapper` calls these functions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+from tensordict import TensorDictBase, is_non_tensor, set_list_to_stack
+
+from .._conversation import history_to_messages
+from .._keys import Key, flatten_nested, get_entry, public_key
+from .._padding import pack_right, position_mask
+
+if TYPE_CHECKING:  # pragma: no cover
+    from transformers import PreTrainedTokenizerBase
+
+__all__ = ["PackedInput", "empty_rows_error", "read_history", "read_texts", "read_tokens"]
+
+_OWNER = "HFRewardModelWrapper"
+
+
+@dataclass
+class PackedInput:
+    """Right-packed rows to score: ``ids [N, T]``, ``lengths [N]``, the batch shape, the device."""
+
+    ids: torch.Tensor
+    lengths: torch.Tensor
+    batch_shape: tuple[int, ...]
+    device: torch.device | None
+    #: set when a row may hold no real token (token input): how to describe such rows. They are
+    #: looked for with the rewards (:func:`empty_rows_error`), not before: one host sync per call.
+    empty_hint: str | None = None
+
+
+def empty_rows_error(lengths: torch.Tensor, hint: str) -> ValueError:
+    """The error for rows of ``lengths`` 0: a reward model cannot score an empty sequence."""
+    empty = (lengths == 0).nonzero().flatten()[:8].tolist()
+    return ValueError(
+        f"{_OWNER}: row(s) {empty} (flattened index) have no real token: {hint} (or the row "
+        "is empty). A reward model cannot score an empty sequence; drop these rows first."
+    )
+
+
+def _non_tensor_value(value: Any) -> Any:
+    """The Python value of a non-tensor entry.
+
+    A ``NonTensorData`` holding a list (``td.set_non_tensor(key, [row, row, ...])``) is that list,
+    one item per row; ``tolist()`` would repeat the whole list for every row of the batch.
+    """
+    data = getattr(value, "data", None)
+    if not isinstance(value, TensorDictBase) and isinstance(data, (list, tuple)):
+        return data
+    return value.tolist()
+
+
+def _flatten_rows(value: Any, what: str) -> tuple[list[torch.Tensor], tuple[int, ...]]:
+    """Flattens a (nested) list of tensors into 1-D rows and the leading (batch) shape."""
+    if isinstance(value, torch.Tensor):
+        if value.is_nested:
+            return _flatten_rows(list(value.unbind(0)), what)
+        if value.ndim == 0:
+            raise ValueError(
+                f"HFRewardModelWrapper: {what} is a 0-d tensor; expected a sequence dimension "
+                "last, e.g. shape [L], [B, L] or [E, G, L]."
+            )
+        if value.ndim == 1:
+            return [value], ()
+        shape = tuple(value.shape[:-1])
+        return list(value.reshape(-1, value.shape[-1]).unbind(0)), shape
+    if is_non_tensor(value):
+        return _flatten_rows(_non_tensor_value(value), what)
+    if isinstance(value, (list, tuple)):
+        if not value:
+            return [], (0,)
+        parts = [_flatten_rows(v, what) for v in value]
+        inner = parts[0][1]
+        for i, (_, shape) in enumerate(parts):
+            if shape != inner:
+                raise ValueError(
+                    f"HFRewardModelWrapper: {what} has rows with different batch shapes "
+                    f"({inner} at index 0, {shape} at index {i}); only the last (sequence) "
+                    "dimension may be ragged."
+                )
+        return [row for rows, _ in parts for row in rows], (len(value), *inner)
+    raise TypeError(
+        f"HFRewardModelWrapper: {what} is a {type(value).__name__}; expected a tensor, a nested "
+        "tensor, a lazy stack of tensors or a list of 1-D tensors."
+    )
+
+
+def _read_padded(
+    value: Any, what: str
+) -> tuple[torch.Tensor, torch.Tensor | None, tuple[int, ...]]:
+    """Returns ``(values [N, L], lengths [N] or None if every row has length L, batch shape)``."""
+    if isinstance(value, torch.Tensor) and not value.is_nested:
+        if value.ndim == 0:
+            _flatten_rows(value, what)  # raises with the message
+        return value.reshape(-1, value.shape[-1]), None, tuple(value.shape[:-1])
+    rows, shape = _flatten_rows(value, what)
+    if not rows:
+        return torch.zeros(0, 0, dtype=torch.long), None, shape
+    lengths = torch.tensor([row.shape[0] for row in rows], device=rows[0].device)
+    padded = torch.nn.utils.rnn.pad_sequence(rows, batch_first=True, padding_value=0)
+    return padded, lengths, shape
+
+
+def _read_texts(value: Any, what: str) -> tuple[list[str], tuple[int, ...]]:
+    if isinstance(value, str):
+        return [value], ()
+    if is_non_tensor(value):
+        return _read_texts(_non_tensor_value(value), what)
+    if isinstance(value, (list, tuple)):
+        if not value:
+            return [], (0,)
+        parts = [_read_texts(v, what) for v in value]
+        inner = parts[0][1]
+        if any(shape != inner for _, shape in parts):
+            raise ValueError(f"HFRewardModelWrapper: {what} is ragged above the string level.")
+        return [t for texts, _ in parts for t in texts], (len(value), *inner)
+    raise TypeError(
+        f"HFRewardModelWrapper: {what} holds a {type(value).__name__}; expected strings (a str, "
+        "a NonTensorStack of str or nested lists of str)."
+    )
+
+
+def _value_device(value: Any) -> torch.device | None:
+    """The device of a token entry (tensor, or first tensor of a nested list), if any."""
+    while isinstance(value, (list, tuple)) and value:
+        value = value[0]
+    return value.device if isinstance(value, torch.Tensor) else None
+
+
+def _check_mask(
+    token_key: Key,
+    mask_key: Key,
+    ids: torch.Tensor,
+    tok_lengths: torch.Tensor | None,
+    batch_shape: tuple[int, ...],
+    mask: torch.Tensor,
+    mask_lengths: torch.Tensor | None,
+    mask_shape: tuple[int, ...],
+) -> None:
+    if mask_shape == batch_shape and (tok_lengths is not None or mask_lengths is not None):
+        # ragged rows: compare row by row (padded widths may differ)
+        full = torch.full((ids.shape[0],), ids.shape[-1], device=ids.device)
+        t_len = tok_lengths if tok_lengths is not None else full
+        m_len = mask_lengths.to(ids.device) if mask_lengths is not None else full
+        bad = (t_len != m_len).nonzero().flatten()
+        if bad.numel():
+            row = int(bad[0])
+            raise ValueError(
+                f"{_OWNER}: the mask at {public_key(mask_key)!r} does not match the tokens at "
+                f"{public_key(token_key)!r}: row {row} (flattened) has {int(t_len[row])} tokens "
+                f"but a mask of length {int(m_len[row])}."
+            )
+    elif mask_shape != batch_shape or mask.shape != ids.shape:
+        raise ValueError(
+            f"{_OWNER}: the mask at {public_key(mask_key)!r} (shape "
+            f"{[*mask_shape, mask.shape[-1]]}) does not match the tokens at "
+            f"{public_key(token_key)!r} (shape {[*batch_shape, ids.shape[-1]]}). The mask needs "
+            "one entry per token."
+        )
+
+
+def read_tokens(td: TensorDictBase, token_key: Key, mask_key: Key | None) -> PackedInput:
+    """Token ids (and the mask deciding which are real) -> :class:`PackedInput`.
+
+    Dense, lazily stacked (ragged), nested-list and jagged input are read; every row must keep
+    at least one real token (checked with the rewards: see :func:`empty_rows_error`). Nothing
+    is read back from the device here.
+
+    Examples:
+        >>> import torch
+        >>> from tensordict import TensorDict
+        >>> td = TensorDict({"ids": torch.tensor([[0, 5, 6], [7, 8, 9]]),
+        ...                  "mask": torch.tensor([[0, 1, 1], [1, 1, 1]])}, batch_size=[2])
+        >>> packed = read_tokens(td, ("ids",), ("mask",))
+        >>> packed.ids, packed.lengths
+        (tensor([[5, 6, 0],
+                [7, 8, 9]]), tensor([2, 3]))
+    """
+    value = get_entry(td, token_key, "token_key", _OWNER)
+    ids, tok_lengths, batch_shape = _read_padded(value, f"token_key={public_key(token_key)!r}")
+    if ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool:
+        raise TypeError(
+            f"{_OWNER}: token_key={public_key(token_key)!r} holds {ids.dtype} values; expected "
+            "integer token ids."
+        )
+    real = None if tok_lengths is None else position_mask(tok_lengths, ids.shape[-1])
+    if mask_key is not None:
+        mask_value = get_entry(td, mask_key, "attention_mask_key", _OWNER)
+        mask, mask_lengths, mask_shape = _read_padded(
+            mask_value, f"attention_mask_key={public_key(mask_key)!r}"
+        )
+        _check_mask(
+            token_key, mask_key, ids, tok_lengths, batch_shape, mask, mask_lengths, mask_shape
+        )
+        attended = (mask != 0).to(ids.device)
+        real = attended if real is None else real & attended
+    if real is None:
+        real = torch.ones(ids.shape, dtype=torch.bool, device=ids.device)
+    ids, lengths = pack_right(ids.long(), real)
+    hint = f"their {public_key(mask_key)!r} mask is all zero" if mask_key else "they are empty"
+    return PackedInput(ids, lengths, batch_shape, td.device or _value_device(value), hint)
+
+
+def _pack(token_lists: Sequence[Sequence[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    rows = [torch.as_tensor(list(ids), dtype=torch.long) for ids in token_lists]
+    if not rows:
+        return torch.zeros(0, 0, dtype=torch.long), torch.zeros(0, dtype=torch.long)
+    sizes = [row.numel() for row in rows]
+    lengths = torch.tensor(sizes)
+    if 0 in sizes:
+        empty = [i for i, size in enumerate(sizes) if size == 0][:8]
+        raise ValueError(
+            f"{_OWNER}: row(s) {empty} tokenize to no token at all; a reward model cannot score "
+            "an empty sequence."
+        )
+    ids = torch.nn.utils.rnn.pad_sequence(rows, batch_first=True, padding_value=0)
+    return ids, lengths
+
+
+def read_texts(
+    td: TensorDictBase, text_key: Key, tokenizer: PreTrainedTokenizerBase, append_eos: bool
+) -> PackedInput:
+    """Strings, formatted as ``trl.RewardTrainer`` formats standard text -> :class:`PackedInput`.
+
+    With ``append_eos``, the tokenizer's EOS is appended to texts that do not end with it.
+    """
+    value = get_entry(td, text_key, "text_key", _OWNER)
+    texts, batch_shape = _read_texts(value, f"text_key={public_key(text_key)!r}")
+    for i, text in enumerate(texts):
+        if not isinstance(text, str):
+            raise TypeError(
+                f"{_OWNER}: text_key={public_key(text_key)!r} row {i} is a "
+                f"{type(text).__name__}; expected a str."
+            )
+    eos = tokenizer.eos_token
+    if append_eos:
+        texts = [text if text.endswith(eos) else text + eos for text in texts]
+    token_lists = tokenizer(texts)["input_ids"] if texts else []
+    return PackedInput(*_pack(token_lists), batch_shape, td.device)
+
+
+def read_history(
+    td: TensorDictBase,
+    history_key: Key,
+    tokenizer: PreTrainedTokenizerBase,
+    chat_template_kwargs: dict[str, Any],
+) -> PackedInput:
+    """A History rendered with the chat template, as ``trl.RewardTrainer`` renders conversations."""
+    from torchrl.data.llm import History
+
+    with set_list_to_stack(True):  # scoped: reading a ragged History needs the mode
+        history = get_entry(td, history_key, "history_key", _OWNER)
+        messages = history_to_messages(history) if isinstance(history, History) else None
+    if not isinstance(history, History):
+        raise TypeError(
+            f"{_OWNER}: history_key={public_key(history_key)!r} holds a "
+            f"{type(history).__name__}; expected a torchrl.data.llm.History."
+        )
+    batch_shape = tuple(history.batch_size[:-1])
+    conversations = flatten_nested(messages, len(batch_shape))
+    # as trl.data_utils._tokenize renders conversational RewardTrainer data, every conversation
+    # in one call (one template render pass, one batched tokenizer call)
+    token_lists = (
+        tokenizer.apply_chat_template(
+            conversations, tokenize=True, return_dict=True, **chat_template_kwargs
+        )["input_ids"]
+        if conversations
+        else []
+    )
+    return PackedInput(*_pack(token_lists), batch_shape, td.device)

@@ -1,0 +1,395 @@
+"""Hugging Face reward models as TensorDict modules: :class:`HFRewardModelWrapper`.
+
+Read -> score -> write: ``_inputs`` turns the TensorDict into
+right-packed token ids, ``_scoring`` scores them in length-bucketed
+micro-batches (``_pooling`` reads one reward per row out of the model's
+output), and the rewards are written back in the TensorDict's batch shape. Where and why this
+differs from upstream ``torchrl.modules.llm.HFRewardModelWrapper``: ``docs/overview.rst``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import TYPE_CHECKING, Any
+
+import torch
+from tensordict import TensorDictBase
+from tensordict.nn import TensorDictModuleBase
+from tensordict.utils import NestedKey
+from torch import nn
+
+from .._checks import (
+    as_mapping,
+    check_bool,
+    check_positive_int,
+    check_tensordict,
+    check_tokenizer,
+    module_repr,
+)
+from .._keys import ATTENTION_MASK_KEY, TOKEN_KEY, as_key, as_optional_key, public_key
+from ._inputs import PackedInput, read_history, read_texts, read_tokens
+from ._pooling import RewardOutputError, RewardShapeError, check_model_input, text_config
+from ._scoring import NONFINITE_MODES, report_nonfinite, score_packed
+
+if TYPE_CHECKING:  # pragma: no cover
+    from transformers import PreTrainedTokenizerBase
+
+__all__ = ["HFRewardModelWrapper", "RewardOutputError", "RewardShapeError"]
+
+
+class _RewardModelHolder(nn.Module):
+    """Holds the model as ``_reward_module.model``: same ``state_dict`` keys as upstream."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+
+class HFRewardModelWrapper(TensorDictModuleBase):
+    """A :class:`~tensordict.nn.TensorDictModuleBase` that scores TensorDicts with an HF reward model.
+
+    Reads tokens and attention mask (or text, or a :class:`~torchrl.data.llm.History`) from the
+    input tensordict, calls the reward model, and writes one ``float32`` reward per row to
+    ``reward_key`` in the same tensordict. Drop-in for upstream
+    ``torchrl.modules.llm.HFRewardModelWrapper`` (same arguments and defaults). The mask, not the
+    pad id, decides which tokens are real, so each reward equals that of the row scored alone
+    whatever the padding; ragged input (lazy stacks, nested lists, jagged tensors) and any batch
+    shape (``[]``, ``[B]``, ``[E, G]``) are read as they are; the reward is never an inference
+    tensor; NaN or infinite rewards raise by default. ``docs/overview.rst`` says how, and where
+    upstream differs.
+
+    Args:
+        model (nn.Module): the reward model, e.g. an ``AutoModelForSequenceClassification`` with
+            ``num_labels=1`` (one trained by ``trl.RewardTrainer``), or any module whose forward
+            takes ``input_ids`` (and ``attention_mask``) and returns a ``logits`` or ``rewards``
+            tensor, a tuple whose first element is one, or a bare tensor, of shape ``[N]`` or
+            ``[N, 1]``.
+
+    Keyword Args:
+        token_key (NestedKey, optional): the token ids. Defaults to ``("tokens", "full")``
+            (TorchRL's LLM layout).
+        attention_mask_key (NestedKey or None, optional): the attention mask (bool or int, ``1``
+            marks a real token). ``None``: every token of a row is real (ragged rows carry their
+            own length). Defaults to ``("masks", "all_attention_mask")``.
+        reward_key (NestedKey, optional): where the reward is written. Defaults to ``"reward"``.
+        inference_mode (bool, optional): if ``True``, the model runs under
+            :func:`torch.no_grad` (no graph is built); if ``False``, gradients flow to the
+            model's parameters (reward-model training, critics). Defaults to ``False``.
+        max_batch_size (int, optional): the most rows per model call. Rows are sorted by length
+            and split into micro-batches, each padded to its own longest row; rewards come back
+            in the original order. ``None`` scores every row in one call, at the input's width
+            (ragged input: its longest row), with no value read back from the device before the
+            model runs. Defaults to ``None``.
+        tokenizer (PreTrainedTokenizerBase, optional): the reward model's own tokenizer (often
+            not the policy's), needed by ``text_key`` and ``history_key``. Defaults to ``None``.
+        text_key (NestedKey, optional): read strings here instead of tokens, e.g.
+            ``("text", "full")``. They are formatted as ``trl.RewardTrainer`` formats standard
+            training text (EOS appended unless already there, see ``append_eos``) and tokenized
+            with ``tokenizer``. Defaults to ``None``.
+        history_key (NestedKey, optional): read a :class:`~torchrl.data.llm.History` here
+            instead of tokens, e.g. ``("history", "full")``, rendered with ``tokenizer``'s chat
+            template as ``trl.RewardTrainer`` renders conversational data (no generation prompt,
+            no extra EOS). Defaults to ``None``.
+        append_eos (bool, optional): with ``text_key``, append ``tokenizer.eos_token`` to texts
+            that do not end with it, as ``RewardTrainer`` did to its training data. ``False``
+            scores the text as is (what ``GRPOTrainer`` does with a reward model). Defaults to
+            ``True``.
+        chat_template_kwargs (dict, optional): extra arguments for
+            ``tokenizer.apply_chat_template`` with ``history_key`` (e.g. ``tools``). Defaults to
+            ``None``.
+        unsqueeze_reward (bool, optional): write the reward with a trailing singleton dimension,
+            shape ``[*batch, 1]``. Defaults to ``False`` (shape ``[*batch]``, as upstream).
+        nonfinite (str, optional): what to do when a reward is NaN or infinite: ``"raise"`` a
+            :class:`ValueError`, ``"warn"`` (:class:`RuntimeWarning`) or ``"ignore"`` (skips the
+            check and its device sync). Defaults to ``"raise"``: a NaN reward silently poisons
+            an RL update.
+
+    Raises:
+        TypeError: if ``model`` is not callable, a key is not a str or tuple of str,
+            ``tokenizer`` is not a tokenizer, ``chat_template_kwargs`` not a dict, or a flag
+            (``inference_mode``, ``append_eos``, ``unsqueeze_reward``) not a bool.
+        ValueError: if ``max_batch_size`` is not a positive int, ``nonfinite`` is unknown, both
+            ``text_key`` and ``history_key`` are given, a non-default ``token_key`` or
+            ``attention_mask_key`` is given with one of them, one of them is given without
+            ``tokenizer`` (or ``tokenizer`` without them), or ``append_eos=True`` with a
+            tokenizer that has no EOS token.
+
+    Examples:
+        Score a ragged batch, as TorchRL's LLM wrappers write it (a lazy stack), with a tiny
+        Llama reward model:
+
+        >>> import torch
+        >>> from tensordict import TensorDict, lazy_stack
+        >>> from torchrl_trl_interop.testing import toy_reward_model
+        >>> model = toy_reward_model("llama")
+        >>> rm = HFRewardModelWrapper(model)
+        >>> td = lazy_stack([
+        ...     TensorDict({"tokens": {"full": torch.tensor([5, 6, 7])},
+        ...                 "masks": {"all_attention_mask": torch.ones(3, dtype=torch.bool)}}),
+        ...     TensorDict({"tokens": {"full": torch.tensor([8, 9])},
+        ...                 "masks": {"all_attention_mask": torch.ones(2, dtype=torch.bool)}}),
+        ... ])
+        >>> rm(td)["reward"].shape
+        torch.Size([2])
+
+        The score does not depend on padding: the same rows left-padded give the same rewards.
+
+        >>> padded = TensorDict({
+        ...     "tokens": {"full": torch.tensor([[5, 6, 7], [0, 8, 9]])},
+        ...     "masks": {"all_attention_mask": torch.tensor([[1, 1, 1], [0, 1, 1]])},
+        ... }, batch_size=[2])
+        >>> torch.allclose(rm(padded)["reward"], td["reward"], atol=1e-5)
+        True
+
+        Group-shaped batches keep their shape; ``unsqueeze_reward`` adds TorchRL's trailing dim:
+
+        >>> rm = HFRewardModelWrapper(model, reward_key=("next", "reward"), unsqueeze_reward=True)
+        >>> eg = TensorDict({
+        ...     "tokens": {"full": torch.randint(3, 300, (2, 3, 5))},
+        ...     "masks": {"all_attention_mask": torch.ones(2, 3, 5, dtype=torch.bool)},
+        ... }, batch_size=[2, 3])
+        >>> rm(eg)["next", "reward"].shape
+        torch.Size([2, 3, 1])
+
+        Score text with the reward model's own tokenizer, formatted as ``RewardTrainer`` did:
+
+        >>> from torchrl_trl_interop.testing import toy_tokenizer
+        >>> rm = HFRewardModelWrapper(model, tokenizer=toy_tokenizer(), text_key="text",
+        ...                           inference_mode=True)
+        >>> rm
+        HFRewardModelWrapper(
+            model=LlamaForSequenceClassification,
+            in_keys=['text'],
+            out_keys=['reward'],
+            inference_mode=True,
+            max_batch_size=None)
+        >>> text = TensorDict({"text": ["Hello world!", "Two plus two is four."]}, batch_size=[2])
+        >>> rm(text)["reward"].requires_grad
+        False
+
+    .. seealso::
+        ``torchrl.modules.llm.trl_interop.HFRewardModelWrapper``, the upstream class this one
+        replaces.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        *,
+        token_key: NestedKey = TOKEN_KEY,
+        attention_mask_key: NestedKey | None = ATTENTION_MASK_KEY,
+        reward_key: NestedKey = "reward",
+        inference_mode: bool = False,
+        max_batch_size: int | None = None,
+        tokenizer: PreTrainedTokenizerBase | None = None,
+        text_key: NestedKey | None = None,
+        history_key: NestedKey | None = None,
+        append_eos: bool = True,
+        chat_template_kwargs: dict[str, Any] | None = None,
+        unsqueeze_reward: bool = False,
+        nonfinite: str = "raise",
+    ) -> None:
+        if not callable(model):
+            raise TypeError(
+                f"HFRewardModelWrapper: model should be a callable nn.Module (a reward model), "
+                f"got {type(model).__name__}."
+            )
+        check_positive_int(
+            max_batch_size, "max_batch_size", "HFRewardModelWrapper", allow_none=True
+        )
+        owner = "HFRewardModelWrapper"
+        check_tokenizer(tokenizer, "tokenizer", owner)
+        chat_template_kwargs = (
+            None
+            if chat_template_kwargs is None
+            else as_mapping(chat_template_kwargs, "chat_template_kwargs", owner, "{name: value}")
+        )
+        for flag, value in (
+            ("inference_mode", inference_mode),
+            ("append_eos", append_eos),
+            ("unsqueeze_reward", unsqueeze_reward),
+        ):
+            check_bool(value, flag, owner)
+        if nonfinite not in NONFINITE_MODES:
+            raise ValueError(
+                f"HFRewardModelWrapper: nonfinite={nonfinite!r}; expected one of {NONFINITE_MODES}."
+            )
+        token_key = as_key(token_key, "token_key")
+        reward_key = as_key(reward_key, "reward_key")
+        attention_mask_key = as_optional_key(attention_mask_key, "attention_mask_key")
+        text_key = as_optional_key(text_key, "text_key")
+        history_key = as_optional_key(history_key, "history_key")
+
+        source_key = text_key if text_key is not None else history_key
+        if text_key is not None and history_key is not None:
+            raise ValueError(
+                f"HFRewardModelWrapper: got both text_key={public_key(text_key)!r} and "
+                f"history_key={public_key(history_key)!r}; pass only the one the reward model should score."
+            )
+        if source_key is not None:
+            source_arg = "text_key" if text_key is not None else "history_key"
+            if token_key != TOKEN_KEY or attention_mask_key not in (None, ATTENTION_MASK_KEY):
+                mask_arg = None if attention_mask_key is None else public_key(attention_mask_key)
+                raise ValueError(
+                    f"HFRewardModelWrapper: {source_arg}={public_key(source_key)!r} makes the "
+                    f"wrapper tokenize its own input, so token_key={public_key(token_key)!r} and "
+                    f"attention_mask_key={mask_arg!r} would be ignored. Pass either "
+                    f"{source_arg} or token_key/attention_mask_key."
+                )
+            if tokenizer is None:
+                raise ValueError(
+                    f"HFRewardModelWrapper: {source_arg}={public_key(source_key)!r} needs the reward "
+                    "model's tokenizer: pass tokenizer=... (the one the reward model was trained "
+                    "with, which is often not the policy's)."
+                )
+            if text_key is not None and append_eos and tokenizer.eos_token is None:
+                raise ValueError(
+                    f"HFRewardModelWrapper: append_eos=True but tokenizer "
+                    f"{type(tokenizer).__name__} has no eos_token. Set tokenizer.eos_token or "
+                    "pass append_eos=False."
+                )
+        elif tokenizer is not None:
+            raise ValueError(
+                "HFRewardModelWrapper: tokenizer= is only used with text_key= or history_key=; "
+                "with token input it would be ignored. Pass text_key=... or history_key=..., or "
+                "drop tokenizer=."
+            )
+        elif chat_template_kwargs is not None:
+            raise ValueError(
+                "HFRewardModelWrapper: chat_template_kwargs= is only used with history_key=."
+            )
+
+        super().__init__()
+        if source_key is not None:
+            in_keys = [source_key]
+        else:
+            in_keys = [token_key] + ([attention_mask_key] if attention_mask_key is not None else [])
+        self.in_keys = [public_key(k) for k in in_keys]
+        self.out_keys = [public_key(reward_key)]
+
+        self._token_key = token_key
+        self._attention_mask_key = attention_mask_key
+        self._reward_key = reward_key
+        self._text_key = text_key
+        self._history_key = history_key
+        self._inference_mode = bool(inference_mode)
+        self._tokenizer = tokenizer
+        self._append_eos = bool(append_eos)
+        self._chat_template_kwargs = dict(chat_template_kwargs or {})
+        self.max_batch_size = max_batch_size
+        self.unsqueeze_reward = bool(unsqueeze_reward)
+        self.nonfinite = nonfinite
+        # upstream passes no mask when attention_mask_key is None (and nothing is padded)
+        self._pass_mask = source_key is not None or attention_mask_key is not None
+        self._config_source: Any = None  # the model config whose pooling config is cached
+        self._config: Any = None
+        self._reward_module = _RewardModelHolder(model)
+
+    @property
+    def model(self) -> nn.Module:
+        """The wrapped reward model."""
+        return self._reward_module.model
+
+    @property
+    def inference_mode(self) -> bool:
+        """Whether the model runs without building a graph."""
+        return self._inference_mode
+
+    def __repr__(self) -> str:
+        after = [f"inference_mode={self._inference_mode}", f"max_batch_size={self.max_batch_size}"]
+        if self.unsqueeze_reward:
+            after.append("unsqueeze_reward=True")
+        if self.nonfinite != "raise":
+            after.append(f"nonfinite={self.nonfinite!r}")
+        model = type(self.model).__name__
+        return module_repr(self, [f"model={model}"], after)
+
+    # -----------------------------------------------------------------------------------------
+    # forward
+    # -----------------------------------------------------------------------------------------
+
+    def forward(self, tensordict: TensorDictBase) -> TensorDictBase:
+        """Scores every row of ``tensordict`` and writes the rewards to ``reward_key``.
+
+        Args:
+            tensordict (TensorDictBase): holds ``token_key`` (and ``attention_mask_key``), or
+                ``text_key``, or ``history_key``; dense, lazily stacked (ragged) or nested.
+
+        Returns:
+            the same tensordict, with a ``float32`` reward of shape ``[*batch]`` (or
+            ``[*batch, 1]`` with ``unsqueeze_reward=True``) at ``reward_key``.
+
+        Raises:
+            KeyError: if an input key is missing (the message lists the keys present).
+            TypeError: if ``tensordict`` is not a TensorDict, the tokens are not integers, or an
+                entry has an unreadable type.
+            ValueError: if the mask's shape or row lengths do not match the tokens', a row has
+                no real token, a token id is outside the model's vocabulary, a row is longer
+                than its ``max_position_embeddings`` (all checked before the model runs), or
+                (with ``nonfinite="raise"``) a reward is NaN or infinite.
+            RewardShapeError: (a :class:`ValueError` and a :class:`RuntimeError`) if the model
+                returns anything but one scalar per row.
+            RewardOutputError: (a :class:`TypeError` and a :class:`RuntimeError`) if the model
+                output holds no reward tensor.
+        """
+        check_tensordict(tensordict, "tensordict", "HFRewardModelWrapper")
+        packed = self._read(tensordict)
+        check_model_input(self.model, packed.ids, packed.lengths, self._input_arg())
+
+        grad_context = torch.no_grad() if self._inference_mode else contextlib.nullcontext()
+        with grad_context:  # reads the device once, after the model ran
+            reward, bad = score_packed(
+                self.model,
+                self._pooling_config(),
+                packed,
+                max_batch_size=self.max_batch_size,
+                pass_mask=self._pass_mask,
+                nonfinite=self.nonfinite,
+            )
+
+        reward = reward.float().reshape(packed.batch_shape)
+        if self.unsqueeze_reward:
+            reward = reward.unsqueeze(-1)
+        if packed.device is not None:
+            reward = reward.to(packed.device)
+        if bad:
+            report_nonfinite(reward, self._reward_key, self.nonfinite)
+        if torch.is_inference_mode_enabled() or reward.is_inference():
+            # inside the caller's inference_mode every new tensor is an inference tensor, which
+            # no later backward pass may use: hand back a normal copy (a [*batch] tensor)
+            with torch.inference_mode(False):
+                if reward.is_inference():
+                    reward = reward.clone()
+                tensordict.set(self._reward_key, reward)
+        else:
+            tensordict.set(self._reward_key, reward)
+        return tensordict
+
+    # -----------------------------------------------------------------------------------------
+    # what the model reads
+    # -----------------------------------------------------------------------------------------
+
+    def _read(self, tensordict: TensorDictBase) -> PackedInput:
+        if self._text_key is not None:
+            return read_texts(tensordict, self._text_key, self._tokenizer, self._append_eos)
+        if self._history_key is not None:
+            return read_history(
+                tensordict, self._history_key, self._tokenizer, self._chat_template_kwargs
+            )
+        return read_tokens(tensordict, self._token_key, self._attention_mask_key)
+
+    def _input_arg(self) -> str:
+        """The argument naming what the model reads, for error messages."""
+        if self._text_key is not None:
+            return f"text_key={public_key(self._text_key)!r} (tokenized)"
+        if self._history_key is not None:
+            return f"history_key={public_key(self._history_key)!r} (tokenized)"
+        return f"token_key={public_key(self._token_key)!r}"
+
+    def _pooling_config(self) -> Any:
+        """The config the model's pooling reads, looked up once per model config object."""
+        source = getattr(self.model, "config", None)
+        if source is None or source is not self._config_source:
+            self._config_source = source
+            self._config = text_config(self.model)
+        return self._config

@@ -1,0 +1,184 @@
+"""Scoring right-packed token ids with an HF reward model: fill choice, length buckets, one read.
+
+``_inputs`` packs each row's real tokens to the right;
+:func:`score_packed` fills the padding so the model pools the last real token, scores the rows
+in length-bucketed micro-batches and reads every check of the call back from the device at once,
+after the model ran. :class:`~torchrl_trl_interop.HFRewardModelWrapper` calls it.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import torch
+from tensordict.utils import NestedKey
+from torch import nn
+
+from .._keys import public_key
+from .._padding import length_buckets, position_mask, unbucket
+from ._inputs import PackedInput, empty_rows_error
+from ._pooling import (
+    check_reward_shape,
+    choose_fill,
+    extract_reward,
+    optimistic_pad_id,
+    pooling_model,
+)
+
+__all__ = ["NONFINITE_MODES", "report_nonfinite", "score_packed"]
+
+NONFINITE_MODES = ("raise", "warn", "ignore")
+
+
+def score_packed(
+    model: nn.Module,
+    config: Any,
+    packed: PackedInput,
+    *,
+    max_batch_size: int | None,
+    pass_mask: bool,
+    nonfinite: str,
+) -> tuple[torch.Tensor, bool]:
+    """Scores the rows of ``packed``: their rewards ``[N]`` and whether one is not finite.
+
+    ``config`` is the one the model's pooling reads
+    (``_pooling.text_config``). The device is read once, after the model
+    ran; a row that ends with the fill picked without looking at the rows (the model's pad id)
+    makes it score every row again with a spare id.
+
+    Raises:
+        ValueError: if a row has no real token (found with that one read).
+
+    Examples:
+        >>> import torch
+        >>> from torchrl_trl_interop.rewards._pooling import text_config
+        >>> from torchrl_trl_interop.rewards._inputs import PackedInput
+        >>> from torchrl_trl_interop.testing import toy_reward_model
+        >>> model = toy_reward_model("llama")
+        >>> packed = PackedInput(torch.tensor([[5, 6, 7], [8, 9, 0]]), torch.tensor([3, 2]),
+        ...                      torch.Size([2]), None, None)
+        >>> with torch.no_grad():
+        ...     reward, bad = score_packed(model, text_config(model), packed,
+        ...                                max_batch_size=1, pass_mask=True, nonfinite="raise")
+        >>> reward.shape, bad
+        (torch.Size([2]), False)
+    """
+    reward, clash = _score(model, config, packed.ids, packed.lengths, max_batch_size, pass_mask)
+    empty, bad, clashed = _read_flags(reward, clash, packed, nonfinite)
+    if clashed and not empty:  # a row ends with the pad id: score again with a spare
+        reward, _ = _score(
+            model, config, packed.ids, packed.lengths, max_batch_size, pass_mask, look=True
+        )
+        flag = _nonfinite(reward, nonfinite)
+        bad = flag is not None and bool(flag)
+    if empty:
+        raise empty_rows_error(packed.lengths, packed.empty_hint)
+    return reward, bad
+
+
+def report_nonfinite(reward: torch.Tensor, reward_key: NestedKey, nonfinite: str) -> None:
+    """Raises (``nonfinite="raise"``) or warns about the NaN or infinite entries of ``reward``.
+
+    Called from the wrapper's ``forward`` (the warning's ``stacklevel`` counts on it).
+    """
+    bad = ~torch.isfinite(reward.detach())
+    where = bad.nonzero().tolist()[:8]
+    message = (
+        f"HFRewardModelWrapper: {int(bad.sum())} of {bad.numel()} reward(s) at "
+        f"{public_key(reward_key)!r} are NaN or infinite (first indices: {where}). "
+        "Check the model's dtype and inputs, or pass nonfinite='warn' or 'ignore'."
+    )
+    if nonfinite == "raise":
+        raise ValueError(message)
+    warnings.warn(message, RuntimeWarning, stacklevel=3)
+
+
+def _model_device(model: nn.Module, default: torch.device) -> torch.device:
+    for tensor in model.parameters():
+        return tensor.device
+    for tensor in model.buffers():
+        return tensor.device
+    return default
+
+
+def _score(
+    model: nn.Module,
+    config: Any,
+    ids: torch.Tensor,
+    lengths: torch.Tensor,
+    max_batch_size: int | None,
+    pass_mask: bool,
+    look: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Scores right-packed rows ``ids [N, T]`` of ``lengths [N]``: a reward per row.
+
+    Returns the rewards and, when the model's own pad id was used as the fill without
+    looking at the rows, a 0-d bool tensor telling whether some row ends with it after all
+    (the caller then scores again with ``look=True``, which picks a spare id).
+    """
+    n = ids.shape[0]
+    device = _model_device(model, ids.device)
+    ids = ids.to(device)
+    lengths = lengths.to(device)
+    if n == 0:
+        return torch.zeros(0, device=device), None
+    clash = None
+    pad = optimistic_pad_id(config) if not look else None
+    if pad is not None:
+        fill, pooling_pad = pad, None
+        clash = (ids[torch.arange(n, device=device), lengths - 1] == pad).any()
+    else:
+        fill, pooling_pad = choose_fill(config, ids, lengths)
+    mask = position_mask(lengths, ids.shape[-1])
+    ids = ids.masked_fill(~mask, fill)
+
+    # micro-batches: rows sorted by length, so each call pads only to its own longest row
+    buckets = length_buckets(lengths, max_batch_size)
+    if buckets is None:
+        chunks = [(ids, mask, lengths)]
+    else:
+        # a sorted bucket's longest row is its last: every width read back at once
+        widths = lengths[torch.stack([b[-1] for b in buckets])].tolist()
+        chunks = [(ids[b, :w], mask[b, :w], lengths[b]) for b, w in zip(buckets, widths)]
+
+    rewards = []
+    with pooling_model(model, config, pooling_pad) as pooled:  # never mutates the model
+        for chunk_ids, chunk_mask, chunk_len in chunks:
+            if pass_mask or bool((chunk_len != chunk_ids.shape[-1]).any()):
+                out = pooled(input_ids=chunk_ids, attention_mask=chunk_mask.long())
+            else:
+                out = pooled(input_ids=chunk_ids)
+            reward = extract_reward(out)
+            rewards.append(check_reward_shape(model, reward, chunk_ids.shape[0]))
+    if buckets is None:
+        return rewards[0], clash
+    return unbucket(rewards, buckets), clash  # back to the original row order
+
+
+def _nonfinite(reward: torch.Tensor, nonfinite: str) -> torch.Tensor | None:
+    if nonfinite == "ignore":
+        return None
+    return (~torch.isfinite(reward.detach())).any()
+
+
+def _read_flags(
+    reward: torch.Tensor, clash: torch.Tensor | None, packed: PackedInput, nonfinite: str
+) -> tuple[bool, bool, bool]:
+    """``(some row is empty, some reward is not finite, some row ends with the fill)``.
+
+    Every flag is computed on the device and read back in one transfer.
+    """
+    flags: dict[str, torch.Tensor] = {}
+    if packed.empty_hint is not None and packed.lengths.numel():
+        flags["empty"] = (packed.lengths == 0).any().to(reward.device)
+    if clash is not None:
+        flags["clash"] = clash
+    bad = _nonfinite(reward, nonfinite)
+    if bad is not None:
+        flags["bad"] = bad
+    if not flags:
+        return False, False, False
+    values = dict(zip(flags, torch.stack(list(flags.values())).tolist()))
+    empty, bad, clashed = (bool(values.get(k, False)) for k in ("empty", "bad", "clash"))
+    return empty, bad, clashed

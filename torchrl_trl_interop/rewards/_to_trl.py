@@ -1,0 +1,386 @@
+"""TorchRL reward modules as TRL reward functions: :func:`as_trl_reward_func`.
+
+The returned callable follows TRL's calling convention exactly: ``f(prompts=..., completions=...,
+completion_ids=..., **kwargs) -> list[float]``. On each call it writes the completions into a
+TensorDict (as History, text or tokens, through ``_rows``), runs the
+module, and reads the reward back.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import torch
+from tensordict import TensorDictBase, set_list_to_stack
+from tensordict.nn import TensorDictModuleBase
+from tensordict.utils import NestedKey
+
+from .._checks import as_device, as_mapping, check_positive_int, check_tokenizer
+from .._conversation import is_message_list
+from .._keys import (
+    ATTENTION_MASK_KEY,
+    HISTORY_KEY,
+    Key,
+    as_key,
+    format_keys,
+    keys_present,
+    public_key,
+)
+from .._padding import length_buckets, unbucket
+from ..data._rows import rows_to_tensordict
+
+if TYPE_CHECKING:  # pragma: no cover
+    from transformers import PreTrainedTokenizerBase
+
+__all__ = ["DEFAULT_MAX_BATCH_SIZE", "as_trl_reward_func"]
+
+#: Rows per module call of :func:`as_trl_reward_func` by default: GRPO scores
+#: ``generation_batch_size`` completions of very different lengths at once, and a reward model
+#: scoring them sorted by length, 32 at a time, pads far less than in one call.
+DEFAULT_MAX_BATCH_SIZE = 32
+
+
+def _show(key: Key | None) -> Any:
+    return None if key is None else public_key(key)
+
+
+class _ModuleRewardFunc:
+    """The callable :func:`as_trl_reward_func` returns (a plain object, not an ``nn.Module``:
+    TRL would take an ``nn.Module`` for a Hugging Face reward model and call it on token ids)."""
+
+    def __init__(
+        self,
+        module: TensorDictModuleBase,
+        *,
+        history_key: Key | None,
+        text_key: Key | None,
+        token_key: Key | None,
+        attention_mask_key: Key | None,
+        completion_ids_key: Key | None,
+        kwargs_keys: Mapping[str, Key],
+        reward_key: Key,
+        processing_class: PreTrainedTokenizerBase | None,
+        max_batch_size: int | None,
+        device: torch.device | None,
+        name: str,
+    ) -> None:
+        self.module = module
+        # the keys, in tensordict's canonical form (as in a module's in_keys)
+        self.history_key = _show(history_key)
+        self.text_key = _show(text_key)
+        self.token_key = _show(token_key)
+        self.attention_mask_key = _show(attention_mask_key)
+        self.completion_ids_key = _show(completion_ids_key)
+        self.kwargs_keys = {name: _show(key) for name, key in kwargs_keys.items()}
+        self.reward_key = _show(reward_key)
+        self.processing_class = processing_class
+        self.max_batch_size = max_batch_size
+        self.device = device
+        self.__name__ = name
+        self.__qualname__ = name
+
+    def __repr__(self) -> str:
+        return (
+            f"as_trl_reward_func({type(self.module).__name__}, name={self.__name__!r}, "
+            f"history_key={self.history_key!r}, text_key={self.text_key!r}, "
+            f"token_key={self.token_key!r}, reward_key={self.reward_key!r})"
+        )
+
+    # -- building the input tensordict ---------------------------------------------------------
+
+    def _render(self, prompt: Any, completion: Any, conversational: bool) -> str:
+        if not conversational:
+            return prompt + completion  # as TRL joins standard text for reward models
+        return self.processing_class.apply_chat_template(prompt + completion, tokenize=False)
+
+    def _columns(
+        self,
+        prompts: list,
+        completions: list,
+        completion_ids: list | None,
+        kwargs: dict[str, Any],
+    ) -> list[tuple[NestedKey, list]]:
+        n = len(prompts)
+        conversational = is_message_list(prompts[0]) or is_message_list(completions[0])
+        columns: list[tuple[NestedKey, list]] = []
+        if conversational and self.history_key is not None:
+            columns.append((self.history_key, [p + c for p, c in zip(prompts, completions)]))
+        if self.text_key is not None or self.token_key is not None:
+            if conversational and self.processing_class is None:
+                raise ValueError(
+                    f"{self.__name__}: conversational prompts/completions need processing_class= "
+                    f"to be rendered as text for text_key={self.text_key!r} / "
+                    f"token_key={self.token_key!r}; pass the tokenizer whose chat template the "
+                    "module expects, or read History with history_key=..."
+                )
+            texts = [self._render(p, c, conversational) for p, c in zip(prompts, completions)]
+            if self.text_key is not None:
+                columns.append((self.text_key, texts))
+            if self.token_key is not None:
+                # as TRL tokenizes reward-model input: rendered text, no extra special tokens
+                ids = self.processing_class(texts, add_special_tokens=False)["input_ids"]
+                columns.append((self.token_key, [list(i) for i in ids]))
+                if self.attention_mask_key is not None:
+                    columns.append((self.attention_mask_key, [[True] * len(i) for i in ids]))
+        if self.completion_ids_key is not None:
+            if completion_ids is None:
+                raise ValueError(
+                    f"{self.__name__}: completion_ids_key={self.completion_ids_key!r} is set but "
+                    "the caller passed completion_ids=None."
+                )
+            columns.append((self.completion_ids_key, [list(ids) for ids in completion_ids]))
+        for column, key in self.kwargs_keys.items():
+            if column not in kwargs:
+                raise KeyError(
+                    f"{self.__name__}: kwargs_keys names the column {column!r}, which the trainer "
+                    f"did not pass (reward kwargs: {format_keys(kwargs)}). Add the column to the "
+                    "dataset or drop it from kwargs_keys."
+                )
+            values = kwargs[column]
+            if not isinstance(values, (list, tuple)) or len(values) != n:
+                raise ValueError(
+                    f"{self.__name__}: reward kwarg {column!r} should be a list with one value "
+                    f"per completion ({n}), got {type(values).__name__}."
+                )
+            columns.append((key, list(values)))
+        if not columns:
+            raise ValueError(
+                f"{self.__name__}: standard-format (string) prompts and completions cannot be "
+                "written as History; pass text_key=... (the key the module reads text from) or "
+                "token_key=... with processing_class=..."
+            )
+        return columns
+
+    def _score(self, columns: list[tuple[NestedKey, list]], index: Sequence[int]) -> list[float]:
+        names = [f"#{i}" for i in range(len(columns))]
+        rows = [{name: values[i] for name, (_, values) in zip(names, columns)} for i in index]
+        rename = {name: key for name, (key, _) in zip(names, columns)}
+        with set_list_to_stack(True):
+            td = rows_to_tensordict(rows, rename=rename)
+            if self.device is not None:
+                td = td.to(self.device)
+            with torch.no_grad():
+                out = self.module(td)
+        out = out if isinstance(out, TensorDictBase) else td
+        if self.reward_key not in out.keys(True):
+            raise KeyError(
+                f"{self.__name__}: the module wrote no reward at reward_key={self.reward_key!r} "
+                f"(keys after the call: {keys_present(out)}). Pass reward_key=... naming the "
+                "module's output."
+            )
+        reward = out.get(self.reward_key)
+        if not isinstance(reward, torch.Tensor) or reward.numel() != len(rows):
+            raise ValueError(
+                f"{self.__name__}: the module's reward at {self.reward_key!r} is "
+                f"{getattr(reward, 'shape', type(reward).__name__)}; expected one value per "
+                f"completion ({len(rows)})."
+            )
+        return reward.detach().reshape(-1).float().cpu().tolist()
+
+    def __call__(
+        self,
+        prompts: list,
+        completions: list,
+        completion_ids: list | None = None,
+        **kwargs: Any,
+    ) -> list[float]:
+        if len(prompts) != len(completions):
+            raise ValueError(
+                f"{self.__name__}: got {len(prompts)} prompts but {len(completions)} completions; "
+                "TRL passes one prompt per completion."
+            )
+        if not prompts:
+            return []
+        columns = self._columns(list(prompts), list(completions), completion_ids, kwargs)
+        # rows sorted by length and cut into buckets, as HFRewardModelWrapper cuts its rows:
+        # each module call then pads only to its own longest row
+        lengths = torch.tensor(
+            [_text_length(p) + _text_length(c) for p, c in zip(prompts, completions)]
+        )
+        buckets = length_buckets(lengths, self.max_batch_size)
+        if buckets is None:
+            return self._score(columns, range(len(prompts)))
+        rewards = [torch.tensor(self._score(columns, b.tolist())) for b in buckets]
+        return unbucket(rewards, buckets).tolist()
+
+
+def _text_length(value: Any) -> int:
+    """Characters of a prompt or completion (text or message list): the length rows sort by."""
+    if isinstance(value, str):
+        return len(value)
+    if isinstance(value, (list, tuple)):
+        return sum(_text_length(m.get("content", "")) if isinstance(m, dict) else 0 for m in value)
+    return 0
+
+
+def _default_name(module: Any) -> str:
+    model = getattr(module, "model", None)
+    path = getattr(getattr(model, "config", None), "_name_or_path", "") or ""
+    if path:
+        return path.rstrip("/").split("/")[-1]  # TRL names reward models by their model id
+    return type(module).__name__
+
+
+def _default_reward_key(module: Any) -> NestedKey:
+    """The module's single out key (e.g. a wrapper built with ``reward_key="rm_reward"``)."""
+    out_keys = list(getattr(module, "out_keys", None) or [])
+    return out_keys[0] if len(out_keys) == 1 else "reward"
+
+
+def as_trl_reward_func(
+    module: TensorDictModuleBase,
+    *,
+    history_key: NestedKey | None = HISTORY_KEY,
+    text_key: NestedKey | None = None,
+    token_key: NestedKey | None = None,
+    attention_mask_key: NestedKey | None = ATTENTION_MASK_KEY,
+    completion_ids_key: NestedKey | None = None,
+    kwargs_keys: Mapping[str, NestedKey] | None = None,
+    reward_key: NestedKey | None = None,
+    processing_class: PreTrainedTokenizerBase | None = None,
+    max_batch_size: int | None = DEFAULT_MAX_BATCH_SIZE,
+    device: torch.device | str | None = None,
+    name: str | None = None,
+) -> Callable[..., list[float]]:
+    """Turns a TorchRL reward module into a TRL reward function (``GRPOTrainer(reward_funcs=...)``).
+
+    The returned callable has TRL's signature ``(prompts, completions, completion_ids, **kwargs)
+    -> list[float]``. On each call it builds a ``[N]`` TensorDict (``N`` = number of
+    completions) holding, per completion:
+
+    ======================== ===============================================================
+    key                      value
+    ======================== ===============================================================
+    ``history_key``          ``History`` of ``prompt + completion`` (conversational input)
+    ``text_key``             ``prompt + completion`` as text: joined (standard) or rendered
+                             with ``processing_class``'s chat template (conversational)
+    ``token_key``            that text tokenized by ``processing_class`` (no special tokens
+                             added, as TRL tokenizes reward-model input), ragged, and an
+                             all-``True`` mask at ``attention_mask_key``
+    ``completion_ids_key``   the completion token ids TRL passed
+    ``kwargs_keys``          extra dataset columns TRL passes as kwargs, ``{column: key}``
+    ======================== ===============================================================
+
+    runs ``module`` on it under :func:`torch.no_grad` (rows sorted by length, in buckets of
+    ``max_batch_size``, as :class:`~torchrl_trl_interop.HFRewardModelWrapper` buckets) and
+    returns the reward at ``reward_key`` as Python floats, in order. Its ``__name__`` (TRL's
+    metric name, ``rewards/<name>/mean``) is ``name``, else the wrapped model's id, else the
+    module's class name. It is a plain callable, not an ``nn.Module``, so TRL calls it with
+    text instead of treating it as a Hugging Face reward model.
+
+    Args:
+        module (TensorDictModuleBase): reads the keys above and writes one reward per row, e.g.
+            ``HFRewardModelWrapper(model, tokenizer=rm_tok, history_key=("history", "full"))``.
+
+    Keyword Args:
+        history_key (NestedKey or None, optional): Defaults to ``("history", "full")``.
+        text_key (NestedKey, optional): Defaults to ``None`` (no text written).
+        token_key (NestedKey, optional): Defaults to ``None`` (no tokens written); needs
+            ``processing_class``.
+        attention_mask_key (NestedKey or None, optional): written with ``token_key``. Defaults
+            to ``("masks", "all_attention_mask")``.
+        completion_ids_key (NestedKey, optional): Defaults to ``None``.
+        kwargs_keys (dict, optional): dataset columns to pass to the module. Defaults to none.
+        reward_key (NestedKey, optional): where the module writes the reward. Defaults to the
+            module's only ``out_keys`` entry when it has exactly one, else ``"reward"``.
+        processing_class (PreTrainedTokenizerBase, optional): renders/tokenizes text for
+            ``text_key`` (conversational input) and ``token_key``. Defaults to ``None``.
+        max_batch_size (int or None, optional): the most rows per module call. Rows are sorted
+            by text length (prompt + completion) and cut into buckets of this size, so a reward
+            model pads each call only to its own longest row; rewards come back in the original
+            order. ``None`` scores all rows in one call (for a module that looks at rows
+            together, or to get exactly the scores of one module call: a low-precision model,
+            e.g. bfloat16, can score a row slightly differently at another padded width).
+            Defaults to ``32`` (``DEFAULT_MAX_BATCH_SIZE``).
+        device (torch.device or str, optional): the TensorDict is moved there before the call.
+        name (str, optional): the function's ``__name__``.
+
+    Returns:
+        a callable ``(prompts, completions, completion_ids=None, **kwargs) -> list[float]``.
+        Calling it raises ``KeyError`` if the module writes no ``reward_key`` or a
+        ``kwargs_keys`` column is not passed, and ``ValueError`` on standard (string) input with
+        neither ``text_key`` nor ``token_key``, on conversational input needing text without
+        ``processing_class``, or on a reward that is not one value per completion.
+
+    Raises:
+        TypeError: if ``module`` is not a ``TensorDictModuleBase``, or ``name`` is not a str.
+        ValueError: if ``token_key`` is given without ``processing_class``, every input key is
+            ``None``, two inputs share a key, or ``max_batch_size`` is not a positive int.
+
+    Examples:
+        A TorchRL module that scores the length of the last answer, used as a TRL reward
+        function on conversational GRPO data:
+
+        >>> import torch
+        >>> from tensordict.nn import TensorDictModuleBase
+        >>> from torchrl_trl_interop import history_to_messages
+        >>> class AnswerLength(TensorDictModuleBase):
+        ...     in_keys, out_keys = [("history", "full")], ["reward"]
+        ...     def forward(self, td):
+        ...         chats = history_to_messages(td["history", "full"])
+        ...         return td.set("reward", torch.tensor([float(len(c[-1]["content"])) for c in chats]))
+        >>> reward_func = as_trl_reward_func(AnswerLength())
+        >>> reward_func.__name__
+        'AnswerLength'
+        >>> prompts = [[{"role": "user", "content": "Hi"}]] * 2
+        >>> completions = [[{"role": "assistant", "content": "Hello!"}],
+        ...                [{"role": "assistant", "content": "Yo"}]]
+        >>> reward_func(prompts=prompts, completions=completions, completion_ids=None)
+        [6.0, 2.0]
+    """
+    if not isinstance(module, TensorDictModuleBase):
+        raise TypeError(
+            "as_trl_reward_func expects a tensordict TensorDictModuleBase that writes a reward "
+            f"(e.g. HFRewardModelWrapper), got {type(module).__name__}. A plain Python reward "
+            "function can be given to TRL directly."
+        )
+    if name is not None and not isinstance(name, str):
+        raise TypeError(f"as_trl_reward_func: name must be a str, got {type(name).__name__}.")
+    check_positive_int(max_batch_size, "max_batch_size", "as_trl_reward_func", allow_none=True)
+    if token_key is not None and processing_class is None:
+        raise ValueError(
+            f"as_trl_reward_func: token_key={token_key!r} needs processing_class= (the tokenizer "
+            "the module's model expects) to tokenize prompt + completion."
+        )
+    check_tokenizer(processing_class, "processing_class", "as_trl_reward_func")
+    kwargs_keys = as_mapping(kwargs_keys, "kwargs_keys", "as_trl_reward_func", "{column: key}")
+    kwargs_keys = {
+        str(col): as_key(key, f"kwargs_keys[{col!r}]") for col, key in kwargs_keys.items()
+    }
+    keys = {
+        "history_key": history_key,
+        "text_key": text_key,
+        "token_key": token_key,
+        "attention_mask_key": attention_mask_key if token_key is not None else None,
+        "completion_ids_key": completion_ids_key,
+    }
+    keys = {arg: as_key(k, arg) for arg, k in keys.items() if k is not None}
+    if not keys:
+        raise ValueError(
+            "as_trl_reward_func: history_key, text_key, token_key and completion_ids_key are "
+            "all None, so the module would receive no input. Set the key(s) the module reads."
+        )
+    used = list(keys.values()) + list(kwargs_keys.values())
+    duplicates = sorted({repr(k) for k in used if used.count(k) > 1})
+    if duplicates:
+        raise ValueError(
+            f"as_trl_reward_func: the key(s) {duplicates} are used for two inputs; give each "
+            "input its own key."
+        )
+    return _ModuleRewardFunc(
+        module,
+        history_key=keys.get("history_key"),
+        text_key=keys.get("text_key"),
+        token_key=keys.get("token_key"),
+        attention_mask_key=keys.get("attention_mask_key"),
+        completion_ids_key=keys.get("completion_ids_key"),
+        kwargs_keys=kwargs_keys,
+        reward_key=as_key(
+            _default_reward_key(module) if reward_key is None else reward_key, "reward_key"
+        ),
+        processing_class=processing_class,
+        max_batch_size=max_batch_size,
+        device=as_device(device, "device", "as_trl_reward_func"),
+        name=name if name is not None else _default_name(module),
+    )

@@ -1,0 +1,348 @@
+"""TorchRL collectors behind TRL's ``AsyncGRPOTrainer``: its rollout-worker seam.
+
+TRL 1.16's ``trl.experimental.async_grpo.AsyncGRPOTrainer(rollout_worker=, weight_transfer=)``
+trains from a queue of ``RolloutSample``\\ s that a worker fills. :class:`TorchRLRolloutWorker`
+implements ``RolloutWorkerProtocol`` over a TorchRL ``LLMCollector`` (or a replay buffer that
+collectors fill, e.g. a ``RayReplayBuffer``); its weight-transfer counterpart is
+:class:`~torchrl_trl_interop.TorchRLWeightTransfer` (``_weight_transfer``).
+"""
+
+from __future__ import annotations
+
+import math
+import queue
+import threading
+import time
+from typing import Any
+
+import torch
+from tensordict import TensorDictBase, set_list_to_stack
+from tensordict.utils import NestedKey
+
+from .._checks import check_positive_int
+from .._conversation import history_to_messages
+from .._keys import as_key
+from ..weights._staleness import check_max_staleness
+from ._trainer_policy import TrainerModelPolicy, score_tokens
+
+__all__ = ["TorchRLRolloutWorker", "group_advantages"]
+
+_OWNER = "TorchRLRolloutWorker"
+_VERSION_KEY = "policy_version"
+
+
+def _rollout_sample_cls():
+    from trl.experimental.async_grpo.async_rollout_worker import RolloutSample
+
+    return RolloutSample
+
+
+def group_advantages(rewards: list[float]) -> list[float]:
+    """TRL's ``AsyncRolloutWorker`` advantages: ``(r - mean) / (std + 1e-8)`` over the group.
+
+    The std is the population std (``numpy.std``); rows whose reward is NaN get 0 and are left
+    out of the mean and std.
+
+    Examples:
+        >>> [round(a, 4) for a in group_advantages([1.0, 3.0])]
+        [-1.0, 1.0]
+        >>> group_advantages([2.0, float("nan")])
+        [0.0, 0.0]
+    """
+    scored = [r for r in rewards if not math.isnan(r)]
+    if not scored:
+        return [0.0] * len(rewards)
+    mean = sum(scored) / len(scored)
+    std = math.sqrt(sum((r - mean) ** 2 for r in scored) / len(scored))
+    return [0.0 if math.isnan(r) else (r - mean) / (std + 1e-8) for r in rewards]
+
+
+class _BufferReader:
+    """Reads each row a buffer receives exactly once, in write order (a cursor on its writes)."""
+
+    def __init__(self, buffer: Any) -> None:
+        self.buffer = buffer
+        self.cursor = 0
+
+    def next_rows(self) -> tuple[TensorDictBase | None, int]:
+        """The rows written since the last call (``None`` if none), and the first one's rank."""
+        written = getattr(self.buffer, "write_count", None)
+        size = len(self.buffer)
+        written = size if written is None else int(written)
+        if written <= self.cursor:
+            return None, self.cursor
+        if written - self.cursor > size:
+            raise RuntimeError(
+                f"{_OWNER}: the buffer overwrote {written - self.cursor - size} rows before they "
+                f"were read (capacity {size}); give it a larger storage."
+            )
+        start, self.cursor = self.cursor, written
+        return self.buffer[torch.arange(start, written) % size], start
+
+
+class TorchRLRolloutWorker:
+    """TRL's ``RolloutWorkerProtocol`` over a TorchRL collector, or a buffer collectors fill.
+
+    A thread drains ``source``: each collected row is one rollout (a single-turn step, or the
+    last step of a trajectory): its ``("tokens", "prompt")`` and ``("tokens", "response")``,
+    the response's ``("log_probs", "response")``, its reward at ``reward_key``, and the
+    ``("next", "policy_version")`` the collector stamped (``track_policy_version=True``). Rows are grouped by
+    prompt tokens; once a prompt has ``num_generations`` rows the group becomes
+    ``RolloutSample``\\ s on :attr:`rollout_buffer`, with TRL's default worker's advantages
+    (:func:`group_advantages`), ``model_version`` from the row's policy version (or the version
+    live when it was collected) and ``old_log_probs`` (0.0 on prompt tokens).
+
+    **Log-probs.** torchrl 0.14.1's ``TransformersWrapper`` writes 0.0 for the first response
+    token. With a collector whose policy is such a wrapper (not a
+    :class:`~torchrl_trl_interop.TrainerModelPolicy`), every batch is rescored by
+    the policy's own model right after it is collected, under the lock weight transfers take,
+    so with the very weights that sampled it. Pass ``score_model=`` to rescore with another
+    model (e.g. for a buffer source), or ``score_model=False`` to keep the collector's values.
+
+    Args:
+        source: a torchrl collector (``LLMCollector``: iterated) or a replay buffer written by
+            collectors elsewhere (``ReplayBuffer``, ``RayReplayBuffer``: each row read once, by
+            a cursor on its writes; the storage must not wrap before rows are read).
+
+    Keyword Args:
+        num_generations (int): rows per prompt (the collector's ``DataLoadingPrimer(repeats=)``).
+        reward_key (NestedKey, optional): Defaults to ``("next", "reward")``.
+        max_staleness (int, optional): groups older than this many versions behind the live one
+            are dropped by the worker (TRL's trainer also drops them). Defaults to ``None``.
+        score_model (nn.Module, False or None, optional): see above. Defaults to ``None``.
+        temperature (float, optional): of the rescoring. Defaults to the policy's
+            ``generate_kwargs["temperature"]`` or ``1.0``.
+        queue_maxsize (int, optional): bound of :attr:`rollout_buffer` (0: unbounded; a full
+            queue makes the worker wait). Defaults to ``0``.
+
+    Attributes:
+        rollout_buffer (queue.Queue): ``RolloutSample``\\ s for the trainer.
+        metrics_queue (queue.Queue): ``{name: value}`` dicts (``rollout/groups_total``,
+            ``rollout/dropped_stale_total``).
+        model_version (int): the version live in the policy (set by
+            :meth:`update_model_version`).
+        lock (threading.Lock): held while a batch is collected and scored;
+            :class:`TorchRLWeightTransfer` holds it between ``pause`` and ``resume``.
+
+    Examples:
+        >>> from torchrl_trl_interop.testing import toy_buffer
+        >>> worker = TorchRLRolloutWorker(toy_buffer(0), num_generations=2)
+        >>> worker.model_version, worker.rollout_buffer.qsize()
+        (0, 0)
+        >>> worker.update_model_version(3)
+        >>> worker.model_version
+        3
+    """
+
+    def __init__(
+        self,
+        source: Any,
+        *,
+        num_generations: int,
+        reward_key: NestedKey = ("next", "reward"),
+        max_staleness: int | None = None,
+        score_model: Any = None,
+        temperature: float | None = None,
+        queue_maxsize: int = 0,
+    ) -> None:
+        check_positive_int(num_generations, "num_generations", _OWNER)
+        check_max_staleness(max_staleness, _OWNER)
+        self.source = source
+        self.num_generations = num_generations
+        self.reward_key = as_key(reward_key, "reward_key")
+        self.max_staleness = max_staleness
+        self.is_collector = hasattr(source, "update_policy_weights_") and hasattr(
+            source, "__iter__"
+        )
+        policy = getattr(source, "policy", None) if self.is_collector else None
+        if (
+            score_model is None
+            and policy is not None
+            and not isinstance(policy, TrainerModelPolicy)
+        ):
+            from ..weights._sync import policy_model
+
+            model = policy_model(policy)
+            score_model = model if model is not policy else None
+        self.score_model = None if score_model is False else score_model  # False: keep theirs
+        if temperature is None:
+            kwargs = getattr(policy, "generate_kwargs", None) or {}
+            temperature = kwargs.get("temperature", 1.0) if isinstance(kwargs, dict) else 1.0
+        self.temperature = float(temperature or 1.0)
+        self.rollout_buffer: queue.Queue = queue.Queue(maxsize=queue_maxsize)
+        self.metrics_queue: queue.Queue = queue.Queue()
+        self.model_version = 0
+        self.lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+        self._heartbeat = time.time()
+        self._pending: dict[tuple, list[dict]] = {}
+        self._group_id = 0
+
+    def __repr__(self) -> str:
+        return (
+            f"{_OWNER}(source={type(self.source).__name__}, num_generations="
+            f"{self.num_generations}, model_version={self.model_version}, "
+            f"queued={self.rollout_buffer.qsize()})"
+        )
+
+    # -- RolloutWorkerProtocol ------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Starts the draining thread (once; later calls do nothing)."""
+        if self._thread is not None:
+            return
+        self._heartbeat = time.time()
+        self._thread = threading.Thread(
+            target=self._run, name="torchrl-rollout-worker", daemon=True
+        )
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stops the thread after its current batch (the source itself is left to its owner)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=60)
+        self._thread = None
+
+    def update_model_version(self, model_version: int) -> None:
+        """Records the live version and stamps it on the collector's ``PolicyVersion``."""
+        self.model_version = int(model_version)
+        tracker = getattr(self.source, "policy_version_tracker", None)
+        if tracker is not None and getattr(tracker, "version_type", None) in (int, "int"):
+            tracker.version = self.model_version
+
+    def check_health(self, stale_after_s: float) -> None:
+        """Raises if the thread failed, or produced nothing for ``stale_after_s`` seconds."""
+        if self._error is not None:
+            raise RuntimeError(f"{_OWNER}: the rollout thread failed.") from self._error
+        if self._thread is None or not self._thread.is_alive():
+            raise RuntimeError(f"{_OWNER}: the rollout thread is not running (start() it).")
+        age = time.time() - self._heartbeat
+        if age > stale_after_s:
+            raise RuntimeError(
+                f"{_OWNER}: no rollout for {age:.0f}s > stale_after_s={stale_after_s:.0f}s."
+            )
+
+    # -- the thread -----------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        try:
+            reader = None if self.is_collector else _BufferReader(self.source)
+            batches = iter(self.source) if self.is_collector else None
+            while not self._stop.is_set():
+                with self.lock:
+                    version = self.model_version
+                    if batches is not None:
+                        batch, start = next(batches, None), None
+                    else:
+                        batch, start = reader.next_rows()
+                    rows = [] if batch is None else self._rows(batch, version, start)
+                if batch is None:
+                    if batches is not None:
+                        return  # the collector is exhausted
+                    time.sleep(0.01)
+                    continue
+                for row in rows:
+                    self._add(row)
+                self._heartbeat = time.time()
+        except BaseException as error:  # noqa: BLE001 - reported by check_health
+            self._error = error
+
+    def _rows(self, batch: TensorDictBase, version: int, start: int | None) -> list[dict]:
+        """One dict per collected row; rescored by ``score_model`` (under the lock)."""
+        batch = batch.reshape(-1)
+        with set_list_to_stack(True):
+            prompts = batch.get(("tokens", "prompt"), as_list=True)
+            responses = batch.get(("tokens", "response"), as_list=True)
+            logprobs = batch.get(("log_probs", "response"), None, as_list=True)
+            history = batch.get(("history", "prompt"), None)
+            reward = batch.get(self.reward_key, None)
+            # stamped after the step, so after the action (the root one dates from the reset,
+            # which a collector may have run before the last weight update)
+            versions = batch.get(("next", _VERSION_KEY), batch.get(_VERSION_KEY, None))
+        if logprobs is None and self.score_model is None:
+            raise KeyError(
+                f"{_OWNER}: the rows have no ('log_probs', 'response'); collect with "
+                "return_log_probs=True or pass score_model= to score them."
+            )
+        if self.score_model is not None:
+            logprobs = score_tokens(
+                self.score_model,
+                [p.tolist() + r.tolist() for p, r in zip(prompts, responses)],
+                [len(p) for p in prompts],
+                temperature=self.temperature,
+            )
+        rewards = (
+            [float("nan")] * len(prompts)
+            if reward is None
+            else reward.reshape(len(prompts), -1).sum(-1).tolist()
+        )
+        versions = (
+            [version] * len(prompts)
+            if versions is None
+            else versions.reshape(len(prompts), -1)[:, 0].tolist()
+        )
+        messages = history_to_messages(history) if history is not None else [[]] * len(prompts)
+        full = batch.get(("history", "full"), None)
+        full = history_to_messages(full) if full is not None else [[]] * len(prompts)
+        return [
+            {
+                "prompt_ids": prompts[i].tolist(),
+                "completion_ids": responses[i].tolist(),
+                "logprobs": logprobs[i].tolist(),
+                "reward": rewards[i],
+                "version": int(versions[i]),
+                "prompt": messages[i],
+                "completion": full[i][len(messages[i]) :],
+                "index": None if start is None else start + i,
+            }
+            for i in range(len(prompts))
+        ]
+
+    def _add(self, row: dict) -> None:
+        group = self._pending.setdefault(tuple(row["prompt_ids"]), [])
+        group.append(row)
+        if len(group) < self.num_generations:
+            return
+        del self._pending[tuple(row["prompt_ids"])]
+        oldest = min(r["version"] for r in group)
+        if self.max_staleness is not None and self.model_version - oldest > self.max_staleness:
+            self.metrics_queue.put({"rollout/dropped_stale_total": float(len(group))})
+            return
+        self._emit(group)
+
+    def _emit(self, group: list[dict]) -> None:
+        import numpy as np
+
+        sample_cls = _rollout_sample_cls()
+        rewards = [r["reward"] for r in group]
+        advantages = group_advantages(rewards)
+        scored = [r for r in rewards if not math.isnan(r)]
+        std = float(np.std(scored)) if scored else float("nan")
+        group_id, self._group_id = self._group_id, self._group_id + 1
+        for row, advantage in zip(group, advantages):
+            n_prompt, n_completion = len(row["prompt_ids"]), len(row["completion_ids"])
+            metrics = {"reward": row["reward"], "reward_std": std}
+            if row["index"] is not None:
+                metrics["buffer_index"] = float(row["index"])
+            sample = sample_cls(
+                prompt=row["prompt"],
+                completion=row["completion"],
+                input_ids=np.asarray(row["prompt_ids"] + row["completion_ids"], dtype=np.int64),
+                completion_mask=np.asarray([0] * n_prompt + [1] * n_completion, dtype=np.int64),
+                old_log_probs=np.asarray([0.0] * n_prompt + row["logprobs"], dtype=np.float32),
+                advantage=float(advantage),
+                model_version=row["version"],
+                group_id=group_id,
+                metrics=metrics,
+                enqueued_at=time.time(),
+            )
+            while not self._stop.is_set():
+                try:
+                    self.rollout_buffer.put(sample, timeout=0.1)
+                    break
+                except queue.Full:
+                    continue
+        self.metrics_queue.put({"rollout/groups_total": 1.0})

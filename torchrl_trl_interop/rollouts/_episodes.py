@@ -1,0 +1,303 @@
+"""TorchRL chat-environment episodes, one per prompt, each as one token sequence (token-first).
+
+:func:`run_episodes` resets a ``ChatEnv`` with a batch of prompts, lets a torchrl LLM policy
+answer, steps the environment and repeats. Each episode becomes a :class:`RolloutRow`: the first
+prompt's token ids, then the completion: the policy's tokens exactly as sampled and, between two
+turns, the tokens the environment added. From the second turn on the policy is given those very
+tokens (``("tokens", "prompt")``, read with ``prefer_tokens=True``), so ``prompt + completion``
+is what the model saw and produced; nothing is re-tokenized.
+
+The environment's tokens are the text its next prompt adds to the conversation (rendered with the
+policy's chat template), preceded by the template's close of the assistant turn (ChatML:
+``<|im_end|>\\n``, less an eos token the policy already generated).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from tensordict import NonTensorStack, TensorDict, set_list_to_stack
+from tensordict.utils import NestedKey
+
+from .._conversation import history_to_messages, is_message_list, messages_to_history
+
+__all__ = ["RolloutRow", "find_env_problem", "run_episodes"]
+
+_TOKENS_KEY = "tokens"
+_LOG_PROBS_KEY = "log_probs"
+_HISTORY_KEY = "history"
+_VERSION_KEY = "policy_version"
+_PROBE = "\x00torchrl_trl_interop\x00"
+
+
+@dataclass
+class RolloutRow:
+    """One episode: prompt ids, completion ids with per-token log-probs and env mask, and more.
+
+    ``env_mask`` is 1 on the policy's tokens and 0 on the environment's (whose ``logprobs`` are
+    0.0); ``history`` is the conversation as TRL messages up to the last policy turn;
+    ``env_reward`` the sum of the environment's rewards, ``None`` if it wrote none;
+    ``policy_version`` the oldest ``"policy_version"`` the policy (or a torchrl ``PolicyVersion``
+    transform) stamped on the rollout's turns, ``None`` if none was.
+    """
+
+    prompt_ids: list[int] = field(default_factory=list)
+    completion_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    env_mask: list[int] = field(default_factory=list)
+    history: list[dict[str, Any]] = field(default_factory=list)
+    env_reward: float | None = None
+    policy_version: int | None = None
+    active: bool = True
+
+    def extend(self, ids: Sequence[int], logprobs: Sequence[float] | None, from_env: bool) -> None:
+        self.completion_ids.extend(ids)
+        self.logprobs.extend([0.0] * len(ids) if logprobs is None else logprobs)
+        self.env_mask.extend([0 if from_env else 1] * len(ids))
+
+
+def _transforms(transform: Any) -> list:
+    """``transform`` and, for a ``Compose``, everything inside it."""
+    if transform is None:
+        return []
+    inner = getattr(transform, "transforms", None)
+    if inner is None:
+        return [transform]
+    return [transform] + [t for child in inner for t in _transforms(child)]
+
+
+def find_env_problem(env: Any) -> tuple[type[Exception], str] | None:
+    """Why ``env`` cannot take a prompt at reset, as ``(exception type, reason)``, or ``None``.
+
+    Examples:
+        >>> from torchrl.envs import PendulumEnv
+        >>> from torchrl.envs.llm import ChatEnv
+        >>> find_env_problem(ChatEnv(batch_size=(2,), input_mode="history")) is None
+        True
+        >>> find_env_problem(PendulumEnv())[0]
+        <class 'TypeError'>
+    """
+    from torchrl.envs.llm.transforms.dataloading import DataLoadingPrimer
+
+    base = getattr(env, "base_env", env)
+    if not hasattr(base, "data_key") or not hasattr(base, "input_mode"):
+        return TypeError, (
+            f"its base environment is a {type(base).__name__}, which reads no prompt at reset; "
+            "use a torchrl.envs.llm.ChatEnv (or a TransformedEnv around one)"
+        )
+    if base.input_mode != "history":
+        return ValueError, (
+            f"its ChatEnv has input_mode={base.input_mode!r}; the rollout reads the conversation "
+            "as History: build it with input_mode='history'"
+        )
+    if len(env.batch_size) != 1:
+        return ValueError, f"its batch_size is {tuple(env.batch_size)}; one dimension is expected"
+    for t in _transforms(getattr(env, "transform", None)):
+        if isinstance(t, DataLoadingPrimer):
+            return ValueError, (
+                "it holds a DataLoadingPrimer, which replaces the prompt at every reset with one "
+                "from its own dataloader; the trainer's dataset serves the prompts here: drop it"
+            )
+    return None
+
+
+def _render(history: Any, policy: Any, tokenizer: Any, *, add_generation_prompt: bool) -> list:
+    """``history`` (``[B, T]``) rendered with the policy's chat template, as the policy does."""
+    names = ("chat_template_name", "chat_template")
+    kwargs = {n: getattr(policy, n) for n in names if getattr(policy, n, None) is not None}
+    return history.apply_chat_template(
+        tokenizer=getattr(policy, "tokenizer", None) or tokenizer,
+        add_generation_prompt=add_generation_prompt,
+        **kwargs,
+    )
+
+
+def _turn_closing(policy: Any, tokenizer: Any) -> str:
+    """The text the template writes after an assistant turn's content (ChatML ``<|im_end|>\\n``)."""
+    from torchrl.data.llm import History
+
+    chat = [{"role": "user", "content": "?"}, {"role": "assistant", "content": _PROBE}]
+    text = _render(History.from_chats([chat]), policy, tokenizer, add_generation_prompt=False)[0]
+    return text.split(_PROBE, 1)[1] if _PROBE in text else ""
+
+
+def _to_messages(history: Any) -> list[dict[str, Any]]:
+    """One conversation as TRL messages; tool calls kept, torchrl's ``<none>`` padding dropped.
+
+    Examples:
+        >>> from tensordict import lazy_stack, set_list_to_stack
+        >>> from torchrl.data.llm import History
+        >>> call = {"name": "add", "arguments": {"a": 2, "b": 2}}
+        >>> with set_list_to_stack(True):
+        ...     history = lazy_stack([History(role="assistant", content="", tool_calls=[call]),
+        ...                           History(role="tool", content="4", tool_calls=[])])
+        >>> _to_messages(history)[1]
+        {'role': 'tool', 'content': '4', 'name': 'add'}
+        >>> _to_messages(history)[0]["tool_calls"]
+        [{'type': 'function', 'function': {'name': 'add', 'arguments': {'a': 2, 'b': 2}}}]
+    """
+    return [m for m in history_to_messages(history) if m["role"] != "<none>"]
+
+
+class _Episodes:
+    """One batch of episodes in flight (``env.batch_size`` of them)."""
+
+    def __init__(self, env, policy, tokenizer, read_logprobs, owner) -> None:
+        self.env = env
+        self.policy = policy
+        self.tokenizer = tokenizer
+        self.read_logprobs = read_logprobs
+        self.owner = owner
+        self.tokens_key = getattr(policy, "tokens_key", _TOKENS_KEY)
+        self.history_key = getattr(policy, "history_key", _HISTORY_KEY)
+        self.log_probs_key = getattr(policy, "log_probs_key", _LOG_PROBS_KEY)
+
+    def reset(self, prompts: list) -> Any:
+        base = getattr(self.env, "base_env", self.env)
+        query = (
+            messages_to_history(prompts)
+            if is_message_list(prompts[0])
+            else NonTensorStack(*prompts)
+        )
+        return self.env.reset(TensorDict({base.data_key: query}, batch_size=self.env.batch_size))
+
+    def policy_step(self, td: Any, rows: list[RolloutRow], turn: int) -> Any:
+        if turn > 0:  # token-first: the policy continues from exactly the rollout's tokens
+            pad = getattr(self.policy, "padding_value", self.tokenizer.pad_token_id)
+            sequences = [torch.tensor(r.prompt_ids + r.completion_ids) for r in rows]
+            padded = torch.nn.utils.rnn.pad_sequence(
+                sequences, batch_first=True, padding_value=pad, padding_side="left"
+            )
+            td.set((self.tokens_key, "prompt"), padded)
+        td = self.policy(td)
+        prompt = td.get((self.tokens_key, "prompt"), as_list=True)
+        response = td.get((self.tokens_key, "response"), as_list=True)
+        logprobs = None
+        if self.read_logprobs:
+            logprobs = td.get((self.log_probs_key, "response"), None, as_list=True)
+            if logprobs is None:
+                raise KeyError(
+                    f"{self.owner}: the policy {type(self.policy).__name__} wrote no log-probs at "
+                    f"{(self.log_probs_key, 'response')!r} (keys: "
+                    f"{sorted(map(str, td.keys(True, True)))}). Build it with "
+                    "return_log_probs=True, or pass recompute_logprobs=True to score the tokens "
+                    "with the trainer's model."
+                )
+        full = td.get((self.history_key, "full"))
+        versions = td.get(_VERSION_KEY, None)
+        if isinstance(versions, torch.Tensor):
+            versions = versions.reshape(len(rows), -1)[:, 0].tolist()
+        for i, row in enumerate(rows):
+            if not row.active:
+                continue
+            if versions is not None:
+                seen = row.policy_version
+                row.policy_version = int(versions[i]) if seen is None else min(seen, versions[i])
+            ids = prompt[i].tolist()
+            expected = row.prompt_ids + row.completion_ids
+            if turn == 0:
+                row.prompt_ids = ids
+            elif ids != expected:
+                at = next((k for k, (a, b) in enumerate(zip(ids, expected)) if a != b), None)
+                raise RuntimeError(
+                    f"{self.owner}: at turn {turn} the policy conditioned on {len(ids)} tokens "
+                    f"for rollout {i}, the rollout holds {len(expected)} (first difference at "
+                    f"{at}). Multi-turn rollouts need a token-first policy (prefer_tokens=True); "
+                    "torchrl 0.14.1's TransformersWrapper strips every pad-token id from a token "
+                    "prompt, so the pad token must differ from eos."
+                )
+            row.extend(
+                response[i].tolist(), None if logprobs is None else logprobs[i].tolist(), False
+            )
+            row.history = _to_messages(full[i])  # now: tool transforms extend it in place
+        return td
+
+    def env_tokens(self, td: Any, rows: list[RolloutRow], answered: list[str], turn: int) -> None:
+        """Appends, per active row, the tokens the environment added before the next turn.
+
+        ``answered`` is each conversation rendered up to the turn just taken, before the step
+        (tool transforms extend that History in place). Parsed answers are not compared with the
+        sampled text: torchrl strips whitespace from them.
+        """
+        texts = _render(
+            td.get((self.history_key, "prompt")),
+            self.policy,
+            self.tokenizer,
+            add_generation_prompt=True,
+        )
+        closing = _turn_closing(self.policy, self.tokenizer)
+        for i, row in enumerate(rows):
+            if not row.active:
+                continue
+            if not texts[i].startswith(answered[i]):
+                raise ValueError(
+                    f"{self.owner}: after turn {turn} the chat template renders rollout {i}'s "
+                    f"next prompt ({texts[i][-200:]!r}) as text that does not extend the "
+                    f"conversation so far ({answered[i][-200:]!r}). Multi-turn rollouts need a "
+                    "template that renders earlier turns unchanged (templates that drop past "
+                    "reasoning do not); use max_turns=1 or such a template."
+                )
+            close = closing
+            last = row.completion_ids[-1] if row.completion_ids else None
+            if last in self.tokenizer.all_special_ids:
+                eos_text = self.tokenizer.decode([last], skip_special_tokens=False)
+                if close.startswith(eos_text):
+                    close = close[len(eos_text) :]
+            text = close + texts[i][len(answered[i]) :]
+            row.extend(
+                list(self.tokenizer(text, add_special_tokens=False)["input_ids"]), None, True
+            )
+
+
+def run_episodes(
+    env: Any,
+    policy: Any,
+    prompts: list,
+    tokenizer: Any,
+    *,
+    max_turns: int,
+    read_logprobs: bool,
+    reward_key: NestedKey,
+    done_key: NestedKey,
+    owner: str = "run_episodes",
+) -> list[RolloutRow]:
+    """Runs ``len(prompts) == env.batch_size[0]`` episodes of at most ``max_turns`` policy turns.
+
+    An episode stops when ``done_key`` is set after a step or after ``max_turns`` turns. Rewards at
+    ``reward_key`` are summed over its turns. ``read_logprobs=False`` leaves the policy's tokens
+    at log-prob 0.0, to be scored afterwards.
+
+    Raises:
+        KeyError: if ``read_logprobs`` and the policy writes no ``("log_probs", "response")``.
+        RuntimeError: if, from the second turn, the policy did not continue from the given tokens.
+        ValueError: if the chat template does not render the next prompt as an extension of the
+            conversation so far.
+    """
+    episodes = _Episodes(env, policy, tokenizer, read_logprobs, owner)
+    rows = [RolloutRow() for _ in prompts]
+    with set_list_to_stack(True), torch.no_grad():
+        td = episodes.reset(prompts)
+        for turn in range(max_turns):
+            td = episodes.policy_step(td, rows, turn)
+            last_turn = turn == max_turns - 1
+            if not last_turn:
+                full = td.get((episodes.history_key, "full"))
+                answered = _render(full, policy, tokenizer, add_generation_prompt=False)
+            td = env.step(td)
+            reward = td.get(reward_key, None)
+            if reward is not None:
+                for row, value in zip(rows, reward.reshape(len(rows), -1).sum(-1).tolist()):
+                    if row.active:
+                        row.env_reward = (row.env_reward or 0.0) + float(value)
+            done = td.get(done_key, None)
+            if done is not None:
+                for row, d in zip(rows, done.reshape(len(rows), -1).any(-1).tolist()):
+                    row.active = row.active and not d
+            if last_turn or not any(r.active for r in rows):
+                break
+            td = env.step_mdp(td)
+            episodes.env_tokens(td, rows, answered, turn)
+    return rows

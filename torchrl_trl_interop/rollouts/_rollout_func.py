@@ -1,0 +1,328 @@
+"""TorchRL LLM environments as the rollout engine of TRL's ``GRPOTrainer`` (``rollout_func=``).
+
+:func:`as_trl_rollout_func` returns the ``rollout_func(prompts, trainer) -> dict`` that
+``trl.GRPOTrainer`` calls instead of generating itself: each prompt resets a torchrl
+:class:`~torchrl.envs.llm.ChatEnv` (or a ``TransformedEnv`` around one: tools, reward parsers,
+environment replies), a torchrl LLM policy answers, and the environment is stepped for up to
+``max_turns`` turns (``_episodes``). Every rollout becomes one row of token
+ids, log-probs and an environment mask, plus its conversation (``history``) and the reward the
+environment computed (``env_reward``), which reach the reward functions as keyword arguments.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from tensordict.utils import NestedKey, unravel_key
+from torchrl.modules.llm import TransformersWrapper
+
+from .._checks import check_bool, require
+from .._keys import as_key, public_key
+from ..weights._staleness import check_max_staleness, check_staleness
+from ._episodes import RolloutRow, find_env_problem, run_episodes
+from ._trainer_policy import (
+    TrainerModelPolicy,
+    check_same_tokenizer,
+    score_tokens,
+    trainer_generation_config,
+    trainer_tokenizer,
+)
+
+if TYPE_CHECKING:  # pragma: no cover
+    from tensordict.nn import TensorDictModuleBase
+    from torchrl.envs import EnvBase
+
+__all__ = ["as_trl_rollout_func"]
+
+_OWNER = "as_trl_rollout_func"
+_REWARD_KEY = ("next", "reward")
+_DONE_KEY = ("next", "done")
+
+
+class _EnvRolloutFunc:
+    """The callable :func:`as_trl_rollout_func` returns (see there)."""
+
+    def __init__(
+        self,
+        env: EnvBase,
+        policy: TensorDictModuleBase | None,
+        max_turns: int,
+        recompute_logprobs: bool | None,
+        reward_key: NestedKey,
+        done_key: NestedKey,
+        max_staleness: int | None = None,
+    ) -> None:
+        self.env = env
+        self.max_staleness = max_staleness
+        self.policy = policy
+        self.max_turns = max_turns
+        self.recompute_logprobs = recompute_logprobs
+        self.reward_key = unravel_key(reward_key)
+        self.done_key = unravel_key(done_key)
+        self.__name__ = "torchrl_env_rollout"
+        self._default: tuple[int, Any] | None = None  # (id of the model, policy built around it)
+        self._checked: set[int] = set()
+
+    def __repr__(self) -> str:
+        policy = "trainer model" if self.policy is None else type(self.policy).__name__
+        return (
+            f"as_trl_rollout_func(env={type(self.env).__name__}, policy={policy}, "
+            f"max_turns={self.max_turns})"
+        )
+
+    def _policy_for(self, trainer: Any, tokenizer: Any) -> tuple[Any, bool]:
+        """The policy for this call and whether the trainer's model rescores its tokens."""
+        if self.policy is None:
+            model = trainer.accelerator.unwrap_model(trainer.model)
+            if self._default is None or self._default[0] != id(model):
+                config = trainer_generation_config(trainer, tokenizer)
+                policy = TrainerModelPolicy(model, tokenizer, config, trainer.temperature)
+                self._default = (id(model), policy)
+            return self._default[1], bool(self.recompute_logprobs)
+        policy = self.policy
+        if id(policy) not in self._checked:
+            policy_tokenizer = getattr(policy, "tokenizer", None)
+            if policy_tokenizer is not None:
+                check_same_tokenizer(policy_tokenizer, tokenizer, _OWNER)
+            self._checked.add(id(policy))
+        recompute = self.recompute_logprobs
+        if recompute is None:  # torchrl 0.14.1's own wrapper: first-token log-prob is 0.0
+            recompute = isinstance(policy, TransformersWrapper)
+        return policy, recompute
+
+    def _check_prompts(self, prompts: Any, trainer: Any) -> None:
+        training = getattr(trainer.model, "training", True)
+        group = getattr(trainer, "num_generations" if training else "num_generations_eval", None)
+        group = group or getattr(trainer, "num_generations", 1) or 1
+        if not isinstance(prompts, (list, tuple)) or not prompts:
+            raise TypeError(
+                f"{_OWNER}: expected a non-empty list of prompts, got {type(prompts).__name__}."
+            )
+        if len(prompts) % group:
+            raise ValueError(
+                f"{_OWNER}: got {len(prompts)} prompts, not a multiple of "
+                f"num_generations={group}. GRPOTrainer passes every prompt repeated "
+                "num_generations times in a row; call the rollout function the same way."
+            )
+        for start in range(0, len(prompts), group):
+            if any(p != prompts[start] for p in prompts[start : start + group]):
+                raise ValueError(
+                    f"{_OWNER}: prompts {start}..{start + group - 1} are not one prompt "
+                    f"repeated num_generations={group} times; GRPOTrainer groups them so."
+                )
+        size = self.env.batch_size[0]
+        if len(prompts) % size:
+            raise ValueError(
+                f"{_OWNER}: got {len(prompts)} prompts for an env of batch_size ({size},); the "
+                "count must be a multiple of it. Make generation_batch_size (per process) a "
+                "multiple of the env's batch size."
+            )
+
+    def __call__(self, prompts: list, trainer: Any) -> dict[str, list]:
+        require("transformers", _OWNER)
+        self._check_prompts(prompts, trainer)
+        tokenizer = trainer_tokenizer(trainer)
+        policy, recompute = self._policy_for(trainer, tokenizer)
+        size = self.env.batch_size[0]
+        rows: list[RolloutRow] = []
+        for start in range(0, len(prompts), size):
+            rows.extend(
+                run_episodes(
+                    self.env,
+                    policy,
+                    list(prompts[start : start + size]),
+                    tokenizer,
+                    max_turns=self.max_turns,
+                    read_logprobs=not recompute,
+                    reward_key=self.reward_key,
+                    done_key=self.done_key,
+                    owner=_OWNER,
+                )
+            )
+        if recompute:
+            self._rescore(trainer, tokenizer, rows)
+        out = {
+            "prompt_ids": [r.prompt_ids for r in rows],
+            "completion_ids": [r.completion_ids for r in rows],
+            "logprobs": [r.logprobs for r in rows],
+            "env_mask": [r.env_mask for r in rows],
+            "history": [r.history for r in rows],
+            "env_reward": [r.env_reward for r in rows],
+        }
+        versions = [r.policy_version for r in rows]
+        if any(v is not None for v in versions):
+            out["policy_version"] = versions
+            check_staleness(versions, trainer, self.max_staleness, _OWNER)
+        return out
+
+    @staticmethod
+    def _rescore(trainer: Any, tokenizer: Any, rows: list[RolloutRow]) -> None:
+        """The trainer's model scores the policy's tokens; environment tokens stay at 0.0."""
+        scores = score_tokens(
+            trainer.accelerator.unwrap_model(trainer.model),
+            [r.prompt_ids + r.completion_ids for r in rows],
+            [len(r.prompt_ids) for r in rows],
+            temperature=trainer.temperature,
+            pad_token_id=tokenizer.pad_token_id or 0,
+            batch_size=max(int(getattr(trainer.args, "per_device_train_batch_size", 8) or 8), 1),
+        )
+        for row, score in zip(rows, scores):
+            row.logprobs = [v if m else 0.0 for v, m in zip(score.tolist(), row.env_mask)]
+
+
+def as_trl_rollout_func(
+    env: EnvBase,
+    *,
+    policy: TensorDictModuleBase | None = None,
+    max_turns: int = 1,
+    recompute_logprobs: bool | None = None,
+    reward_key: NestedKey = _REWARD_KEY,
+    done_key: NestedKey = _DONE_KEY,
+    max_staleness: int | None = None,
+):
+    """Turns a TorchRL LLM environment into ``GRPOTrainer``'s rollout engine (``rollout_func=``).
+
+    ``GRPOTrainer`` calls the returned function with this process's prompts, each already repeated
+    ``num_generations`` times in a row (strings or TRL message lists, chat template not applied),
+    and the trainer. For every batch of ``env.batch_size`` prompts it resets ``env`` with them
+    (the ChatEnv's ``data_key``; a string becomes a user turn, a message list is kept as is),
+    lets the policy answer, steps the environment, and repeats until every rollout is done or
+    ``max_turns`` policy turns were taken. It returns one row per prompt entry, in order:
+
+    ================== ==========================================================================
+    key                value per row
+    ================== ==========================================================================
+    ``prompt_ids``     the token ids the policy was prompted with at the first turn
+    ``completion_ids`` every later token: the policy's turns as sampled, and between two turns
+                       the tokens the environment added (tool results, replies, chat markup)
+    ``logprobs``       per completion token, the policy's log-prob (0.0 on environment tokens)
+    ``env_mask``       per completion token, 1 for a policy token and 0 for an environment token
+                       (TRL's tool mask: environment tokens are kept out of the loss)
+    ``history``        the whole conversation as TRL messages (tool calls kept), up to the last
+                       policy turn
+    ``env_reward``     the sum of the environment's rewards (``reward_key``) over the rollout's
+                       turns, ``None`` when the environment writes no reward
+    ================== ==========================================================================
+
+    ``history`` and ``env_reward`` reach every reward function as keyword arguments, so
+    ``def env_reward(completions, env_reward, **kw): return env_reward`` trains on the
+    environment's reward alone.
+
+    The default policy is a torchrl ``TransformersWrapper(input_mode="history")`` around the
+    trainer's own model object (``trainer.accelerator.unwrap_model(trainer.model)``, never a copy,
+    so it always samples with the current weights), generating with the trainer's
+    ``GenerationConfig`` (``max_completion_length``, ``temperature``, ``top_p``, ``top_k``,
+    ``min_p``, ``repetition_penalty``, ``generation_kwargs``), the pad token suppressed when it is not
+    an eos token. Its log-probs are those ``GRPOTrainer`` computes (``logits / temperature``,
+    every token: torchrl 0.14.1's wrapper writes 0.0 for the first one).
+
+    Each turn generates up to ``max_completion_length`` tokens, so a multi-turn completion can be
+    up to ``max_turns`` times longer (plus environment tokens): nothing is cut.
+
+    Args:
+        env (EnvBase): a :class:`~torchrl.envs.llm.ChatEnv` in ``input_mode="history"``, or a
+            ``TransformedEnv`` around one (tool, reward, KL transforms...), with one batch
+            dimension. It must not hold a ``DataLoadingPrimer``: the trainer serves the prompts.
+
+    Keyword Args:
+        policy (TensorDictModuleBase, optional): a torchrl LLM policy in history mode (e.g. a
+            ``vLLMWrapper``) using the trainer's tokenizer. From the second turn on it must
+            continue from the ``("tokens", "prompt")`` it is given (``prefer_tokens=True``).
+            Defaults to the trainer's model, as above.
+        max_turns (int, optional): the most policy turns per rollout. Defaults to ``1``.
+        recompute_logprobs (bool, optional): score the returned tokens with the trainer's model
+            after the rollout (one forward pass) instead of reading the policy's log-probs.
+            Defaults to ``None``: ``True`` for a user-given ``TransformersWrapper`` (whose
+            first-token log-prob is wrong in torchrl 0.14.1), ``False`` otherwise. TRL uses these
+            log-probs only for vLLM importance sampling, which needs the sampler's own.
+        reward_key (NestedKey, optional): the environment's reward after a step. Defaults to
+            ``("next", "reward")``.
+        done_key (NestedKey, optional): the environment's done flag after a step. Defaults to
+            ``("next", "done")``.
+        max_staleness (int, optional): with a policy that stamps ``"policy_version"`` (a
+            :class:`~torchrl_trl_interop.RemotePolicy` synced by
+            :class:`~torchrl_trl_interop.WeightSyncCallback`, or a torchrl ``PolicyVersion``
+            transform), the most optimizer steps a rollout's weights may lag behind the trainer
+            (``trainer.state.global_step - policy_version``). A call with an older row raises
+            :class:`~torchrl_trl_interop.StaleRolloutError`. Defaults to ``None`` (no bound; the
+            staleness is still recorded).
+
+    When the policy stamps versions, every row also has ``policy_version`` (reaching the reward
+    functions as a keyword) and the trainer logs ``rollout/staleness_mean`` and
+    ``rollout/staleness_max``.
+
+    Returns:
+        a callable ``rollout_func(prompts, trainer) -> dict`` for
+        ``GRPOTrainer(rollout_func=...)``. Calling it raises ``ValueError`` if the prompt count is
+        not a multiple of ``num_generations`` (or of the env's batch size), the prompts are not
+        grouped, or the policy's tokenizer is not the trainer's; ``KeyError`` if the policy
+        writes no log-probs (and they are not recomputed); ``RuntimeError`` if a multi-turn policy
+        does not continue from the tokens it is given.
+
+    Raises:
+        TypeError: if ``env`` cannot receive a prompt at reset (not a ChatEnv), ``policy`` is
+            not a TensorDict module, ``recompute_logprobs`` not a bool or ``None``, or a key
+            not a key.
+        ValueError: if ``env`` is not in history mode, has more than one batch dimension or holds
+            a ``DataLoadingPrimer``; if ``max_turns`` is not a positive int; if ``policy``
+            returns no log-probs (``return_log_probs=False``) and ``recompute_logprobs=False``,
+            samples several answers per prompt (``num_samples``), or has ``prefer_tokens=False``
+            with ``max_turns > 1``.
+
+    Examples:
+        >>> from torchrl.envs.llm import ChatEnv
+        >>> from torchrl_trl_interop.testing import toy_tokenizer
+        >>> env = ChatEnv(batch_size=(2,), tokenizer=toy_tokenizer(), input_mode="history")
+        >>> rollout_func = as_trl_rollout_func(env)
+        >>> rollout_func
+        as_trl_rollout_func(env=ChatEnv, policy=trainer model, max_turns=1)
+        >>> from trl import GRPOConfig, GRPOTrainer  # doctest: +SKIP
+        >>> trainer = GRPOTrainer(model, reward_funcs=f, args=GRPOConfig(...),  # doctest: +SKIP
+        ...                       train_dataset=prompts, rollout_func=rollout_func)
+        >>> trainer.train()  # doctest: +SKIP
+    """
+    problem = find_env_problem(env)
+    if problem is not None:
+        error, reason = problem
+        raise error(f"{_OWNER}: env cannot take the trainer's prompts at reset: {reason}.")
+    if isinstance(max_turns, bool) or not isinstance(max_turns, int) or max_turns < 1:
+        raise ValueError(
+            f"as_trl_rollout_func: max_turns must be a positive int, got {max_turns!r}."
+        )
+    reward_key = public_key(as_key(reward_key, "reward_key"))
+    done_key = public_key(as_key(done_key, "done_key"))
+    if recompute_logprobs is not None:
+        check_bool(recompute_logprobs, "recompute_logprobs", _OWNER)
+    if policy is not None:
+        from tensordict.nn import TensorDictModuleBase
+
+        if not isinstance(policy, TensorDictModuleBase):
+            raise TypeError(
+                f"{_OWNER}: policy must be a torchrl LLM wrapper (a TensorDictModuleBase, e.g. "
+                f"TransformersWrapper or vLLMWrapper) or None (the trainer's model), got "
+                f"{policy!r:.100} of type {type(policy).__name__}."
+            )
+        if getattr(policy, "return_log_probs", True) is False and recompute_logprobs is False:
+            raise ValueError(
+                f"as_trl_rollout_func: the policy {type(policy).__name__} returns no log-probs "
+                "(return_log_probs=False) and recompute_logprobs=False; build it with "
+                "return_log_probs=True or let the trainer's model score the tokens "
+                "(recompute_logprobs=True)."
+            )
+        if max_turns > 1 and getattr(policy, "prefer_tokens", True) is False:
+            raise ValueError(
+                f"as_trl_rollout_func: max_turns={max_turns} needs a policy that continues from "
+                f"the rollout's tokens, but {type(policy).__name__} has prefer_tokens=False (it "
+                "would re-tokenize the conversation, so the trainer would score other tokens "
+                "than those sampled). Build it with prefer_tokens=True."
+            )
+        if getattr(policy, "num_samples", None) not in (None, 1):
+            raise ValueError(
+                f"as_trl_rollout_func: the policy samples num_samples={policy.num_samples} "
+                "answers per prompt; GRPOTrainer already repeats each prompt num_generations "
+                "times, so build it with num_samples=None."
+            )
+    check_max_staleness(max_staleness, _OWNER)
+    return _EnvRolloutFunc(
+        env, policy, max_turns, recompute_logprobs, reward_key, done_key, max_staleness
+    )

@@ -1,0 +1,128 @@
+"""Chat environments that take TRL's prompts at reset, or serve their own."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ._data import toy_prompts
+from ._tokenizer import toy_tokenizer
+
+if TYPE_CHECKING:  # pragma: no cover
+    from transformers import PreTrainedTokenizerFast
+
+
+def toy_tool_reply(template: str = "{n} characters"):
+    """A torchrl tool transform that answers every assistant turn with a ``tool`` message.
+
+    It is a real :class:`~torchrl.envs.llm.transforms.ToolTransformBase` (the base of torchrl's
+    ``PythonInterpreter``, ``SimpleToolTransform``, ``MCPToolTransform``): after each step it
+    appends ``template.format(n=len(answer))`` as a ``tool`` turn to the next prompt, so the
+    environment adds tokens between two assistant turns whatever a random toy model says.
+
+    Examples:
+        >>> t = toy_tool_reply()
+        >>> t.tool_role, t._process_batch_item("Hello", 0)
+        ('tool', ['5 characters'])
+    """
+    from torchrl.envs.llm.transforms.tools import ToolTransformBase
+
+    class ToyToolReply(ToolTransformBase):
+        tool_role = "tool"
+
+        def _process_batch_item(self, content: str, index: int) -> list[str]:
+            return [template.format(n=len(content))]
+
+    return ToyToolReply()
+
+
+def toy_chat_env(
+    tokenizer: PreTrainedTokenizerFast | None = None,
+    *,
+    batch_size: int = 2,
+    reply: bool = False,
+    max_steps: int | None = None,
+    transforms: list | None = None,
+):
+    """A ``ChatEnv`` in history mode that takes its prompts at reset (no ``DataLoadingPrimer``).
+
+    Keyword Args:
+        tokenizer: defaults to ``toy_tokenizer(padding_side="left")``.
+        batch_size (int): rollouts per reset.
+        reply (bool): append :func:`toy_tool_reply` (an environment turn after every answer).
+        max_steps (int, optional): a ``StepCounter`` ends the episode after that many turns.
+        transforms (list, optional): more transforms, appended last (e.g. a reward transform).
+
+    Examples:
+        >>> from tensordict import TensorDict
+        >>> env = toy_chat_env(batch_size=2, reply=True, max_steps=2)
+        >>> td = env.reset(TensorDict({"query": ["Hi", "Hello"]}, batch_size=[2]))
+        >>> from torchrl_trl_interop import history_to_messages
+        >>> history_to_messages(td["history", "prompt"])
+        [[{'role': 'user', 'content': 'Hi'}], [{'role': 'user', 'content': 'Hello'}]]
+    """
+    from torchrl.envs import StepCounter
+    from torchrl.envs.llm import ChatEnv
+
+    tokenizer = tokenizer if tokenizer is not None else toy_tokenizer(padding_side="left")
+    env = ChatEnv(batch_size=(batch_size,), tokenizer=tokenizer, input_mode="history")
+    if reply:
+        env = env.append_transform(toy_tool_reply())
+    if max_steps is not None:
+        env = env.append_transform(StepCounter(max_steps=max_steps))
+    for transform in transforms or []:
+        env = env.append_transform(transform)
+    return env
+
+
+def _query_rows(rows: list[dict]) -> dict[str, list[str]]:
+    return {"query": [r["query"] for r in rows]}
+
+
+def toy_primed_chat_env(
+    tokenizer: PreTrainedTokenizerFast | None = None,
+    *,
+    prompts: list[str] | None = None,
+    repeats: int = 2,
+    batch_size: int = 2,
+    transforms: list | None = None,
+):
+    """A single-turn ``ChatEnv`` that serves its own prompts (a ``DataLoadingPrimer``), endlessly.
+
+    Each reset takes the next prompt batch (every prompt ``repeats`` times in a row, cycling over
+    ``prompts``); a ``StepCounter(max_steps=1)`` ends each episode after one answer. What a
+    collector needs to run on its own, apart from a trainer.
+
+    Keyword Args:
+        tokenizer: defaults to ``toy_tokenizer(padding_side="left")``.
+        prompts (list of str): defaults to :func:`toy_prompts`.
+        repeats (int): rows per prompt (GRPO's group size).
+        batch_size (int): the env's batch size.
+        transforms (list, optional): appended last (e.g. a reward transform).
+
+    Examples:
+        >>> env = toy_primed_chat_env(prompts=["Hi"], repeats=2)
+        >>> from torchrl_trl_interop import history_to_messages
+        >>> history_to_messages(env.reset()["history", "prompt"])[1]
+        [{'role': 'user', 'content': 'Hi'}]
+    """
+    import torch
+    from torchrl.envs import StepCounter
+    from torchrl.envs.llm import ChatEnv
+    from torchrl.envs.llm.transforms.dataloading import DataLoadingPrimer
+
+    tokenizer = tokenizer if tokenizer is not None else toy_tokenizer(padding_side="left")
+    prompts = prompts if prompts is not None else toy_prompts()
+    dataloader = torch.utils.data.DataLoader(
+        [{"query": p} for p in prompts],
+        batch_size=max(batch_size // repeats, 1),
+        shuffle=False,
+        collate_fn=_query_rows,
+    )
+    env = ChatEnv(batch_size=(batch_size,), tokenizer=tokenizer, input_mode="history")
+    env = env.append_transform(
+        DataLoadingPrimer(dataloader=dataloader, repeats=repeats, batch_size=(batch_size,))
+    )
+    env = env.append_transform(StepCounter(max_steps=1))
+    for transform in transforms or []:
+        env = env.append_transform(transform)
+    return env

@@ -1,0 +1,90 @@
+"""The toy tokenizer: byte-level BPE trained on a few sentences, with a ChatML template."""
+
+from __future__ import annotations
+
+import functools
+from typing import TYPE_CHECKING
+
+from .._checks import require
+
+if TYPE_CHECKING:  # pragma: no cover
+    from transformers import PreTrainedTokenizerFast
+
+
+PAD_TOKEN = "<|endoftext|>"
+IM_START = "<|im_start|>"
+IM_END = "<|im_end|>"
+
+#: ChatML, as Qwen-style tokenizers write it; ``add_generation_prompt`` opens an assistant turn.
+CHATML_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+#: The sentences the toy BPE merges are learnt from (any text still round-trips: byte-level).
+TOY_CORPUS = (
+    "The quick brown fox jumps over the lazy dog.",
+    "Hello world! How are you today?",
+    "What is two plus two? Two plus two is four.",
+    "Reinforcement learning from human feedback trains a reward model on preference pairs.",
+    "The assistant answers the user politely and briefly.",
+    "system user assistant tool",
+    "0 1 2 3 4 5 6 7 8 9 10 11 12",
+)
+
+
+@functools.lru_cache(maxsize=4)
+def _toy_tokenizer_json(vocab_size: int) -> str:
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=[PAD_TOKEN, IM_START, IM_END],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(list(TOY_CORPUS), trainer=trainer)
+    return tok.to_str()
+
+
+def toy_tokenizer(*, padding_side: str = "right", vocab_size: int = 384) -> PreTrainedTokenizerFast:
+    """Builds a byte-level BPE tokenizer with ChatML special tokens, offline.
+
+    Pad is ``<|endoftext|>`` (id 0), eos is ``<|im_end|>`` (id 2); the chat template is ChatML.
+    Any text round-trips through ``encode``/``decode`` (byte-level), which TorchRL's
+    ``TransformersWrapper(input_mode="history")`` needs to parse generations back into History.
+
+    Keyword Args:
+        padding_side (str, optional): ``"right"`` or ``"left"``. Defaults to ``"right"``.
+        vocab_size (int, optional): target vocabulary size. Defaults to ``384``.
+
+    Examples:
+        >>> tok = toy_tokenizer(padding_side="left")
+        >>> tok.pad_token, tok.eos_token, tok.pad_token_id, tok.eos_token_id
+        ('<|endoftext|>', '<|im_end|>', 0, 2)
+        >>> tok.apply_chat_template([{"role": "user", "content": "Hi"}], tokenize=False)
+        '<|im_start|>user\\nHi<|im_end|>\\n'
+    """
+    require("transformers", "toy_tokenizer")
+    from tokenizers import Tokenizer
+    from transformers import PreTrainedTokenizerFast
+
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=Tokenizer.from_str(_toy_tokenizer_json(vocab_size)),
+        pad_token=PAD_TOKEN,
+        eos_token=IM_END,
+        bos_token=None,
+        unk_token=None,
+        additional_special_tokens=[IM_START],
+        padding_side=padding_side,
+    )
+    tokenizer.chat_template = CHATML_TEMPLATE
+    return tokenizer
+
+
+#: Sizes of the toy configs: one layer, width 32, 4 heads, 1024 positions.

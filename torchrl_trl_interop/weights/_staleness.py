@@ -1,0 +1,74 @@
+"""Policy versions and staleness: how many optimizer steps a rollout's weights lag behind.
+
+A rollout stamped with ``policy_version = v`` was sampled with the weights of optimizer step
+``v`` (:class:`~torchrl_trl_interop.WeightSyncCallback` pushes version ``global_step``); consumed
+at step ``s`` its staleness is ``s - v``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+__all__ = ["StaleRolloutError", "check_max_staleness", "check_staleness"]
+
+
+class StaleRolloutError(RuntimeError):
+    """A rollout's weights are older than the ``max_staleness`` bound allows."""
+
+
+def check_max_staleness(value: Any, owner: str) -> None:
+    """Raises ``ValueError`` unless ``value`` is ``None`` or an int ``>= 0``."""
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(
+            f"{owner}: max_staleness must be None or an int >= 0 (optimizer steps), got "
+            f"max_staleness={value!r}."
+        )
+
+
+def check_staleness(
+    versions: Sequence[int | None], trainer: Any, max_staleness: int | None, owner: str
+) -> list[int]:
+    """Per-row staleness against ``trainer.state.global_step``; logs it; enforces the bound.
+
+    The mean and max are appended to the trainer's metrics (``rollout/staleness_mean``,
+    ``rollout/staleness_max``) when it keeps TRL's ``_metrics`` (``GRPOTrainer`` does).
+
+    Raises:
+        StaleRolloutError: if a row is older than ``max_staleness`` steps, or has no version.
+
+    Examples:
+        >>> from types import SimpleNamespace
+        >>> trainer = SimpleNamespace(state=SimpleNamespace(global_step=5))
+        >>> check_staleness([5, 4, 4], trainer, 1, "f")
+        [0, 1, 1]
+        >>> check_staleness([2], trainer, 1, "f")
+        Traceback (most recent call last):
+        ...
+        torchrl_trl_interop.weights._staleness.StaleRolloutError: f: row 0 was sampled by the weights of step 2, 3 steps behind the trainer (step 5); max_staleness=1. ...
+    """
+    step = int(trainer.state.global_step)
+    missing = [i for i, v in enumerate(versions) if v is None]
+    if missing:
+        raise StaleRolloutError(
+            f"{owner}: rows {missing[:8]} carry no policy version while others do; every turn "
+            "of every rollout must be stamped (one policy per rollout function)."
+        )
+    staleness = [step - int(v) for v in versions]
+    metrics = getattr(trainer, "_metrics", None)
+    if isinstance(metrics, dict):
+        mode = "train" if getattr(getattr(trainer, "model", None), "training", True) else "eval"
+        if mode in metrics:
+            metrics[mode]["rollout/staleness_mean"].append(sum(staleness) / len(staleness))
+            metrics[mode]["rollout/staleness_max"].append(float(max(staleness)))
+    if max_staleness is not None and max(staleness) > max_staleness:
+        i = max(range(len(staleness)), key=staleness.__getitem__)
+        raise StaleRolloutError(
+            f"{owner}: row {i} was sampled by the weights of step {versions[i]}, "
+            f"{staleness[i]} steps behind the trainer (step {step}); max_staleness="
+            f"{max_staleness}. The generator's weights are pushed too rarely: use "
+            f"WeightSyncCallback(every_n_steps <= {max_staleness + 1}), or raise max_staleness."
+        )
+    return staleness
