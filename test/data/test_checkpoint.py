@@ -28,6 +28,7 @@ from torchrl_trl_interop import (
     TorchRLBufferDataset,
     last_complete_checkpoint,
 )
+from torchrl_trl_interop.data._buffer_files import is_complete
 from torchrl_trl_interop.data._checkpoint import load_replay_buffer, save_replay_buffer
 from torchrl_trl_interop.testing import toy_buffer
 
@@ -117,6 +118,162 @@ class TestSaveLoad:
         load_replay_buffer(restored, tmp_path / "rb")
         assert len(restored) == 5
         assert os.listdir(tmp_path) == ["rb"]  # no temporary or old directory left behind
+
+
+class TestDamagedSaves:
+    """Regression (issue 20, item 5): a save missing a file loaded as rows without columns."""
+
+    def saved(self, tmp_path) -> Path:
+        path = save_replay_buffer(toy_buffer(5), tmp_path / "checkpoint-1" / "rb")
+        assert (path / "buffer" / "storage" / "x.memmap").is_file()
+        (tmp_path / "checkpoint-1" / "trainer_state.json").write_text("{}")
+        assert last_complete_checkpoint(tmp_path, "rb") == str(tmp_path / "checkpoint-1")
+        return path
+
+    def test_a_missing_column_file_is_refused(self, tmp_path):
+        path = self.saved(tmp_path)
+        (path / "buffer" / "storage" / "x.memmap").unlink()
+        assert not is_complete(path)
+        assert last_complete_checkpoint(tmp_path, "rb") is None
+        restored = empty(5)
+        with pytest.raises(FileNotFoundError, match=r"damaged: its file 'buffer/storage/x.memmap'"):
+            load_replay_buffer(restored, path)
+        assert len(restored) == 0  # nothing loaded
+
+    @pytest.mark.parametrize("name", ["buffer/storage/x.memmap", "buffer/writer/metadata.json"])
+    def test_a_file_of_another_size_is_refused(self, tmp_path, name):
+        path = self.saved(tmp_path)
+        with open(path / name, "ab") as file:
+            file.write(b"\0")
+        assert not is_complete(path)
+        with pytest.raises(ValueError, match=rf"damaged: its file '{name}' has \d+ bytes, saved"):
+            load_replay_buffer(empty(5), path)
+
+    def test_every_file_of_the_save_is_listed(self, tmp_path):
+        path = self.saved(tmp_path)
+        listed = json.loads((path / "format.json").read_text())["files"]
+        on_disk = {p.relative_to(path).as_posix() for p in path.rglob("*") if p.is_file()} - {
+            "format.json"
+        }
+        assert set(listed) == on_disk and "buffer/storage/x.memmap" in listed
+
+
+class TestSavePathsNotOurs:
+    """Regression (issue 20, item 6): a save over a user's file replaced it with a buffer and left
+    the file as a hidden ``.<name>.old-<pid>-<tid>``."""
+
+    def test_a_regular_file_is_left_alone(self, tmp_path):
+        (tmp_path / "notes.txt").write_text("mine")
+        with pytest.raises(NotADirectoryError, match=r"notes.txt' exists and is not a directory"):
+            save_replay_buffer(toy_buffer(3), tmp_path / "notes.txt")
+        assert (tmp_path / "notes.txt").read_text() == "mine"
+        assert os.listdir(tmp_path) == ["notes.txt"]  # no hidden copy, no temporary directory
+
+    def test_a_directory_of_other_files_is_left_alone(self, tmp_path):
+        (tmp_path / "rb").mkdir()
+        (tmp_path / "rb" / "data.csv").write_text("1,2")
+        with pytest.raises(FileExistsError, match=r"holding \['data.csv'\], not a replay buffer"):
+            save_replay_buffer(toy_buffer(3), tmp_path / "rb")
+        assert os.listdir(tmp_path / "rb") == ["data.csv"]
+        assert os.listdir(tmp_path) == ["rb"]
+
+    def test_a_symbolic_link_is_left_alone(self, tmp_path):
+        save_replay_buffer(toy_buffer(3), tmp_path / "real")
+        (tmp_path / "link").symlink_to(tmp_path / "real")
+        with pytest.raises(FileExistsError, match="is a symbolic link"):
+            save_replay_buffer(toy_buffer(5), tmp_path / "link")
+        assert sorted(os.listdir(tmp_path)) == ["link", "real"]
+
+    def test_an_empty_directory_or_an_earlier_save_is_replaced(self, tmp_path):
+        (tmp_path / "rb").mkdir()
+        save_replay_buffer(empty(5, 3), tmp_path / "rb")
+        save_replay_buffer(toy_buffer(5), tmp_path / "rb")
+        restored = empty(5)
+        load_replay_buffer(restored, tmp_path / "rb")
+        assert restored[:]["x"].tolist() == [0, 1, 2, 3, 4]
+
+
+class TestLoadingIntoAnotherBuffer:
+    """Regression (issue 20, item 16): loading into a buffer built differently, or a corrupt or
+    newer ``format.json``, raised raw torch/torchrl/json errors or loaded silently."""
+
+    @pytest.mark.parametrize(
+        ("target", "match"),
+        [
+            (lambda: empty(10), r"max_size 10 here but 5 saved"),
+            (
+                lambda: toy_buffer(0, storage=LazyStackStorage(5)),
+                r"storage 'LazyStackStorage' here but 'LazyTensorStorage' saved",
+            ),
+            (
+                lambda: toy_buffer(
+                    0, storage=LazyTensorStorage(5), sampler=SamplerWithoutReplacement()
+                ),
+                r"sampler 'SamplerWithoutReplacement' here but 'RandomSampler' saved",
+            ),
+            (
+                lambda: toy_buffer(0, storage=LazyTensorStorage(5), writer=CommittedWriter()),
+                r"writer 'CommittedWriter' here but 'RoundRobinWriter' saved",
+            ),
+        ],
+    )
+    def test_the_difference_is_named(self, tmp_path, target, match):
+        save_replay_buffer(toy_buffer(5), tmp_path / "rb")
+        with pytest.raises(
+            ValueError,
+            match=rf"saved at '.*rb' was built as LazyTensorStorage\(max_size=5\).*{match}",
+        ):
+            load_replay_buffer(target(), tmp_path / "rb")
+
+    def test_text_rows_into_a_smaller_storage(self, tmp_path):
+        rb = full_buffer("LazyStackStorage")
+        save_replay_buffer(rb, tmp_path / "rb")
+        with pytest.raises(ValueError, match=r"max_size 3 here but 6 saved"):
+            load_replay_buffer(ReplayBuffer(storage=LazyStackStorage(3)), tmp_path / "rb")
+
+    @pytest.mark.parametrize(
+        ("content", "match"),
+        [
+            ("{not json", r"damaged: format.json cannot be read"),
+            ('["a list"]', r"damaged: format.json holds no format version"),
+            ('{"version": 2, "storage": "rows"}', r"damaged: format.json lacks its file list"),
+            ('{"version": 2, "storage": "zip", "files": {}}', r"names no storage format"),
+        ],
+    )
+    def test_a_corrupt_format_file_is_named(self, tmp_path, content, match):
+        save_replay_buffer(toy_buffer(5), tmp_path / "rb")
+        (tmp_path / "rb" / "format.json").write_text(content)
+        assert not is_complete(tmp_path / "rb")
+        with pytest.raises(ValueError, match=r"saved at '.*rb' is damaged.*Resume from an earlier"):
+            load_replay_buffer(empty(5), tmp_path / "rb")
+        with pytest.raises(ValueError, match=match):
+            load_replay_buffer(empty(5), tmp_path / "rb")
+
+    def test_a_newer_format_version_is_refused(self, tmp_path):
+        save_replay_buffer(toy_buffer(5), tmp_path / "rb")
+        saved = json.loads((tmp_path / "rb" / "format.json").read_text())
+        (tmp_path / "rb" / "format.json").write_text(json.dumps({**saved, "version": 99}))
+        assert is_complete(tmp_path / "rb")  # whole as far as we know: loading says why not
+        restored = empty(5)
+        with pytest.raises(ValueError, match=r"format version 99, by a newer torchrl-trl-interop"):
+            load_replay_buffer(restored, tmp_path / "rb")
+        assert len(restored) == 0
+
+    def test_a_version_1_save_still_loads(self, tmp_path):
+        """Saves written before files and builds were recorded load as before."""
+        save_replay_buffer(toy_buffer(5), tmp_path / "rb")
+        (tmp_path / "rb" / "format.json").write_text('{"version": 1, "storage": "torchrl"}')
+        assert is_complete(tmp_path / "rb")
+        restored = empty(5)
+        load_replay_buffer(restored, tmp_path / "rb")
+        assert restored[:]["x"].tolist() == [0, 1, 2, 3, 4]
+        # into another build: torchrl's error, with the save and both builds named
+        with pytest.raises(
+            ValueError,
+            match=r"could not load the buffer saved at '.*rb' into this "
+            r"ReplayBuffer over LazyTensorStorage\(max_size=10\).*RuntimeError",
+        ):
+            load_replay_buffer(empty(10), tmp_path / "rb")
 
 
 class TestCrashWhileSaving:
