@@ -107,3 +107,47 @@ class TestPaddingCollator:
     def test_empty_rows(self):
         with pytest.raises(ValueError, match="empty list"):
             PaddingCollator(pad_token_id=0)([])
+
+
+class TestValuesThatAreNotTokens:
+    """Regression (issue 20, item 9): float token ids were truncated (``[1.5, 2.0]`` -> ``[1, 2]``)
+    where ``DataCollatorWithPadding`` raises; a ``None`` gave a dtype error naming no column."""
+
+    @pytest.mark.parametrize("as_tensor", [False, True])
+    @pytest.mark.parametrize("name", ["input_ids", "attention_mask", "token_type_ids"])
+    def test_a_fractional_token_value_is_refused(self, tokenizer, as_tensor, name):
+        values = [[1.0, 2.0], [3.0, 1.5]]
+        rows = [{"input_ids": [5, 6], name: v} for v in values]
+        if name == "input_ids":
+            rows = [{"input_ids": v} for v in values]
+        if as_tensor:
+            rows = [{k: torch.tensor(v) for k, v in row.items()} for row in rows]
+        with pytest.raises(ValueError, match=rf"column '{name}' .* row 1 holds 1.5 \(torch.float"):
+            PaddingCollator(tokenizer)(rows)
+
+    def test_whole_float_ids_are_cast_exactly(self, tokenizer):
+        batch = PaddingCollator(tokenizer)([{"input_ids": [5.0, 6.0]}, {"input_ids": [7.0]}])
+        assert batch["input_ids"].dtype == torch.int64
+        assert batch["input_ids"].tolist() == [[5, 6], [7, tokenizer.pad_token_id]]
+
+    @pytest.mark.parametrize(
+        ("column", "values", "row"),
+        [
+            ("score", [1.0, None], 1),
+            ("score", [None, 1.0], 0),
+            ("input_ids", [[5, 6], None], 1),
+            ("ids", [[5, 6], ["a"]], 1),
+        ],
+    )
+    def test_a_value_that_is_no_number_names_its_column_and_row(
+        self, tokenizer, column, values, row
+    ):
+        from transformers import DataCollatorWithPadding
+
+        rows = [{"input_ids": [5, 6], column: v} for v in values]
+        with pytest.raises((TypeError, ValueError)):  # the HF collator refuses them too
+            DataCollatorWithPadding(tokenizer)([dict(r) for r in rows])
+        with pytest.raises(
+            ValueError, match=rf"column '{column}' cannot be made a tensor: row {row}"
+        ):
+            PaddingCollator(tokenizer)(rows)

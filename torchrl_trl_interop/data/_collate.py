@@ -24,6 +24,47 @@ def _as_tensor(value: Any) -> torch.Tensor:
     return value if isinstance(value, torch.Tensor) else torch.as_tensor(value)
 
 
+def _converts(value: Any) -> bool:
+    try:
+        _as_tensor(value)
+    except (TypeError, ValueError, RuntimeError):
+        return False
+    return True
+
+
+def _column_tensors(name: str, values: list) -> list[torch.Tensor]:
+    """The rows' values of column ``name`` as tensors; a value that is none names its row."""
+    if isinstance(values[0], torch.Tensor) and all(isinstance(v, torch.Tensor) for v in values):
+        return values
+    try:
+        return [_as_tensor(v) for v in values]
+    except (TypeError, ValueError, RuntimeError) as err:
+        row = next(i for i, v in enumerate(values) if not _converts(v))
+        value = values[row]
+        raise ValueError(
+            f"PaddingCollator: column {name!r} cannot be made a tensor: row {row} holds "
+            f"{value!r:.80} of type {type(value).__name__} ({err}). Columns other than strings "
+            "and message lists must hold numbers or (nested) lists of numbers in every row: fill "
+            "or cast it first (e.g. dataset.map), or drop it (dataset.remove_columns)."
+        ) from err
+
+
+def _check_whole(name: str, flat: torch.Tensor, lengths: list[int]) -> None:
+    """Refuses a token column whose cast to ``int64`` would change a value (e.g. ``1.5`` -> 1)."""
+    if not (flat.is_floating_point() or flat.is_complex()):
+        return
+    changed = ~(torch.isfinite(flat) & (flat == flat.real.trunc()))
+    if bool(changed.any()):
+        position = int(changed.reshape(len(flat), -1).any(1).nonzero()[0])
+        row = int(torch.searchsorted(torch.tensor(lengths).cumsum(0), position, right=True))
+        raise ValueError(
+            f"PaddingCollator: column {name!r} holds token ids or mask values, but row {row} "
+            f"holds {flat[position].tolist()!r} ({flat.dtype}), which is not a whole number: "
+            "cast to int64 it would change. Pass integer token ids (as the tokenizer returns "
+            "them); DataCollatorWithPadding refuses float lists too."
+        )
+
+
 class PaddingCollator:
     """Collates rows (dicts) into a padded batch, the way ``DataCollatorWithPadding`` does, vectorized.
 
@@ -50,8 +91,14 @@ class PaddingCollator:
         return_attention_mask (bool, optional): build ``attention_mask`` from lengths when the rows
             lack it. Defaults to ``True``.
 
+    Token columns (``input_ids``, ``attention_mask``, ``token_type_ids``,
+    ``special_tokens_mask``) come out as ``int64``; a float value that is not a whole number
+    (``1.5``) raises instead of being truncated.
+
     Raises:
-        ValueError: if no pad id is known, or a column is missing from some rows.
+        ValueError: if no pad id is known, a column is missing from some rows, a column holds a
+            value that is not a number (``None``, say; the message names the column and row),
+            or a token column holds a value that is not a whole number.
 
     Examples:
         >>> import torch
@@ -162,7 +209,7 @@ class PaddingCollator:
             ):
                 out[out_name] = values  # strings and message lists pass through
                 continue
-            tensors = values if isinstance(first, torch.Tensor) else [_as_tensor(v) for v in values]
+            tensors = _column_tensors(name, values)
             if tensors[0].ndim == 0:
                 out[out_name] = torch.stack(tensors)
                 continue
@@ -176,6 +223,8 @@ class PaddingCollator:
                 masks[key] = self._position_mask(lengths, side)
             position_mask = masks[key]
             flat = torch.cat(tensors)
+            if token_like:
+                _check_whole(name, flat, lengths)
             if name == "attention_mask" and bool(flat.all()):
                 padded = position_mask  # every real token attended: the mask is the positions
             else:
