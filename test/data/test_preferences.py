@@ -363,3 +363,22 @@ def test_preference_pairs_refuse_infinite_rewards():
         build_preference_pairs(td)
     td["reward"] = torch.tensor([math.nan, 1.0, 0.0])
     assert build_preference_pairs(td)[:]["margin"].tolist() == [1.0]
+
+
+def test_preference_pairs_refuse_a_margin_that_overflows():
+    """Regression (issue 20, item 10): two finite rewards far apart (±1e308) gave margin=inf."""
+    history = messages_to_history([[chat("2+2?", "4"), chat("2+2?", "5")]])
+    td = TensorDict({"history": {"full": history}}, [1, 2])
+    td["reward"] = torch.tensor([[1e308, -1e308]], dtype=torch.float64)
+    assert math.isinf(1e308 - -1e308)
+    with pytest.raises(ValueError, match=r"rewards 1e\+308 and -1e\+308 .* overflows float64"):
+        build_preference_pairs(td)
+    # without a margin the pair is well defined; with rewards half as far apart, the margin is finite
+    row = hf_rows(build_preference_pairs(td, margin_key=None))[0]
+    assert (row["chosen"], row["rejected"], "margin" in row) == (
+        [assistant("4")],
+        [assistant("5")],
+        False,
+    )
+    td["reward"] = td["reward"] / 2
+    assert build_preference_pairs(td)[:]["margin"].tolist() == [1e308]

@@ -18,7 +18,7 @@ from torchrl.data import LazyStackStorage, ReplayBuffer
 
 from .._checks import as_names, check_real
 from .._conversation import split_prompt_completion
-from .._keys import Key, as_key, as_optional_key, get_entry, public_key
+from .._keys import HISTORY_KEY, REWARD_KEY, as_nested_key, get_entry
 from ._columns import row_values
 from ._rows import extend_with_rows
 
@@ -35,7 +35,7 @@ def _hashable(value: Any) -> Hashable:
     return value
 
 
-def _read_messages(td: TensorDictBase, key: Key, where: str) -> list:
+def _read_messages(td: TensorDictBase, key: NestedKey, where: str) -> list:
     """One message list per element of ``td``'s batch, flattened in row-major order."""
     from torchrl.data.llm import History
 
@@ -43,13 +43,13 @@ def _read_messages(td: TensorDictBase, key: Key, where: str) -> list:
     history = get_entry(td, key, "history_key", _OWNER, hint, where)
     if not isinstance(history, History):
         raise TypeError(
-            f"{_OWNER}: {where}[{public_key(key)!r}] is a {type(history).__name__}, expected a "
+            f"{_OWNER}: {where}[{key!r}] is a {type(history).__name__}, expected a "
             "torchrl.data.llm.History (one conversation per rollout)."
         )
     return row_values(td, key, "history_key", _OWNER)
 
 
-def _read_rewards(td: TensorDictBase, key: Key, where: str) -> list[float]:
+def _read_rewards(td: TensorDictBase, key: NestedKey, where: str) -> list[float]:
     hint = (
         "Score the rollouts first (e.g. with HFRewardModelWrapper or TRLRewardFuncWrapper) or "
         "pass reward_key=...."
@@ -57,19 +57,19 @@ def _read_rewards(td: TensorDictBase, key: Key, where: str) -> list[float]:
     reward = get_entry(td, key, "reward_key", _OWNER, hint, where)
     if not isinstance(reward, torch.Tensor):
         raise TypeError(
-            f"{_OWNER}: {where}[{public_key(key)!r}] is a {type(reward).__name__}, expected a "
+            f"{_OWNER}: {where}[{key!r}] is a {type(reward).__name__}, expected a "
             "float tensor with one reward per rollout."
         )
     if reward.shape[: td.ndim] != td.batch_size or reward[(0,) * td.ndim].numel() != 1:
         raise ValueError(
-            f"{_OWNER}: {where}[{public_key(key)!r}] has shape {tuple(reward.shape)}; expected "
+            f"{_OWNER}: {where}[{key!r}] has shape {tuple(reward.shape)}; expected "
             f"one reward per rollout, shape {tuple(td.batch_size)} (trailing 1s allowed)."
         )
     values = reward.reshape(-1).double()
     infinite = values.isinf().nonzero().flatten()
     if infinite.numel():
         raise ValueError(
-            f"{_OWNER}: {where}[{public_key(key)!r}] holds {infinite.numel()} infinite "
+            f"{_OWNER}: {where}[{key!r}] holds {infinite.numel()} infinite "
             f"reward(s) (flattened indices {infinite[:8].tolist()}), which would give pairs of "
             "infinite margin. Fix the scorer (HFRewardModelWrapper raises on them by default), "
             "or write NaN for rollouts that should be left out."
@@ -77,7 +77,7 @@ def _read_rewards(td: TensorDictBase, key: Key, where: str) -> list[float]:
     return values.tolist()
 
 
-def _read_group_ids(td: TensorDictBase, key: Key, where: str) -> list[Hashable]:
+def _read_group_ids(td: TensorDictBase, key: NestedKey, where: str) -> list[Hashable]:
     get_entry(td, key, "group_key", _OWNER, "Pass group_key=... naming the group ids.", where)
     return [_hashable(v) for v in row_values(td, key, "group_key", _OWNER)]
 
@@ -149,8 +149,8 @@ def _group_rollouts(
 def build_preference_pairs(
     rollouts: TensorDictBase | Sequence[TensorDictBase] | ReplayBuffer,
     *,
-    history_key: NestedKey = ("history", "full"),
-    reward_key: NestedKey = "reward",
+    history_key: NestedKey = HISTORY_KEY,
+    reward_key: NestedKey = REWARD_KEY,
     group_key: NestedKey | None = None,
     completion_roles: Sequence[str] = ("assistant",),
     min_margin: float = 0.0,
@@ -174,7 +174,8 @@ def build_preference_pairs(
     Groups that carry no preference are skipped, never guessed: a group with a single completion,
     a tie (best reward equals worst, i.e. gap ``0``), a gap below ``min_margin``, or the same
     completion as chosen and rejected. ``NaN`` rewards (unscored rollouts) are left out of their
-    group first; an infinite reward raises (as :class:`HFRewardModelWrapper` does by default).
+    group first; an infinite reward raises (as :class:`HFRewardModelWrapper` does by default),
+    and so do two finite rewards whose gap overflows (``1e308 - -1e308``): a margin is finite.
 
     Grouping: by default the last batch dimension is the group (``[E, G]`` rollouts: ``E``
     prompts, ``G`` completions each, as GRPO-style collection writes them), and a ``[N]`` batch is
@@ -229,9 +230,10 @@ def build_preference_pairs(
             not a ReplayBuffer, or the history or reward has the wrong type.
         KeyError: if ``history_key``, ``reward_key`` or ``group_key`` is missing.
         ValueError: if rollouts have no batch dimension, the reward shape does not match the
-            batch, a reward is infinite, a conversation has no completion turn, completions of one group have
-            different prompts, a prompt is empty while ``prompt_key`` is set, or
-            ``min_margin < 0``.
+            batch, a reward is infinite, two rewards of a group are so far apart that their gap
+            (the margin) overflows to infinity while ``margin_key`` is set, a conversation has
+            no completion turn, completions of one group have different prompts, a prompt is
+            empty while ``prompt_key`` is set, or ``min_margin < 0``.
 
     Examples:
         >>> import torch
@@ -265,9 +267,15 @@ def build_preference_pairs(
             f"{type(replay_buffer).__name__}."
         )
     completion_roles = as_names(completion_roles, "completion_roles", _OWNER)
-    history_key = as_key(history_key, "history_key")
-    reward_key = as_key(reward_key, "reward_key")
-    group_key = as_optional_key(group_key, "group_key")
+    history_key = as_nested_key(history_key, "history_key")
+    reward_key = as_nested_key(reward_key, "reward_key")
+    group_key = None if group_key is None else as_nested_key(group_key, "group_key")
+    rename = {"chosen": as_nested_key(chosen_key, "chosen_key")}
+    rename["rejected"] = as_nested_key(rejected_key, "rejected_key")
+    if prompt_key is not None:
+        rename["prompt"] = as_nested_key(prompt_key, "prompt_key")
+    if margin_key is not None:
+        rename["margin"] = as_nested_key(margin_key, "margin_key")
 
     # 1. Flat records (group id, prompt, completion, reward), in rollout order.
     with set_list_to_stack(True):  # reading History needs it; scoped, never global
@@ -292,6 +300,13 @@ def build_preference_pairs(
         margin = best_reward - worst_reward
         if margin <= 0 or margin < min_margin or chosen == rejected:
             continue
+        if margin_key is not None and not math.isfinite(margin):
+            raise ValueError(
+                f"build_preference_pairs: the rewards {best_reward!r} and {worst_reward!r} of the "
+                f"completions of prompt {prompt!r:.120} are too far apart: their gap overflows "
+                "float64, so the pair's margin would be infinite, which RewardTrainer trains on. "
+                "Rescale the rewards, or pass margin_key=None to write no margin."
+            )
         if prompt_key is not None and not prompt:
             raise ValueError(
                 "build_preference_pairs: a rollout has no prompt turns (the conversation is only "
@@ -312,10 +327,5 @@ def build_preference_pairs(
     if replay_buffer is None:
         replay_buffer = ReplayBuffer(storage=LazyStackStorage(max_size=max(len(rows), 1)))
     if rows:
-        rename = {"chosen": chosen_key, "rejected": rejected_key}
-        if prompt_key is not None:
-            rename["prompt"] = prompt_key
-        if margin_key is not None:
-            rename["margin"] = margin_key
         extend_with_rows(replay_buffer, rows, rename=rename)
     return replay_buffer
