@@ -404,3 +404,120 @@ class TestToolCalls:
         first = TorchRLBufferDataset(replay_buffer_from_hf(rows[:1]), 1).to_hf_dataset()[0]
         calls = [m for m in first["messages"] if m["tool_calls"]]
         assert calls[0]["tool_calls"] == [self.call]
+
+
+class TestMessageFields:
+    """Regression (issue 20, item 8): fields other than role/content/tool calls were dropped
+    (``reasoning_content``, a user's ``name``) or replaced (a tool turn's ``tool_call_id`` by a
+    derived ``name``)."""
+
+    call = {"type": "function", "id": "call_7", "function": {"name": "add", "arguments": {"a": 2}}}
+    chats = {
+        "reasoning": [
+            _msg("user", "2+2?"),
+            {"role": "assistant", "content": "4", "reasoning_content": "2 and 2 make 4."},
+        ],
+        "user_name": [{"role": "user", "content": "Hi", "name": "Ann"}, _msg("assistant", "Hey")],
+        "tool_call_id": [
+            _msg("user", "2+2?"),
+            {"role": "assistant", "content": "", "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": "call_7", "content": "4"},  # no name: none added
+            {"role": "assistant", "content": "4", "reasoning_content": None},
+        ],
+        "tool_turn_without_name": [
+            {"role": "assistant", "content": "", "tool_calls": [call]},
+            _msg("tool", "4"),
+        ],
+        "schema_nones": [  # what a datasets.Dataset gives: every field of its schema, None if unset
+            {"role": "user", "content": "2+2?", "name": None, "tool_calls": None},
+            {"role": "assistant", "content": "4", "name": None, "tool_calls": None},
+        ],
+    }
+
+    @pytest.mark.parametrize("case", sorted(chats))
+    def test_round_trip_is_exact(self, case):
+        chat = self.chats[case]
+        history = messages_to_history(chat)
+        assert type(history).__name__ == "MessageHistory" and isinstance(history, History)
+        assert history_to_messages(history) == chat
+        nested = [[chat, CHAT], [CHAT, chat]]  # one class for the whole batch
+        assert history_to_messages(messages_to_history(nested)) == nested
+        assert history_to_messages(messages_to_history(nested)[1, 1]) == chat
+        again = messages_to_history(history_to_messages(history))
+        assert history_to_messages(again) == chat
+        no_system = history_to_messages(messages_to_history([CHAT, chat]), keep_system=False)
+        assert no_system == [CHAT[1:], [m for m in chat if m["role"] != "system"]]
+
+    def test_plain_conversations_stay_plain_history(self):
+        plain = TestToolCalls.tool_chat  # tool turn named after its call: derived on the way out
+        assert type(messages_to_history([CHAT, plain])) is History
+        assert type(messages_to_history(CHAT)) is History
+
+    def test_a_wrong_tool_name_is_still_refused(self):
+        chat = [*self.chats["tool_call_id"][:2], {"role": "tool", "name": "mul", "content": "4"}]
+        with pytest.raises(ValueError, match=r"messages\[2\] is a tool turn named 'mul'.*'add'"):
+            messages_to_history([{**chat[0], "name": "Ann"}, *chat[1:]])
+
+    def test_torchrl_sees_the_fields(self, tokenizer):
+        from torchrl_trl_interop import MessageHistory
+
+        chat = self.chats["reasoning"]
+        history = messages_to_history(chat)
+        template = (
+            "{% for m in messages %}<{{ m.role }}>{% if m.reasoning_content %}<think>"
+            "{{ m.reasoning_content }}</think>{% endif %}{{ m.content }}{% endfor %}"
+        )
+        rendered = history.apply_chat_template(
+            tokenizer=tokenizer, chat_template=template, add_generation_prompt=False
+        )
+        assert rendered == "<user>2+2?<assistant><think>2 and 2 make 4.</think>4"
+        with set_list_to_stack(True):
+            again = MessageHistory.from_chats(history.tolist())
+        assert history_to_messages(again) == chat
+
+    @pytest.mark.parametrize("storage", ["LazyStackStorage", "ListStorage"])
+    def test_through_a_buffer_and_every_view(self, storage):
+        import torchrl.data
+
+        rows = [{"messages": chat} for chat in self.chats.values()]
+        rb = replay_buffer_from_hf(rows, storage=getattr(torchrl.data, storage)(len(rows)))
+        ds = TorchRLBufferDataset(rb, 2, epoch=True)
+        assert [dict(r) for r in ds] == rows
+        assert list(ds.as_hf_dataset(num_shards=1)) == rows
+        from datasets import Dataset
+
+        assert ds.to_hf_dataset().to_list() == Dataset.from_list(rows).to_list()
+
+
+_FIELD = st.sampled_from(["reasoning_content", "name", "tool_call_id", "thinking", "weight"])
+_fielded_message = st.builds(
+    lambda m, extra: {**m, **extra},
+    _message,
+    st.dictionaries(_FIELD, st.none() | _text | st.integers(-3, 3), max_size=2),
+)
+_calling_turn = st.builds(  # an assistant turn calling "add", then its tool turn
+    lambda content, name, extra: [
+        {"role": "assistant", "content": content, "tool_calls": [TestMessageFields.call]},
+        {"role": "tool", "content": "4", **name, **extra},
+    ],
+    st.none() | st.just(""),
+    st.sampled_from([{}, {"name": "add"}, {"name": None}]),
+    st.dictionaries(st.just("tool_call_id"), _text, max_size=1),
+)
+_fielded_chat = st.lists(
+    _fielded_message.map(lambda m: [m]) | _calling_turn, min_size=1, max_size=3
+).map(lambda parts: [m for part in parts for m in part])
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(chats=st.lists(_fielded_chat, min_size=1, max_size=3))
+def test_round_trip_property_with_message_fields(chats):
+    """Any extra fields on any turn, tool calls and their answers: the messages come back (a
+    tool-calling turn's ``content: None`` as ``""``)."""
+    chats = [
+        [{**m, "content": m["content"] or ""} if m.get("tool_calls") else m for m in chat]
+        for chat in chats
+    ]
+    history = messages_to_history(chats)
+    assert history_to_messages(history) == chats
+    assert [history_to_messages(history[i]) for i in range(len(chats))] == chats

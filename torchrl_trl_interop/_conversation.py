@@ -5,8 +5,10 @@ TorchRL holds it as a :class:`~torchrl.data.llm.History` TensorClass whose last 
 the turn. This module is the only place the two are converted: the dataset, the reward wrapper,
 the reward bridges and the tutorial all call these functions.
 
-Only ``role``, ``content`` and tool calls cross the boundary; they are kept exactly (no
-stripping, no template). Tool calls are converted by ``_tool_calls``.
+Every field of a message crosses the boundary, kept exactly (no stripping, no template):
+``role`` and ``content`` as History's fields, tool calls and the other fields through
+``_tool_calls`` (the fields History has no slot for ride in a
+:class:`~torchrl_trl_interop.MessageHistory`).
 """
 
 from __future__ import annotations
@@ -24,12 +26,14 @@ from tensordict import (
 
 from ._checks import as_names, check_bool
 from ._keys import row_entries
-from ._tool_calls import has_tool_calls, messages_with_tool_calls, tool_turns
+from ._message_fields import MessageHistory
+from ._tool_calls import has_turn_fields, message_turns, messages_of_turns
 
 if TYPE_CHECKING:  # pragma: no cover
     from torchrl.data.llm import History
 
 __all__ = [
+    "conversations_to_histories",
     "history_to_messages",
     "is_conversational",
     "is_message_list",
@@ -103,9 +107,12 @@ def history_to_messages(history: History, *, keep_system: bool = True) -> list:
 
     Returns:
         a (nested) list of ``{"role": ..., "content": ...}`` dicts. A turn's ``tool_calls``
-        are carried in TRL's format (``[{"type": "function", "function": {"name", "arguments"}}]``)
-        and a ``tool`` turn that answers one gets its ``"name"``. Other History fields
-        (``is_complete``, ``tool_responses``) are not part of TRL's format and are not copied.
+        are carried in TRL's format (``[{"type": "function", "function": {"name", "arguments"}}]``).
+        A :class:`~torchrl_trl_interop.MessageHistory` gives each message its other fields back
+        (``extra_fields``: ``reasoning_content``, ``tool_call_id``, ...), exactly; in a plain
+        History a ``tool`` turn that answers a call gets the call's ``"name"``. Other History
+        fields (``is_complete``, ``tool_responses``) are not part of TRL's format and are not
+        copied.
 
     Raises:
         TypeError: if ``history`` is not a History.
@@ -136,8 +143,8 @@ def history_to_messages(history: History, *, keep_system: bool = True) -> list:
             "history_to_messages got a History with batch_size=[] (a single message, no turn "
             "dimension). Add the turn dimension first: history.unsqueeze(0)."
         )
-    if has_tool_calls(history):
-        return messages_with_tool_calls(history, keep_system)
+    if has_turn_fields(history):
+        return messages_of_turns(history, keep_system)
     roles, contents = history_fields(history)
     return _zip_turns(roles, contents, history.ndim - 1, keep_system)
 
@@ -248,9 +255,9 @@ def _depth(messages: Sequence) -> int:
     return depth
 
 
-def _build(messages: Sequence, depth: int, where: str) -> History:
-    from torchrl.data.llm import History
-
+def _parse(messages: Any, depth: int, where: str) -> Any:
+    """Checks ``messages``; each conversation becomes ``(messages, turns, plain)`` (``turns``
+    ``None`` for role and content only; else see :func:`.message_turns`)."""
     if depth == 0:
         _check_message_list(messages, where)
         if not messages:
@@ -258,18 +265,36 @@ def _build(messages: Sequence, depth: int, where: str) -> History:
                 f"messages_to_history: {where} is an empty conversation; a History needs at least "
                 "one turn."
             )
-        if any(m.get("tool_calls") for m in messages):
-            return lazy_stack([History(**turn) for turn in tool_turns(messages, where)])
-        return History(
-            role=[m["role"] for m in messages],
-            content=[m["content"] for m in messages],
-            batch_size=(len(messages),),
-        )
+        if all(len(m) == 2 and "content" in m for m in messages):  # role and content only
+            return messages, None, True
+        return (messages, *message_turns(messages, where))
     if not isinstance(messages, (list, tuple)) or not messages:
         raise ValueError(
             f"messages_to_history: {where} should be a non-empty list of conversations."
         )
-    return lazy_stack([_build(m, depth - 1, f"{where}[{i}]") for i, m in enumerate(messages)])
+    return [_parse(m, depth - 1, f"{where}[{i}]") for i, m in enumerate(messages)]
+
+
+def _all_plain(parsed: Any, depth: int) -> bool:
+    if depth == 0:
+        return parsed[2]
+    return all(_all_plain(p, depth - 1) for p in parsed)
+
+
+def _construct(parsed: Any, depth: int, cls: type) -> History:
+    """The History (of class ``cls``) of parsed conversations."""
+    if depth > 0:
+        return lazy_stack([_construct(p, depth - 1, cls) for p in parsed])
+    messages, turns, _ = parsed
+    if turns is None:
+        return cls(
+            role=[m["role"] for m in messages],
+            content=[m["content"] for m in messages],
+            batch_size=(len(messages),),
+        )
+    if cls is not MessageHistory:  # plain: the extra fields are tool names it derives
+        turns = [{k: v for k, v in turn.items() if k != "extra_fields"} for turn in turns]
+    return lazy_stack([cls(**turn) for turn in turns])
 
 
 def messages_to_history(messages: Sequence) -> History:
@@ -286,9 +311,11 @@ def messages_to_history(messages: Sequence) -> History:
     Returns:
         a History whose leading dimensions follow the nesting of ``messages``.
 
-    TRL tool calls are kept: a turn's ``tool_calls`` go to the History's ``tool_calls`` field
-    (its ``content: None`` becomes ``""``), and :func:`history_to_messages` gives them back. A
-    History has no field for a tool turn's ``name``: it must be the name of the call it answers.
+    Every field of a message is kept. Tool calls go to History's ``tool_calls`` (a ``content:
+    None`` beside them becomes ``""``); a tool turn's ``name`` must be that of the call it
+    answers. Any other field (``reasoning_content``, ``tool_call_id``, a user's ``name``, a
+    ``None``...), or a tool turn without its call's name, makes the result a
+    :class:`~torchrl_trl_interop.MessageHistory`, whose ``extra_fields`` keep them.
 
     Raises:
         TypeError: if a message is not a dict, a conversation is not a list, or ``tool_calls``
@@ -307,9 +334,41 @@ def messages_to_history(messages: Sequence) -> History:
         torch.Size([2, -1])
         >>> history_to_messages(ragged)[1]
         [{'role': 'user', 'content': 'Hi'}]
+
+        A field History has no slot for rides along:
+
+        >>> named = [{"role": "user", "content": "Hi", "name": "Ann"}]
+        >>> history_to_messages(messages_to_history([named, chat])) == [named, chat]
+        True
     """
+    from torchrl.data.llm import History
+
+    depth = _depth(messages)
     with set_list_to_stack(True):
-        return _build(messages, _depth(messages), "messages")
+        parsed = _parse(messages, depth, "messages")
+        cls = History if _all_plain(parsed, depth) else MessageHistory
+        return _construct(parsed, depth, cls)
+
+
+def conversations_to_histories(
+    conversations: Sequence, *, message_history: bool = False
+) -> tuple[list[History], bool]:
+    """One ``[T]`` History per conversation (e.g. the rows of a dataset column), all of one
+    class: :class:`~torchrl_trl_interop.MessageHistory` if a conversation needs it or
+    ``message_history``, else plain History. Also returns whether they are MessageHistory.
+
+    Examples:
+        >>> histories, fields = conversations_to_histories(
+        ...     [[{"role": "user", "content": "Hi"}], [{"role": "user", "content": "Yo", "name": "Bo"}]])
+        >>> [type(h).__name__ for h in histories], fields
+        (['MessageHistory', 'MessageHistory'], True)
+    """
+    from torchrl.data.llm import History
+
+    with set_list_to_stack(True):
+        parsed = [_parse(c, 0, "messages") for c in conversations]
+        cls = History if not message_history and _all_plain(parsed, 1) else MessageHistory
+        return [_construct(p, 0, cls) for p in parsed], cls is MessageHistory
 
 
 def split_prompt_completion(

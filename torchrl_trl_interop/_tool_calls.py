@@ -1,15 +1,20 @@
-"""Tool calls across the History <-> TRL message boundary.
+"""Turns with more than a role and a content across the History <-> TRL message boundary.
 
 TRL (and the OpenAI chat format that Hugging Face chat templates read) writes a tool-calling
 turn as ``{"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function":
 {"name": ..., "arguments": {...}}}]}`` and the tool's answer as ``{"role": "tool", "name": ...,
 "content": ...}``. TorchRL's :class:`~torchrl.data.llm.History` keeps a turn's calls in its
 ``tool_calls`` field (torchrl's own parser writes them bare, ``{"name", "arguments"}``) and has
-no field for a tool turn's ``name``: it is the name of the call the turn answers, so it is
-derived from the calls on the way out and checked against them on the way in.
+no field for a tool turn's ``name``: in a plain History it is the name of the call the turn
+answers, derived from the calls on the way out and checked against them on the way in.
 
-``_conversation`` calls these functions only when a conversation holds
-tool calls; plain conversations never reach this module.
+Any other field of a message (``reasoning_content``, ``tool_call_id``, a user's ``name``, a
+tool turn without the name of its call, ``tool_calls: None``...) would be lost by a plain
+History: the conversation is then held by a :class:`~torchrl_trl_interop.MessageHistory`, whose
+``extra_fields`` keep those fields exactly, and whose tool turns get no derived name.
+
+``_conversation`` calls these functions only for conversations that hold tool calls or other
+fields; plain conversations never reach this module.
 """
 
 from __future__ import annotations
@@ -17,7 +22,19 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["has_tool_calls", "messages_with_tool_calls", "tool_turns", "trl_tool_calls"]
+from ._message_fields import MessageHistory
+
+__all__ = [
+    "has_tool_calls",
+    "has_turn_fields",
+    "message_turns",
+    "messages_of_turns",
+    "trl_tool_calls",
+]
+
+#: The message fields every History holds; the others are tool calls or extra fields.
+_HISTORY_FIELDS = ("role", "content")
+_ABSENT = object()  # a field a message does not have
 
 
 def _td_has_tool_calls(td: Any) -> bool:
@@ -37,6 +54,21 @@ def has_tool_calls(history: Any) -> bool:
     return _td_has_tool_calls(history._tensordict)
 
 
+def has_turn_fields(history: Any) -> bool:
+    """Whether a turn of ``history`` holds more than a role and a content (tool calls, or the
+    other fields of a :class:`~torchrl_trl_interop.MessageHistory`): such a History is read as
+    message lists (:func:`messages_of_turns`), not as roles and contents.
+
+    Examples:
+        >>> from torchrl_trl_interop import messages_to_history
+        >>> has_turn_fields(messages_to_history([{"role": "user", "content": "Hi"}]))
+        False
+        >>> has_turn_fields(messages_to_history([{"role": "user", "content": "Hi", "name": "Ann"}]))
+        True
+    """
+    return isinstance(history, MessageHistory) or has_tool_calls(history)
+
+
 def trl_tool_calls(calls: Any) -> list[dict[str, Any]]:
     """A turn's tool calls in TRL's format; torchrl's bare ``{"name", "arguments"}`` are wrapped.
 
@@ -53,8 +85,11 @@ def _call_names(calls: Sequence[dict[str, Any]]) -> list[Any]:
     return [c.get("function", c).get("name") for c in calls]
 
 
-def _turns_to_messages(turns: list[dict[str, Any]], keep_system: bool) -> list[dict[str, Any]]:
-    """One conversation of ``History.tolist()`` turns as TRL messages (tool calls, tool names)."""
+def _turns_to_messages(
+    turns: list[dict[str, Any]], keep_system: bool, derive_names: bool
+) -> list[dict[str, Any]]:
+    """One conversation of ``History.tolist()`` turns as TRL messages: tool calls in TRL's
+    format, the extra fields merged in, and (``derive_names``) a tool turn named after its call."""
     messages = []
     names: list[Any] = []  # names of the calls not answered yet
     for turn in turns:
@@ -65,38 +100,49 @@ def _turns_to_messages(turns: list[dict[str, Any]], keep_system: bool) -> list[d
             names = _call_names(message["tool_calls"])
         elif turn["role"] == "tool" and names:
             name = names.pop(0)
-            if name is not None:
+            if name is not None and derive_names:
                 message["name"] = name
+        message.update(turn.get("extra_fields") or {})
         if keep_system or turn["role"] != "system":
             messages.append(message)
     return messages
 
 
-def messages_with_tool_calls(history: Any, keep_system: bool) -> list:
-    """:func:`~torchrl_trl_interop.history_to_messages` for a History with tool calls.
+def messages_of_turns(history: Any, keep_system: bool) -> list:
+    """:func:`~torchrl_trl_interop.history_to_messages` for a History whose turns hold more than
+    a role and a content (tool calls, extra fields).
 
     Examples:
         >>> from torchrl_trl_interop import messages_to_history
         >>> call = {"type": "function", "function": {"name": "add", "arguments": {"a": 2}}}
         >>> chat = [{"role": "assistant", "content": "", "tool_calls": [call]},
         ...         {"role": "tool", "name": "add", "content": "4"}]
-        >>> messages_with_tool_calls(messages_to_history(chat), keep_system=True) == chat
+        >>> messages_of_turns(messages_to_history(chat), keep_system=True) == chat
         True
     """
+    from torchrl.data.llm import History
+
+    derive_names = not isinstance(history, MessageHistory)
 
     def convert(node: Any, depth: int) -> list:
         if depth == 0:
-            return _turns_to_messages(node, keep_system)
+            return _turns_to_messages(node, keep_system, derive_names)
         return [convert(sub, depth - 1) for sub in node]
 
-    return convert(history.tolist(), history.ndim - 1)
+    # History's own tolist: a MessageHistory's extra fields apart, as they are stored
+    return convert(History.tolist(history), history.ndim - 1)
 
 
-def tool_turns(messages: Sequence[dict[str, Any]], where: str) -> list[dict[str, Any]]:
-    """The History fields of each turn of one conversation that holds tool calls.
+def message_turns(messages: Sequence[dict[str, Any]], where: str) -> tuple[list[dict], bool]:
+    """The History fields of each turn of one conversation, and whether a plain History holds it.
 
-    ``content: None`` (allowed next to ``tool_calls``) becomes ``""``; a tool turn's ``name``
-    must be the name of the call it answers (a History cannot hold another one).
+    Each turn gets ``role``, ``content`` (``None`` next to ``tool_calls`` becomes ``""``),
+    ``tool_calls`` when it calls tools, and ``extra_fields``: every other field of the message,
+    exactly. The flag is ``True`` when a plain History gives the messages back without those
+    extra fields: they hold only tool turns' names, each the name of the call the turn answers
+    (derived on the way out), and a tool turn answering a call has its name; the caller then
+    drops ``extra_fields``. Otherwise the conversation needs a
+    :class:`~torchrl_trl_interop.MessageHistory`.
 
     Raises:
         TypeError: if ``tool_calls`` is not a list of dicts.
@@ -104,13 +150,18 @@ def tool_turns(messages: Sequence[dict[str, Any]], where: str) -> list[dict[str,
 
     Examples:
         >>> call = {"type": "function", "function": {"name": "add", "arguments": {}}}
-        >>> tool_turns([{"role": "assistant", "content": None, "tool_calls": [call]}], "m")
-        [{'role': 'assistant', 'content': '', 'tool_calls': [{'type': 'function', 'function': {'name': 'add', 'arguments': {}}}]}]
+        >>> turns, plain = message_turns(
+        ...     [{"role": "assistant", "content": None, "tool_calls": [call]},
+        ...      {"role": "tool", "tool_call_id": "7", "content": "2"}], "m")
+        >>> plain, turns[1]
+        (False, {'role': 'tool', 'content': '2', 'extra_fields': {'tool_call_id': '7'}})
     """
     turns = []
-    names: list[Any] = []
+    plain = True
+    names: list[Any] = []  # names of the calls not answered yet
     for i, message in enumerate(messages):
-        turn = {"role": message["role"], "content": message.get("content") or ""}
+        turn = {"role": message["role"], "content": message.get("content")}
+        extra = {k: v for k, v in message.items() if k not in _HISTORY_FIELDS}
         calls = message.get("tool_calls")
         if calls:
             if not isinstance(calls, (list, tuple)) or not all(isinstance(c, dict) for c in calls):
@@ -118,18 +169,26 @@ def tool_turns(messages: Sequence[dict[str, Any]], where: str) -> list[dict[str,
                     f"messages_to_history: {where}[{i}]['tool_calls'] should be a list of dicts "
                     f"(TRL's {{'type': 'function', 'function': {{...}}}}), got {calls!r:.200}."
                 )
+            turn["content"] = message.get("content") or ""
             turn["tool_calls"] = [dict(c) for c in calls]
+            del extra["tool_calls"]
             names = _call_names(calls)
-        elif message["role"] == "tool" and "name" in message:
+        elif message["role"] == "tool":
             expected = names.pop(0) if names else None
-            if message["name"] != expected:
+            name = message.get("name", _ABSENT)
+            if expected is not None and name not in (expected, None, _ABSENT):
                 raise ValueError(
-                    f"messages_to_history: {where}[{i}] is a tool turn named "
-                    f"{message['name']!r}, but the call it answers is {expected!r}. A History "
-                    "keeps no name for tool turns (it is derived from the calls): answer the "
-                    "calls in order, or drop 'name'."
+                    f"messages_to_history: {where}[{i}] is a tool turn named {name!r}, but the "
+                    f"call it answers is {expected!r}. A tool turn's name is the name of the "
+                    "call it answers: answer the calls in order, or drop 'name'."
                 )
-        elif message["role"] == "tool" and names:
-            names.pop(0)
+            # what a plain History gives back: the name of the call it answers, if any
+            plain &= name == (_ABSENT if expected is None else expected)
+            extra.pop("name", None)
+        plain &= not extra
+        if message["role"] == "tool" and "name" in message:
+            extra["name"] = message["name"]
+        if extra:
+            turn["extra_fields"] = extra
         turns.append(turn)
-    return turns
+    return turns, plain

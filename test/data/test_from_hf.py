@@ -217,3 +217,76 @@ class TestBufferFromHFRefusesToOverwrite:
         stream = IterableDataset.from_generator(lambda: iter(self.rows))
         rb = replay_buffer_from_hf(stream, storage=LazyStackStorage(10))
         assert rb[:]["a"].tolist() == list(range(10))
+
+
+# Every conversational TRL layout, with message fields History has no slot for.
+CALL = {"type": "function", "id": "call_1", "function": {"name": "add", "arguments": {"a": 2}}}
+THINK = {"role": "assistant", "content": "4", "reasoning_content": "2 and 2 make 4."}
+NAMED = {"role": "user", "content": "2+2?", "name": "Ann"}
+TOOL_EPISODE = [
+    NAMED,
+    {"role": "assistant", "content": "", "tool_calls": [CALL], "reasoning_content": "add them"},
+    {"role": "tool", "tool_call_id": "call_1", "content": "4"},
+    THINK,
+]
+FIELDED_FORMATS = {
+    "preference_conversational": [
+        {"prompt": [NAMED], "chosen": [THINK], "rejected": [msgs("", "5")[1]]},
+        {"prompt": SYSTEM + msgs("Hi"), "chosen": msgs("", "Hey")[1:], "rejected": [THINK]},
+    ],
+    "preference_implicit_prompt": [
+        {"chosen": [NAMED, THINK], "rejected": [NAMED, msgs("", "5")[1]]},
+        {"chosen": msgs("Hi", "Hey"), "rejected": TOOL_EPISODE},
+    ],
+    "prompt_only_conversational": [{"prompt": [NAMED]}, {"prompt": SYSTEM + msgs("Hi")}],
+    "prompt_completion_conversational": [
+        {"prompt": [NAMED], "completion": TOOL_EPISODE[1:]},
+        {"prompt": msgs("Hi"), "completion": [THINK]},
+    ],
+    "messages": [{"messages": TOOL_EPISODE}, {"messages": msgs("Hi", "Hey")}],
+}
+
+
+class TestMessageFieldsRoundTrip:
+    """Regression (issue 20, item 8): fields other than role/content/tool calls were dropped
+    (``reasoning_content``, a user's ``name``) or replaced (``tool_call_id`` by a derived
+    ``name``), although every TRL layout was promised to come back unchanged."""
+
+    @pytest.mark.parametrize("source", ["list", "datasets"])
+    @pytest.mark.parametrize("fmt", sorted(FIELDED_FORMATS))
+    def test_every_view_gives_the_rows_back(self, fmt, source):
+        rows = FIELDED_FORMATS[fmt]
+        data = Dataset.from_list(rows)
+        # a datasets.Dataset gives every message every field of its schema (None if unset)
+        expected = rows if source == "list" else data.to_list()
+        rb = replay_buffer_from_hf(rows if source == "list" else data)
+        ds = TorchRLBufferDataset(rb, batch_size=2, epoch=True)
+        assert [dict(row) for row in ds] == expected
+        assert ds.to_hf_dataset().to_list() == data.to_list()
+        assert list(ds.as_hf_dataset(num_shards=1)) == expected
+
+    def test_one_class_per_column_across_chunks(self):
+        rows = FIELDED_FORMATS["messages"]
+        rb = replay_buffer_from_hf(rows, chunk_size=1)  # fields first, then a plain chat
+        assert {type(rb[i]["messages"]).__name__ for i in range(2)} == {"MessageHistory"}
+        assert round_trip(rb) == Dataset.from_list(rows).to_list()
+        with pytest.raises(
+            ValueError,
+            match=r"column 'messages' was stored as plain History so "
+            r"far, but row 0 of these rows holds message fields \['name', ",
+        ):
+            replay_buffer_from_hf(rows[::-1], chunk_size=1)
+        ds = TorchRLBufferDataset(replay_buffer_from_hf(rows[::-1]), batch_size=2, epoch=True)
+        assert [dict(row) for row in ds] == rows[::-1]
+
+    @pytest.mark.xfail(
+        strict=True,
+        reason="to_hf_dataset() fixes a message column's features from the first stored row "
+        "(_dataset.hf_features / _hf_views.feature_of): a later row's tool calls or other "
+        "fields are dropped. Left to the owner of _hf_views; already so on main for tool_calls.",
+    )
+    @pytest.mark.parametrize("later", [TOOL_EPISODE[:2], [NAMED]])
+    def test_to_hf_dataset_after_a_plain_first_row(self, later):
+        rows = [{"messages": msgs("Hi", "Hey")}, {"messages": later}]
+        ds = TorchRLBufferDataset(replay_buffer_from_hf(rows), batch_size=2)
+        assert ds.to_hf_dataset().to_list() == Dataset.from_list(rows).to_list()

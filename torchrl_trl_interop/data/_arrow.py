@@ -25,7 +25,7 @@ from tensordict import NonTensorData, TensorDictBase, set_list_to_stack
 from .._conversation import history_column, history_fields, history_to_messages
 from .._keys import Key, row_entries, to_python
 from .._padding import trim_row
-from .._tool_calls import has_tool_calls
+from .._tool_calls import has_turn_fields
 from ._columns import _is_history, _mask_rows, _non_tensor_rows, _probe, _ragged_rows
 
 __all__ = ["PackedColumn", "arrow_table", "pack_columns", "python_columns"]
@@ -65,7 +65,7 @@ def _history_column(batch: TensorDictBase, key: Key) -> PackedColumn:
     if fields is not None:
         return PackedColumn("history", fields)
     history = batch.get(key)
-    if history.ndim != 2 or has_tool_calls(history):  # not plain turns: message lists
+    if history.ndim != 2 or has_turn_fields(history):  # not plain turns: message lists
         return PackedColumn("python", history_to_messages(history))
     return PackedColumn("history", history_fields(history))
 

@@ -59,13 +59,17 @@ def replay_buffer_from_hf(
     ================================== =======================================================
     dataset column                     stored as
     ================================== =======================================================
-    message lists ``[{"role", ...}]``  :class:`~torchrl.data.llm.History` ``[T]`` per row
+    message lists ``[{"role", ...}]``  :class:`~torchrl.data.llm.History` ``[T]`` per row (a
+                                       :class:`~torchrl_trl_interop.MessageHistory` for every
+                                       row when some message holds other fields, e.g.
+                                       ``reasoning_content`` or ``tool_call_id``)
     ``str``, ``None``, other objects   ``NonTensorData`` (kept as-is)
     ``bool`` / ``int`` / ``float``     0-d tensor (``bool`` / ``int64`` / ``float64``)
     list of numbers (e.g. ``*_ids``)   1-d tensor per row (ragged across rows)
     ================================== =======================================================
 
-    ``TorchRLBufferDataset(buffer, ...).to_hf_dataset()`` gives the rows back unchanged.
+    ``TorchRLBufferDataset(buffer, ...).to_hf_dataset()`` gives the rows back unchanged, every
+    field of every message included.
 
     Args:
         dataset (datasets.Dataset, datasets.IterableDataset or iterable of dict): the rows.
@@ -100,7 +104,8 @@ def replay_buffer_from_hf(
         ValueError: if ``replay_buffer`` is combined with ``storage``/``batch_size``, the
             dataset is empty or holds more rows than the storage's ``max_size`` (checked before
             anything is written), a size argument is not a positive int, or a column mixes
-            conversations with other values or changes type between rows.
+            conversations with other values or changes type between rows (conversations with
+            message fields History has no slot for, after a chunk of plain ones, included).
         KeyError: if ``columns`` or ``rename`` names a column the dataset does not have.
 
     Examples:

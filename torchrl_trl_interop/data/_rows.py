@@ -1,8 +1,10 @@
 """TRL rows into TensorDicts: one dict of columns per example -> a ``[N]`` lazy-stacked TensorDict.
 
 The inverse direction of ``_columns``. Conversational columns become
-:class:`~torchrl.data.llm.History` (through ``_conversation``); this module
-owns the tensordict list-to-stack scope that History needs, so callers never set it.
+:class:`~torchrl.data.llm.History` (through ``_conversation``), one class per column (a
+:class:`~torchrl_trl_interop.MessageHistory` when some row's messages hold fields History has
+no slot for); this module owns the tensordict list-to-stack scope that History needs, so
+callers never set it.
 """
 
 from __future__ import annotations
@@ -15,10 +17,14 @@ from tensordict import NonTensorData, TensorDict, lazy_stack, set_list_to_stack
 from tensordict.utils import NestedKey
 
 from .._checks import as_mapping
-from .._conversation import is_message_list, messages_to_history
-from .._keys import as_key
+from .._conversation import conversations_to_histories, is_message_list
+from .._keys import as_nested_key
 
 __all__ = ["extend_with_rows", "rows_to_tensordict"]
+
+#: The kinds of a conversational column: plain History, or MessageHistory (extra fields).
+_HISTORY, _MESSAGE_HISTORY = "history", "MessageHistory"
+_HISTORIES = {_HISTORY, _MESSAGE_HISTORY}
 
 
 def _numeric_dtype(value: Any) -> Any:
@@ -54,7 +60,7 @@ def _column_kind(name: str, values: Sequence[Any]) -> Any:
     """``"history"``, ``"object"`` or a ``(dtype, ndim)`` tensor kind for one column."""
     conversations = [is_message_list(v) for v in values]
     if all(conversations):
-        return "history"
+        return _HISTORY
     if any(conversations):
         row = conversations.index(False)
         raise ValueError(
@@ -73,9 +79,26 @@ def _column_kind(name: str, values: Sequence[Any]) -> Any:
     return (dtype, ndims.pop())
 
 
+def _history_column(name: str, values: Sequence[Any], previous: Any) -> tuple[list, str]:
+    """The rows' conversations as Histories of one class, and the column's kind."""
+    histories, fields = conversations_to_histories(
+        values, message_history=previous == _MESSAGE_HISTORY
+    )
+    if fields and previous == _HISTORY:
+        row = next(i for i, v in enumerate(values) if conversations_to_histories([v])[1])
+        extra = sorted({k for m in values[row] for k in m} - {"role", "content", "tool_calls"})
+        what = f"message fields {extra}" if extra else "a tool turn without its call's name"
+        raise ValueError(
+            f"rows_to_tensordict: column {name!r} was stored as plain History so far, but row "
+            f"{row} of these rows holds {what}, which a plain History cannot give back: "
+            "they need a MessageHistory, and one column holds one class. Write every row in one "
+            "chunk (replay_buffer_from_hf(..., chunk_size=number of rows)), or make every "
+            "message hold those fields first (datasets.Dataset.from_list(rows) does)."
+        )
+    return histories, _MESSAGE_HISTORY if fields else _HISTORY
+
+
 def _entry(kind: Any, value: Any) -> Any:
-    if kind == "history":
-        return messages_to_history(value)
     if kind == "object":
         return NonTensorData(value)
     return torch.tensor(value, dtype=kind[0])
@@ -106,7 +129,7 @@ def _rows_to_tensordict(
                 f"{sorted(names)}; every row needs the same columns."
             )
     rename = as_mapping(rename, "rename", "rows_to_tensordict", "{column: key}")
-    rename = {name: as_key(key, f"rename[{name!r}]") for name, key in rename.items()}
+    rename = {name: as_nested_key(key, f"rename[{name!r}]") for name, key in rename.items()}
     unknown = sorted(set(rename) - set(names))
     if unknown:
         raise KeyError(
@@ -119,14 +142,17 @@ def _rows_to_tensordict(
         values = [row[name] for row in rows]
         kind = _column_kind(name, values)
         previous = new_kinds.get(name)
-        if previous is not None and previous != kind:
+        if previous is not None and (previous != kind and {previous, kind} != _HISTORIES):
             raise ValueError(
                 f"rows_to_tensordict: column {name!r} was stored as {previous} so far but these "
                 f"rows need {kind}. Rows of one buffer must agree per column; cast or fill the "
                 "column first (e.g. dataset.cast_column or dataset.map)."
             )
+        if kind == _HISTORY:
+            columns[name], kind = _history_column(name, values, previous)
+        else:
+            columns[name] = [_entry(kind, v) for v in values]
         new_kinds[name] = kind
-        columns[name] = [_entry(kind, v) for v in values]
     keys = [rename.get(name, name) for name in names]
     tds = []
     for i in range(len(rows)):
@@ -143,7 +169,10 @@ def rows_to_tensordict(
     """Converts TRL rows (one dict of columns per example) into a ``[N]`` lazy-stacked TensorDict.
 
     Conversational columns (message lists) become :class:`~torchrl.data.llm.History` (one
-    ``[T_i]`` History per row, ragged across rows); numbers and rectangular number lists become
+    ``[T_i]`` History per row, ragged across rows; a
+    :class:`~torchrl_trl_interop.MessageHistory` for every row of a column where some message
+    holds fields History has no slot for, such as ``reasoning_content``); numbers and
+    rectangular number lists become
     tensors (``bool``, ``int64``, or ``float64`` so Python floats come back exactly); everything
     else (strings, ``None``, mixed lists, dicts) is kept as-is in ``NonTensorData``.
 
