@@ -495,6 +495,72 @@ class TestTRLRewardFuncWrapper:
         assert reward.tolist() == brevity(*trl_inputs(conversations(2)))
 
 
+class TestTRLRewardFuncWrapperInputMode:
+    """``input_mode="history" | "text"``, as ``ChatEnv`` names them (issue 19)."""
+
+    def text_td(self) -> TensorDict:
+        texts = {"prompt": ["2+2=", "3+3="], "response": ["4", "10"]}
+        return TensorDict({"text": texts, "q": ["a", "b"]}, batch_size=[2])
+
+    @staticmethod
+    def record(seen):
+        def f(prompts, completions, **kwargs):
+            seen.append((prompts, completions))
+            return [float(len(c)) for c in completions]
+
+        return f
+
+    def test_text_mode_reads_torchrls_text_keys(self):
+        seen = []
+        wrapper = TRLRewardFuncWrapper(self.record(seen), input_mode="text")
+        assert wrapper.input_mode == "text"
+        assert wrapper.in_keys == [("text", "prompt"), ("text", "response")]
+        assert wrapper(self.text_td())["reward"].tolist() == [1.0, 2.0]
+        legacy = TRLRewardFuncWrapper(
+            self.record(seen), prompt_key=("text", "prompt"), completion_key=("text", "response")
+        )
+        assert legacy.input_mode == "text"
+        assert legacy(self.text_td())["reward"].tolist() == [1.0, 2.0]
+        assert seen[0] == seen[1] == (["2+2=", "3+3="], ["4", "10"])
+
+    def test_text_mode_with_one_key_of_its_own(self):
+        seen = []
+        wrapper = TRLRewardFuncWrapper(self.record(seen), input_mode="text", prompt_key="q")
+        assert wrapper.in_keys == ["q", ("text", "response")]
+        wrapper(self.text_td())
+        assert seen == [(["a", "b"], ["4", "10"])]
+
+    def test_history_mode_is_the_default(self):
+        td = history_td(conversations(3))
+        explicit = TRLRewardFuncWrapper(brevity, input_mode="history")
+        assert TRLRewardFuncWrapper(brevity).input_mode == "history"
+        assert explicit.in_keys == [("history", "full")]
+        assert "input_mode='history'" in repr(explicit)
+        assert explicit(td)["reward"].tolist() == brevity(*trl_inputs(conversations(3)))
+
+    @pytest.mark.parametrize(
+        "kwargs, match",
+        [
+            (
+                {"input_mode": "history", "prompt_key": "p"},
+                "prompt_key='p' is the key of input_mode='text', but input_mode='history'",
+            ),
+            (
+                {"input_mode": "text", "history_key": "h"},
+                "history_key='h' is the key of input_mode='history', but input_mode='text'",
+            ),
+            (
+                {"input_mode": "tokens"},
+                r"input_mode='tokens'; expected one of \['history', 'text'\]",
+            ),
+            ({"input_mode": "history", "history_key": None}, "history_key=None needs prompt_key="),
+        ],
+    )
+    def test_conflicting_arguments(self, kwargs, match):
+        with pytest.raises(ValueError, match=match):
+            TRLRewardFuncWrapper(brevity, **kwargs)
+
+
 class TestTRLRewardFuncWrapperErrors:
     def test_empty(self):
         with pytest.raises(ValueError, match="reward_funcs is empty"):
