@@ -195,13 +195,6 @@ class TestTRLFunctionsDirectly:
         with pytest.raises(TypeError, match="wrap a reward model with it"):
             RewardTransform(toy_reward_model())
 
-    def test_modes(self):
-        with pytest.raises(ValueError, match="history_key='h' is the key of input_mode='history'"):
-            RewardTransform(brevity, input_mode="text", history_key="h")
-        with pytest.raises(ValueError, match=r"input_mode='tokens'; expected one of"):
-            RewardTransform(TRLRewardFuncWrapper(brevity), input_mode="tokens")
-        assert RewardTransform(TRLRewardFuncWrapper(brevity), input_mode="text").history_key is None
-
 
 class TestErrorsNameTheCallMade:
     """Regression (issue 20, item 17): errors blamed TRLRewardFuncWrapper, never called."""

@@ -249,33 +249,31 @@ class TestAsTRLRewardFuncInputMode:
             float(len(c[0]["content"])) for c in completions
         ]
 
-    def test_text_mode_writes_torchrls_text_key(self, rm_model, tok):
-        prompts, completions = ["The sky is", "Two plus"], [" blue.", " two is four"]
-        rm = HFRewardModelWrapper(rm_model, input_mode="text", tokenizer=tok, append_eos=False)
-        func = as_trl_reward_func(rm, input_mode="text")
-        assert func.text_key == ("text", "full") and func.history_key is None
-        assert "input_mode='text', text_key=('text', 'full')" in repr(func)
-        expected = trl_native_reward_model_scores(rm_model, tok, prompts, completions)
-        torch.testing.assert_close(
-            torch.tensor(func(prompts, completions, None)),
-            torch.tensor(expected),
-            atol=1e-5,
-            rtol=0,
-        )
-
+    @pytest.mark.parametrize(
+        ("mode", "written"),
+        [
+            ("text", {"text_key": ("text", "full")}),
+            (
+                "tokens",
+                {
+                    "token_key": ("tokens", "full"),
+                    "attention_mask_key": ("masks", "all_attention_mask"),
+                },
+            ),
+        ],
+    )
     @pytest.mark.parametrize("conversational", [True, False])
-    def test_tokens_mode_writes_torchrls_token_keys(self, rm_model, tok, conversational):
+    def test_writes_torchrls_keys(self, rm_model, tok, mode, written, conversational):
         if conversational:
             prompts, completions = trl_inputs(conversations(3))
         else:
-            prompts, completions = ["The sky is", "Two plus"], [" blue.", " two"]
-        func = as_trl_reward_func(
-            HFRewardModelWrapper(rm_model), input_mode="tokens", processing_class=tok
-        )
-        assert (func.token_key, func.attention_mask_key) == (
-            ("tokens", "full"),
-            ("masks", "all_attention_mask"),
-        )
+            prompts, completions = ["The sky is", "Two plus"], [" blue.", " two is four"]
+        text = {"tokenizer": tok, "append_eos": False} if mode == "text" else {}
+        rm = HFRewardModelWrapper(rm_model, input_mode=mode, **text)
+        func = as_trl_reward_func(rm, input_mode=mode, processing_class=tok)
+        assert {arg: getattr(func, arg) for arg in written} == written
+        assert func.history_key is None
+        assert f"input_mode={mode!r}" in repr(func)
         expected = trl_native_reward_model_scores(rm_model, tok, prompts, completions)
         torch.testing.assert_close(
             torch.tensor(func(prompts, completions, None)),
@@ -283,46 +281,6 @@ class TestAsTRLRewardFuncInputMode:
             atol=1e-5,
             rtol=0,
         )
-
-    def test_old_key_arguments_imply_the_mode(self, tok):
-        assert as_trl_reward_func(AnswerLength(), text_key="text").input_mode == "text"
-        func = as_trl_reward_func(AnswerLength(), token_key="ids", processing_class=tok)
-        assert func.input_mode == "tokens" and func.token_key == "ids"
-        # a key equal to its default is no choice: history stays the mode
-        func = as_trl_reward_func(AnswerLength(), history_key=("history", "full"))
-        assert func.input_mode == "history"
-
-    @pytest.mark.parametrize(
-        "kwargs, match",
-        [
-            (
-                {"input_mode": "history", "text_key": "t"},
-                "text_key='t' is the key of input_mode='text', but input_mode='history'",
-            ),
-            (
-                {"input_mode": "text", "attention_mask_key": "m"},
-                "attention_mask_key='m' is the key of input_mode='tokens'",
-            ),
-            (
-                {"text_key": "t", "token_key": "ids", "processing_class": "tok"},
-                "got both text_key='t' and token_key='ids', which select two different inputs",
-            ),
-            (
-                {"history_key": "h", "text_key": "t"},
-                "got both history_key='h' and text_key='t'",
-            ),
-            (
-                {"input_mode": "tokens"},
-                r"token_key=\('tokens', 'full'\) \(input_mode='tokens'\) needs processing_class=",
-            ),
-            ({"input_mode": "chat"}, "input_mode='chat'; expected one of"),
-        ],
-    )
-    def test_conflicting_arguments(self, kwargs, match, tok):
-        if kwargs.get("processing_class") == "tok":
-            kwargs = {**kwargs, "processing_class": tok}
-        with pytest.raises(ValueError, match=match):
-            as_trl_reward_func(AnswerLength(), **kwargs)
 
 
 class TestAsTRLRewardFuncErrors:
@@ -625,28 +583,6 @@ class TestTRLRewardFuncWrapperInputMode:
         assert explicit.in_keys == [("history", "full")]
         assert "input_mode='history'" in repr(explicit)
         assert explicit(td)["reward"].tolist() == brevity(*trl_inputs(conversations(3)))
-
-    @pytest.mark.parametrize(
-        "kwargs, match",
-        [
-            (
-                {"input_mode": "history", "prompt_key": "p"},
-                "prompt_key='p' is the key of input_mode='text', but input_mode='history'",
-            ),
-            (
-                {"input_mode": "text", "history_key": "h"},
-                "history_key='h' is the key of input_mode='history', but input_mode='text'",
-            ),
-            (
-                {"input_mode": "tokens"},
-                r"input_mode='tokens'; expected one of \['history', 'text'\]",
-            ),
-            ({"input_mode": "history", "history_key": None}, "history_key=None needs prompt_key="),
-        ],
-    )
-    def test_conflicting_arguments(self, kwargs, match):
-        with pytest.raises(ValueError, match=match):
-            TRLRewardFuncWrapper(brevity, **kwargs)
 
 
 class TestTRLRewardFuncWrapperErrors:

@@ -692,42 +692,26 @@ class TestInputMode:
         expected = torch.tensor([score_alone(model, r) for r in rows])
         torch.testing.assert_close(explicit(lazy_td(rows))["reward"], expected, atol=1e-5, rtol=0)
 
-    def test_text_mode_reads_torchrls_text_key(self, tokenizer):
-        model = reward_model("llama")
-        rm = HFRewardModelWrapper(
-            model, input_mode="text", tokenizer=tokenizer, inference_mode=True
-        )
-        assert rm.in_keys == [("text", "full")]
-        old = HFRewardModelWrapper(
-            model, text_key=("text", "full"), tokenizer=tokenizer, inference_mode=True
-        )
-        assert old.input_mode == "text"
-        texts = self.text_td()["text", "full"]
-        expected = torch.tensor(
-            [
-                score_alone(model, torch.tensor(tokenizer(t + tokenizer.eos_token)["input_ids"]))
-                for t in texts
-            ]
-        )
-        torch.testing.assert_close(rm(self.text_td())["reward"], expected, atol=1e-5, rtol=0)
-        torch.testing.assert_close(old(self.text_td())["reward"], expected, atol=1e-5, rtol=0)
-
-    def test_history_mode_reads_torchrls_history_key(self, tokenizer):
-        model = reward_model("llama")
-        rm = HFRewardModelWrapper(
-            model, input_mode="history", tokenizer=tokenizer, inference_mode=True
-        )
-        assert rm.in_keys == [("history", "full")]
-        old = HFRewardModelWrapper(
-            model, history_key=("history", "full"), tokenizer=tokenizer, inference_mode=True
-        )
-        assert old.input_mode == "history"
-        rendered = tokenizer.apply_chat_template(toy_chats(3), tokenize=True, return_dict=True)
-        expected = torch.tensor(
-            [score_alone(model, torch.tensor(ids)) for ids in rendered["input_ids"]]
-        )
-        torch.testing.assert_close(rm(self.chats_td())["reward"], expected, atol=1e-5, rtol=0)
-        torch.testing.assert_close(old(self.chats_td())["reward"], expected, atol=1e-5, rtol=0)
+    @pytest.mark.parametrize("mode", ["text", "history"])
+    def test_text_and_history_read_torchrls_keys(self, tokenizer, mode):
+        """What ``RewardTrainer`` trained on: text with EOS appended, chats rendered."""
+        model, key = reward_model("llama"), (mode, "full")
+        if mode == "text":
+            td = self.text_td()
+            rows = [tokenizer(t + tokenizer.eos_token)["input_ids"] for t in td["text", "full"]]
+        else:
+            td = self.chats_td()
+            rows = tokenizer.apply_chat_template(toy_chats(3), tokenize=True, return_dict=True)
+            rows = rows["input_ids"]
+        expected = torch.tensor([score_alone(model, torch.tensor(ids)) for ids in rows])
+        new = HFRewardModelWrapper(model, input_mode=mode, tokenizer=tokenizer)
+        old = HFRewardModelWrapper(model, tokenizer=tokenizer, **{f"{mode}_key": key})
+        assert new.in_keys == old.in_keys == [key]
+        assert new.input_mode == old.input_mode == mode
+        for rm in (new, old):
+            torch.testing.assert_close(
+                rm(td.clone())["reward"].detach(), expected, atol=1e-5, rtol=0
+            )
 
     def test_a_mode_with_its_own_key(self, tokenizer):
         rm = HFRewardModelWrapper(
@@ -738,50 +722,6 @@ class TestInputMode:
             reward_model("llama"), input_mode="text", attention_mask_key=None, tokenizer=tokenizer
         )  # None is no key: nothing is ignored
         assert no_mask.in_keys == [("text", "full")]
-
-    @pytest.mark.parametrize(
-        "kwargs, match",
-        [
-            (
-                {"input_mode": "tokens", "text_key": "t"},
-                "text_key='t' is the key of input_mode='text', but input_mode='tokens'",
-            ),
-            (
-                {"input_mode": "text", "history_key": "h"},
-                "history_key='h' is the key of input_mode='history'",
-            ),
-            (
-                {"input_mode": "history", "token_key": "ids"},
-                "token_key='ids' is the key of input_mode='tokens'",
-            ),
-            (
-                {"input_mode": "text", "attention_mask_key": "m"},
-                "attention_mask_key='m' is the key of input_mode='tokens'",
-            ),
-            (
-                {"input_mode": "chat"},
-                r"input_mode='chat'; expected one of \['history', 'text', 'tokens'\]",
-            ),
-            (
-                {"text_key": "t", "history_key": "h"},
-                "got both text_key='t' and history_key='h', which select two different inputs",
-            ),
-            ({"input_mode": "text"}, "input_mode='text' .* needs the reward model's tokenizer"),
-            (
-                {"input_mode": "tokens", "tokenizer": "tok"},
-                "tokenizer= is only used with text_key= or history_key=",
-            ),
-            (
-                {"input_mode": "text", "tokenizer": "tok", "chat_template_kwargs": {}},
-                "only used with history_key",
-            ),
-        ],
-    )
-    def test_conflicting_arguments(self, kwargs, match, tokenizer):
-        if kwargs.get("tokenizer") == "tok":
-            kwargs = {**kwargs, "tokenizer": tokenizer}
-        with pytest.raises(ValueError, match=match):
-            HFRewardModelWrapper(reward_model("llama"), **kwargs)
 
 
 class TestEmptyRows:

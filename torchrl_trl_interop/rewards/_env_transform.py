@@ -24,7 +24,7 @@ from torchrl.envs.transforms import Compose, Transform, TransformedEnv
 from .._checks import as_names, check_bool, check_keywords, public_call, speaking_for
 from .._keys import DONE_KEY, HISTORY_KEY, REWARD_KEY, as_nested_key, keys_present
 from ._from_trl import TRLRewardFuncWrapper
-from ._input_mode import resolve_input_mode
+from ._input_mode import CHAT_MODES, resolve_input_mode
 from ._to_trl import module_reward_key as _module_reward_key
 
 __all__ = ["RewardTransform", "as_reward_transform"]
@@ -70,14 +70,6 @@ class RewardTransform(Transform):
             to tell whether a turn ended with a completion role, and by TRL reward functions.
             ``None`` scores every row. Defaults to ``("history", "full")``, what torchrl's LLM
             wrappers write.
-        prompt_key, completion_key (NestedKey, optional): the prompt and completion strings TRL
-            reward functions read in ``"text"`` mode. Default to ``("text", "prompt")`` and
-            ``("text", "response")`` there.
-        completion_ids_key (NestedKey, optional): completion token ids for TRL reward
-            functions. Defaults to ``None``.
-        kwargs_keys (dict, optional): ``{kwarg name: key}`` passed to TRL reward functions.
-        weights (list of float, optional): one weight per TRL reward function, as
-            ``GRPOConfig.reward_weights``. Defaults to ``1.0`` each.
         reward_key (NestedKey, optional): the reward entry written in the step's output
             (``("next", reward_key)`` of the rollout). Defaults to ``"reward"``.
         module_reward_key (NestedKey, optional): where the module writes its reward. Defaults to
@@ -91,6 +83,14 @@ class RewardTransform(Transform):
         done_key (NestedKey, optional): the done flag in the step's output. Defaults to ``"done"``.
         accumulate (bool, optional): add to a reward another transform already wrote instead of
             refusing to overwrite it. Defaults to ``False``.
+        weights (list of float, optional): one weight per TRL reward function, as
+            ``GRPOConfig.reward_weights``. Defaults to ``1.0`` each.
+        prompt_key, completion_key (NestedKey, optional): the prompt and completion strings TRL
+            reward functions read in ``"text"`` mode. Default to ``("text", "prompt")`` and
+            ``("text", "response")`` there.
+        completion_ids_key (NestedKey, optional): completion token ids for TRL reward
+            functions. Defaults to ``None``.
+        kwargs_keys (dict, optional): ``{kwarg name: key}`` passed to TRL reward functions.
 
     Raises:
         TypeError: if ``module`` is neither a ``TensorDictModuleBase`` nor TRL reward functions
@@ -136,17 +136,18 @@ class RewardTransform(Transform):
         *,
         input_mode: str | None = None,
         history_key: NestedKey | None = HISTORY_KEY,
-        prompt_key: NestedKey | None = None,
-        completion_key: NestedKey | None = None,
-        completion_ids_key: NestedKey | None = None,
-        kwargs_keys: Mapping[str, NestedKey] | None = None,
-        weights: Sequence[float] | None = None,
         reward_key: NestedKey = REWARD_KEY,
         module_reward_key: NestedKey | None = None,
         completion_roles: Sequence[str] = ("assistant",),
         only_done: bool = False,
         done_key: NestedKey = DONE_KEY,
         accumulate: bool = False,
+        # what TRL reward functions are given (a module is configured on its own)
+        weights: Sequence[float] | None = None,
+        prompt_key: NestedKey | None = None,
+        completion_key: NestedKey | None = None,
+        completion_ids_key: NestedKey | None = None,
+        kwargs_keys: Mapping[str, NestedKey] | None = None,
     ) -> None:
         owner = public_call("RewardTransform")
         if isinstance(module, TensorDictModuleBase):
@@ -165,11 +166,7 @@ class RewardTransform(Transform):
                     "instead."
                 )
             input_mode = resolve_input_mode(
-                owner,
-                input_mode,
-                {"history_key": ("history", history_key, HISTORY_KEY)},
-                modes=("history", "text"),
-                default="history",
+                owner, RewardTransform.__init__, locals(), modes=CHAT_MODES, default="history"
             )
         elif isinstance(module, torch.nn.Module) or not (
             callable(module) or isinstance(module, (list, tuple))

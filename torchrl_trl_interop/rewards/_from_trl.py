@@ -38,7 +38,7 @@ from .._keys import (
     to_python,
 )
 from ..data._columns import row_values
-from ._input_mode import resolve_input_mode
+from ._input_mode import CHAT_MODES, resolve_input_mode
 
 __all__ = ["TRLRewardFuncWrapper"]
 
@@ -254,20 +254,12 @@ class TRLRewardFuncWrapper(TensorDictModuleBase):
     ) -> None:
         # the call the user made: this class, or the public call that built it for them
         owner = public_call(type(self).__name__)
+        implied = input_mode is None
+        input_mode = resolve_input_mode(  # first: it reads the arguments as passed
+            owner, TRLRewardFuncWrapper.__init__, locals(), modes=CHAT_MODES, default="history"
+        )
         funcs = _check_reward_funcs(reward_funcs, owner)
         weights = _check_weights(weights, len(funcs), owner)
-        implied = input_mode is None
-        input_mode = resolve_input_mode(
-            owner,
-            input_mode,
-            {
-                "history_key": ("history", history_key, HISTORY_KEY),
-                "prompt_key": ("text", prompt_key, None),
-                "completion_key": ("text", completion_key, None),
-            },
-            modes=("history", "text"),
-            default="history",
-        )
         if input_mode == "text":
             if implied and (prompt_key is None or completion_key is None):
                 raise ValueError(

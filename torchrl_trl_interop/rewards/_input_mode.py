@@ -9,19 +9,57 @@ every class, in :func:`resolve_input_mode`:
 * ``input_mode`` given: a key argument of another mode is an error (it would be ignored);
 * ``input_mode`` not given: the mode of the key arguments set, the class's default if none is;
   key arguments of two modes are an error.
+
+Which mode a key argument belongs to is said once, by its name (:data:`KEY_ARG_MODES`), and its
+default is read from the public call's signature.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import functools
+import inspect
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from .._keys import as_nested_key
+from .._keys import HISTORY_KEY, TEXT_KEY, TOKEN_KEY, as_nested_key
 
-__all__ = ["INPUT_MODES", "resolve_input_mode"]
+__all__ = [
+    "CHAT_MODES",
+    "INPUT_MODES",
+    "KEY_ARG_MODES",
+    "MODE_KEYS",
+    "MODE_KEY_ARGS",
+    "resolve_input_mode",
+]
 
 #: TorchRL's input forms, as ``TransformersWrapper(input_mode=...)`` names them.
 INPUT_MODES = ("history", "text", "tokens")
+
+#: The forms of a chat (``ChatEnv(input_mode=...)``): what TRL reward functions read, prompts and
+#: completions as messages or as text.
+CHAT_MODES = ("history", "text")
+
+#: The key argument of each mode, and TorchRL's key for it (what its LLM wrappers write): where a
+#: mode reads when its key argument is not given.
+MODE_KEY_ARGS = {"tokens": "token_key", "text": "text_key", "history": "history_key"}
+MODE_KEYS = {"tokens": TOKEN_KEY, "text": TEXT_KEY, "history": HISTORY_KEY}
+
+#: The mode each key argument belongs to, by its name: every reward class names them alike.
+KEY_ARG_MODES = {
+    "token_key": "tokens",
+    "attention_mask_key": "tokens",
+    "text_key": "text",
+    "prompt_key": "text",
+    "completion_key": "text",
+    "history_key": "history",
+}
+
+
+@functools.cache
+def _key_arg_defaults(call: Callable) -> dict[str, Any]:
+    """``{key argument: its default}`` of ``call``'s signature, in signature order."""
+    parameters = inspect.signature(call).parameters
+    return {name: p.default for name, p in parameters.items() if name in KEY_ARG_MODES}
 
 
 def _is_set(value: Any, default: Any, arg: str) -> bool:
@@ -34,8 +72,8 @@ def _is_set(value: Any, default: Any, arg: str) -> bool:
 
 def resolve_input_mode(
     owner: str,
-    input_mode: str | None,
-    key_args: Mapping[str, tuple[str, Any, Any]],
+    call: Callable,
+    arguments: Mapping[str, Any],
     *,
     modes: Sequence[str],
     default: str,
@@ -44,9 +82,11 @@ def resolve_input_mode(
 
     Args:
         owner (str): the public call, named by the errors.
-        input_mode (str or None): what the caller passed.
-        key_args (dict): ``{argument name: (its mode, the value passed, its default)}``, in
-            signature order; a value that is ``None`` or equal to its default is not set.
+        call (callable): the public callable (a class's ``__init__``, a function): its signature
+            says which key arguments it takes (those of :data:`KEY_ARG_MODES`) and their
+            defaults; a key argument that is ``None`` or equal to its default is not set.
+        arguments (mapping): what the caller passed: ``input_mode`` and the key arguments, by
+            name (``locals()`` at the top of ``call``).
 
     Keyword Args:
         modes (sequence of str): the modes the class reads.
@@ -61,24 +101,26 @@ def resolve_input_mode(
             than ``input_mode`` is set, or (without ``input_mode``) key arguments of two modes are.
 
     Examples:
-        >>> args = {"token_key": ("tokens", ("tokens", "full"), ("tokens", "full")),
-        ...         "text_key": ("text", "text", None)}
-        >>> resolve_input_mode("Scorer", None, args, modes=INPUT_MODES, default="tokens")
-        'text'
-        >>> resolve_input_mode("Scorer", "tokens", args, modes=INPUT_MODES, default="tokens")
+        >>> def scorer(*, input_mode=None, token_key=("tokens", "full"), text_key=None):
+        ...     return resolve_input_mode("scorer", scorer, locals(), modes=INPUT_MODES,
+        ...                               default="tokens")
+        >>> scorer(), scorer(text_key="text"), scorer(input_mode="text")
+        ('tokens', 'text', 'text')
+        >>> scorer(input_mode="tokens", text_key="text")
         Traceback (most recent call last):
         ...
-        ValueError: Scorer: text_key='text' is the key of input_mode='text', but input_mode='tokens': it would be ignored. Drop text_key=, or pass input_mode='text'.
+        ValueError: scorer: text_key='text' is the key of input_mode='text', but input_mode='tokens': it would be ignored. Drop text_key=, or pass input_mode='text'.
     """
+    input_mode = arguments["input_mode"]
     if input_mode is not None and (not isinstance(input_mode, str) or input_mode not in modes):
         raise ValueError(
             f"{owner}: input_mode={input_mode!r}; expected one of {list(modes)} (TorchRL's "
             "input forms), or None to infer it from the key argument given."
         )
     given = [
-        (arg, mode, value)
-        for arg, (mode, value, default_value) in key_args.items()
-        if _is_set(value, default_value, arg)
+        (arg, KEY_ARG_MODES[arg], arguments[arg])
+        for arg, arg_default in _key_arg_defaults(call).items()
+        if _is_set(arguments[arg], arg_default, arg)
     ]
     if input_mode is not None:
         for arg, mode, value in given:

@@ -28,13 +28,11 @@ from .._checks import (
 )
 from .._keys import (
     ATTENTION_MASK_KEY,
-    HISTORY_KEY,
     REWARD_KEY,
-    TEXT_KEY,
     TOKEN_KEY,
     as_nested_key,
 )
-from ._input_mode import INPUT_MODES, resolve_input_mode
+from ._input_mode import INPUT_MODES, MODE_KEY_ARGS, MODE_KEYS, resolve_input_mode
 from ._inputs import PackedInput, read_history, read_texts, read_tokens
 from ._pooling import RewardOutputError, RewardShapeError, check_model_input, text_config
 from ._scoring import NONFINITE_MODES, report_nonfinite, score_packed
@@ -43,9 +41,6 @@ if TYPE_CHECKING:  # pragma: no cover
     from transformers import PreTrainedTokenizerBase
 
 __all__ = ["HFRewardModelWrapper", "RewardOutputError", "RewardShapeError"]
-
-#: The key argument of each input mode.
-_KEY_ARG = {"tokens": "token_key", "text": "text_key", "history": "history_key"}
 
 
 class _RewardModelHolder(nn.Module):
@@ -232,6 +227,9 @@ class HFRewardModelWrapper(TensorDictModuleBase):
         nonfinite: str = "raise",
     ) -> None:
         owner = "HFRewardModelWrapper"
+        input_mode = resolve_input_mode(  # first: it reads the arguments as passed
+            owner, HFRewardModelWrapper.__init__, locals(), modes=INPUT_MODES, default="tokens"
+        )
         if not callable(model):
             raise TypeError(
                 f"{owner}: model should be a callable nn.Module (a reward model), got "
@@ -254,18 +252,6 @@ class HFRewardModelWrapper(TensorDictModuleBase):
             raise ValueError(
                 f"{owner}: nonfinite={nonfinite!r}; expected one of {NONFINITE_MODES}."
             )
-        input_mode = resolve_input_mode(
-            owner,
-            input_mode,
-            {
-                "token_key": ("tokens", token_key, TOKEN_KEY),
-                "attention_mask_key": ("tokens", attention_mask_key, ATTENTION_MASK_KEY),
-                "text_key": ("text", text_key, None),
-                "history_key": ("history", history_key, None),
-            },
-            modes=INPUT_MODES,
-            default="tokens",
-        )
         reward_key = as_nested_key(reward_key, "reward_key")
         if input_mode == "tokens":
             token_key = as_nested_key(token_key, "token_key")
@@ -282,10 +268,10 @@ class HFRewardModelWrapper(TensorDictModuleBase):
                     "be ignored. Pass input_mode='text' or 'history', or drop tokenizer=."
                 )
         else:
-            arg = _KEY_ARG[input_mode]
+            arg = MODE_KEY_ARGS[input_mode]
             source_key = text_key if input_mode == "text" else history_key
             if source_key is None:  # the mode's own key in TorchRL's layout
-                source_key = TEXT_KEY if input_mode == "text" else HISTORY_KEY
+                source_key = MODE_KEYS[input_mode]
             source_key = as_nested_key(source_key, arg)
             in_keys = [source_key]
             if tokenizer is None:
@@ -424,7 +410,7 @@ class HFRewardModelWrapper(TensorDictModuleBase):
     def _input_arg(self) -> str:
         """The argument naming what the model reads, for error messages."""
         tokenized = "" if self.input_mode == "tokens" else " (tokenized)"
-        return f"{_KEY_ARG[self.input_mode]}={self._input_key!r}{tokenized}"
+        return f"{MODE_KEY_ARGS[self.input_mode]}={self._input_key!r}{tokenized}"
 
     def _pooling_config(self) -> Any:
         """The config the model's pooling reads, looked up once per model config object."""

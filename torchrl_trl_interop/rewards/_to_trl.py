@@ -22,15 +22,13 @@ from .._keys import (
     ATTENTION_MASK_KEY,
     HISTORY_KEY,
     REWARD_KEY,
-    TEXT_KEY,
-    TOKEN_KEY,
     as_nested_key,
     format_keys,
     keys_present,
 )
 from .._padding import length_buckets, unbucket
 from ..data._rows import rows_to_tensordict
-from ._input_mode import INPUT_MODES, resolve_input_mode
+from ._input_mode import INPUT_MODES, MODE_KEY_ARGS, MODE_KEYS, resolve_input_mode
 
 if TYPE_CHECKING:  # pragma: no cover
     from transformers import PreTrainedTokenizerBase
@@ -78,7 +76,7 @@ class _ModuleRewardFunc:
         self.__qualname__ = name
 
     def __repr__(self) -> str:
-        key = {"history": "history_key", "text": "text_key", "tokens": "token_key"}[self.input_mode]
+        key = MODE_KEY_ARGS[self.input_mode]
         return (
             f"as_trl_reward_func({type(self.module).__name__}, name={self.__name__!r}, "
             f"input_mode={self.input_mode!r}, {key}={getattr(self, key)!r}, "
@@ -372,30 +370,21 @@ def as_trl_reward_func(
     if name is not None and not isinstance(name, str):
         raise TypeError(f"as_trl_reward_func: name must be a str, got {type(name).__name__}.")
     owner = "as_trl_reward_func"
+    input_mode = resolve_input_mode(  # first: it reads the arguments as passed
+        owner, as_trl_reward_func, locals(), modes=INPUT_MODES, default="history"
+    )
     check_positive_int(max_batch_size, "max_batch_size", owner, allow_none=True)
     check_tokenizer(processing_class, "processing_class", owner)
     kwargs_keys = as_mapping(kwargs_keys, "kwargs_keys", owner, "{column: key}")
     kwargs_keys = {
         str(col): as_nested_key(key, f"kwargs_keys[{col!r}]") for col, key in kwargs_keys.items()
     }
-    input_mode = resolve_input_mode(
-        owner,
-        input_mode,
-        {
-            "history_key": ("history", history_key, HISTORY_KEY),
-            "text_key": ("text", text_key, None),
-            "token_key": ("tokens", token_key, None),
-            "attention_mask_key": ("tokens", attention_mask_key, ATTENTION_MASK_KEY),
-        },
-        modes=INPUT_MODES,
-        default="history",
-    )
     if input_mode == "history":
         keys = {"history_key": history_key}
     elif input_mode == "text":
-        keys = {"text_key": TEXT_KEY if text_key is None else text_key}
+        keys = {"text_key": MODE_KEYS["text"] if text_key is None else text_key}
     else:
-        token_key = TOKEN_KEY if token_key is None else token_key
+        token_key = MODE_KEYS["tokens"] if token_key is None else token_key
         keys = {"token_key": token_key, "attention_mask_key": attention_mask_key}
         if processing_class is None:
             raise ValueError(
