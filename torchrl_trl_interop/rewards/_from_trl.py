@@ -28,7 +28,6 @@ from .._checks import (
     module_repr,
     public_call,
 )
-from .._conversation import split_prompt_completion
 from .._keys import (
     HISTORY_KEY,
     PROMPT_TEXT_KEY,
@@ -39,6 +38,7 @@ from .._keys import (
 )
 from ..data._columns import row_values
 from ._input_mode import CHAT_MODES, resolve_input_mode
+from ._inputs import read_chat_texts, read_chats
 
 __all__ = ["TRLRewardFuncWrapper"]
 
@@ -108,31 +108,6 @@ def _check_weights(weights: Any, n: int, owner: str) -> list[float]:
             "function (as GRPOConfig.reward_weights)."
         )
     return weights
-
-
-def _read_history(
-    td: TensorDictBase, history_key: NestedKey, completion_roles: tuple[str, ...], owner: str
-) -> tuple[list, list]:
-    """``input_mode="history"``: each conversation split into TRL's prompt and completion."""
-    prompts, completions = [], []
-    for i, conversation in enumerate(row_values(td, history_key, "history_key", owner)):
-        try:
-            prompt, completion = split_prompt_completion(
-                conversation, completion_roles=completion_roles
-            )
-        except ValueError as err:
-            raise ValueError(f"{owner}: rollout {i} (flattened): {err}") from err
-        prompts.append(prompt)
-        completions.append(completion)
-    return prompts, completions
-
-
-def _read_texts(
-    td: TensorDictBase, prompt_key: NestedKey, completion_key: NestedKey, owner: str
-) -> tuple[list, list]:
-    """``input_mode="text"``: prompt and completion strings, TRL's standard format."""
-    prompts = row_values(td, prompt_key, "prompt_key", owner)
-    return prompts, row_values(td, completion_key, "completion_key", owner)
 
 
 class TRLRewardFuncWrapper(TensorDictModuleBase):
@@ -335,11 +310,11 @@ class TRLRewardFuncWrapper(TensorDictModuleBase):
     def _read(self, td: TensorDictBase) -> tuple[list, list, list | None, dict[str, list]]:
         owner = self._owner
         if self.input_mode == "text":
-            prompts, completions = _read_texts(td, self._prompt_key, self._completion_key, owner)
-        else:
-            prompts, completions = _read_history(
-                td, self._history_key, self.completion_roles, owner
+            prompts, completions = read_chat_texts(
+                td, self._prompt_key, self._completion_key, owner
             )
+        else:
+            prompts, completions = read_chats(td, self._history_key, self.completion_roles, owner)
         completion_ids = (
             None
             if self._completion_ids_key is None

@@ -21,6 +21,8 @@ import inspect
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from tensordict.utils import NestedKey
+
 from .._keys import HISTORY_KEY, TEXT_KEY, TOKEN_KEY, as_nested_key
 
 __all__ = [
@@ -29,6 +31,7 @@ __all__ = [
     "KEY_ARG_MODES",
     "MODE_KEYS",
     "MODE_KEY_ARGS",
+    "mode_key",
     "resolve_input_mode",
 ]
 
@@ -53,6 +56,17 @@ KEY_ARG_MODES = {
     "completion_key": "text",
     "history_key": "history",
 }
+
+
+def mode_key(mode: str, key: NestedKey | None) -> NestedKey:
+    """The key ``mode`` reads: ``key`` (its key argument) if given, else TorchRL's
+    (:data:`MODE_KEYS`), in canonical form.
+
+    Examples:
+        >>> mode_key("text", None), mode_key("history", ("chat",))
+        (('text', 'full'), 'chat')
+    """
+    return as_nested_key(MODE_KEYS[mode] if key is None else key, MODE_KEY_ARGS[mode])
 
 
 @functools.cache

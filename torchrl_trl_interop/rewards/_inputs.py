@@ -1,11 +1,13 @@
-"""What a reward model reads: a TensorDict's tokens, text or History -> right-packed token ids.
+"""What the reward calls read from a TensorDict: one reader per input mode (see ``_input_mode``).
 
-One reader per input mode (``input_mode="tokens" | "text" | "history"``, see ``_input_mode``):
-:func:`read_tokens`, :func:`read_texts`, :func:`read_history`. Every reader returns
-:class:`PackedInput`: ``ids [N, T]`` with the real tokens of each row at its start (right padding
-whatever the input layout), ``lengths [N]``, the batch shape the rewards take, and the device they
-go back to. The mask, not the pad id, decides which tokens are real.
-:class:`~torchrl_trl_interop.HFRewardModelWrapper` calls these functions.
+A reward model (:class:`~torchrl_trl_interop.HFRewardModelWrapper`) reads tokens, text or History
+as right-packed token ids: :func:`read_tokens`, :func:`read_texts`, :func:`read_history`. Each
+returns :class:`PackedInput`: ``ids [N, T]`` with the real tokens of each row at its start (right
+padding whatever the input layout), ``lengths [N]``, the batch shape the rewards take, and the
+device they go back to. The mask, not the pad id, decides which tokens are real.
+
+TRL reward functions (:class:`~torchrl_trl_interop.TRLRewardFuncWrapper`) read TRL's prompts and
+completions instead: :func:`read_chats` (History) and :func:`read_chat_texts` (text).
 """
 
 from __future__ import annotations
@@ -19,14 +21,23 @@ import torch
 from tensordict import TensorDictBase, is_non_tensor, set_list_to_stack
 from tensordict.utils import NestedKey
 
-from .._conversation import history_to_messages
+from .._conversation import history_to_messages, split_prompt_completion
 from .._keys import flatten_nested, get_entry
 from .._padding import pack_right, position_mask
+from ..data._columns import row_values
 
 if TYPE_CHECKING:  # pragma: no cover
     from transformers import PreTrainedTokenizerBase
 
-__all__ = ["PackedInput", "empty_rows_error", "read_history", "read_texts", "read_tokens"]
+__all__ = [
+    "PackedInput",
+    "empty_rows_error",
+    "read_chat_texts",
+    "read_chats",
+    "read_history",
+    "read_texts",
+    "read_tokens",
+]
 
 _OWNER = "HFRewardModelWrapper"
 
@@ -302,3 +313,39 @@ def read_history(
     )
     packed = _pack(token_lists, f"history_key={history_key!r}")
     return PackedInput(*packed, batch_shape, td.device)
+
+
+# -- TRL reward functions: prompts and completions ----------------------------------------------
+
+
+def read_chats(
+    td: TensorDictBase, history_key: NestedKey, completion_roles: tuple[str, ...], owner: str
+) -> tuple[list, list]:
+    """``input_mode="history"``: each conversation split into TRL's prompt and completion
+    (message lists; the completion is the trailing ``completion_roles`` turns), row-major."""
+    prompts, completions = [], []
+    for i, conversation in enumerate(row_values(td, history_key, "history_key", owner)):
+        try:
+            prompt, completion = split_prompt_completion(
+                conversation, completion_roles=completion_roles
+            )
+        except ValueError as err:
+            raise ValueError(f"{owner}: rollout {i} (flattened): {err}") from err
+        prompts.append(prompt)
+        completions.append(completion)
+    return prompts, completions
+
+
+def read_chat_texts(
+    td: TensorDictBase, prompt_key: NestedKey, completion_key: NestedKey, owner: str
+) -> tuple[list, list]:
+    """``input_mode="text"``: prompt and completion strings, TRL's standard format, row-major.
+
+    Examples:
+        >>> from tensordict import TensorDict
+        >>> td = TensorDict({"text": {"prompt": ["2+2="], "response": ["4"]}}, batch_size=[1])
+        >>> read_chat_texts(td, ("text", "prompt"), ("text", "response"), "example")
+        (['2+2='], ['4'])
+    """
+    prompts = row_values(td, prompt_key, "prompt_key", owner)
+    return prompts, row_values(td, completion_key, "completion_key", owner)

@@ -32,7 +32,7 @@ from .._keys import (
     TOKEN_KEY,
     as_nested_key,
 )
-from ._input_mode import INPUT_MODES, MODE_KEY_ARGS, MODE_KEYS, resolve_input_mode
+from ._input_mode import INPUT_MODES, MODE_KEY_ARGS, mode_key, resolve_input_mode
 from ._inputs import PackedInput, read_history, read_texts, read_tokens
 from ._pooling import RewardOutputError, RewardShapeError, check_model_input, text_config
 from ._scoring import NONFINITE_MODES, report_nonfinite, score_packed
@@ -75,9 +75,8 @@ class HFRewardModelWrapper(TensorDictModuleBase):
                                     conversational data
     ============== ================ ============================================================
 
-    Code written before ``input_mode`` runs unchanged: without ``input_mode``, passing
-    ``text_key=`` or ``history_key=`` selects that input (a key argument equal to its default
-    counts as not given), and a key argument of another mode than ``input_mode`` is an error.
+    Code written before ``input_mode`` runs unchanged: ``text_key=`` or ``history_key=`` alone
+    selects its mode (see ``docs/overview.rst``).
 
     Args:
         model (nn.Module): the reward model, e.g. an ``AutoModelForSequenceClassification`` with
@@ -129,13 +128,11 @@ class HFRewardModelWrapper(TensorDictModuleBase):
         TypeError: if ``model`` is not callable, a key is not a str or tuple of str,
             ``tokenizer`` is not a tokenizer, ``chat_template_kwargs`` not a dict, or a flag
             (``inference_mode``, ``append_eos``, ``unsqueeze_reward``) not a bool.
-        ValueError: if ``input_mode`` is unknown, a key argument of another mode than
-            ``input_mode`` is given (without ``input_mode``: key arguments of two modes, e.g.
-            ``text_key`` and ``history_key``, or ``text_key`` and a non-default ``token_key``),
-            ``max_batch_size`` is not a positive int, ``nonfinite`` is unknown, the ``"text"``
-            or ``"history"`` mode has no ``tokenizer`` (or the ``"tokens"`` mode has one),
-            ``chat_template_kwargs`` is given outside ``"history"`` mode, or ``append_eos=True``
-            with a tokenizer that has no EOS token.
+        ValueError: if ``input_mode`` is unknown, a key argument of another mode is given (or,
+            without ``input_mode``, key arguments of two modes), ``max_batch_size`` is not a
+            positive int, ``nonfinite`` is unknown, the ``"text"`` or ``"history"`` mode has no
+            ``tokenizer`` (or ``"tokens"`` has one), ``chat_template_kwargs`` is given outside
+            ``"history"`` mode, or ``append_eos=True`` with a tokenizer without EOS token.
 
     Examples:
         Score a ragged batch, as TorchRL's LLM wrappers write it (a lazy stack), with a tiny
@@ -253,38 +250,29 @@ class HFRewardModelWrapper(TensorDictModuleBase):
                 f"{owner}: nonfinite={nonfinite!r}; expected one of {NONFINITE_MODES}."
             )
         reward_key = as_nested_key(reward_key, "reward_key")
-        if input_mode == "tokens":
-            token_key = as_nested_key(token_key, "token_key")
-            attention_mask_key = (
-                None
-                if attention_mask_key is None
-                else as_nested_key(attention_mask_key, "attention_mask_key")
+        keys = {"tokens": token_key, "text": text_key, "history": history_key}
+        in_keys = [mode_key(input_mode, keys[input_mode])]
+        if input_mode != "tokens":
+            attention_mask_key = None  # text and History are tokenized here: every token is real
+        elif attention_mask_key is not None:
+            in_keys.append(as_nested_key(attention_mask_key, "attention_mask_key"))
+        if input_mode == "tokens" and tokenizer is not None:
+            raise ValueError(
+                f"{owner}: tokenizer= is only used with text_key= or history_key= "
+                "(input_mode='text' or 'history'); token input is read as it is, so it would be "
+                "ignored. Pass input_mode='text' or 'history', or drop tokenizer=."
             )
-            in_keys = [token_key] + ([attention_mask_key] if attention_mask_key else [])
-            if tokenizer is not None:
-                raise ValueError(
-                    f"{owner}: tokenizer= is only used with text_key= or history_key= "
-                    "(input_mode='text' or 'history'); token input is read as it is, so it would "
-                    "be ignored. Pass input_mode='text' or 'history', or drop tokenizer=."
-                )
-        else:
-            arg = MODE_KEY_ARGS[input_mode]
-            source_key = text_key if input_mode == "text" else history_key
-            if source_key is None:  # the mode's own key in TorchRL's layout
-                source_key = MODE_KEYS[input_mode]
-            source_key = as_nested_key(source_key, arg)
-            in_keys = [source_key]
-            if tokenizer is None:
-                raise ValueError(
-                    f"{owner}: input_mode={input_mode!r} ({arg}={source_key!r}) needs the reward "
-                    "model's tokenizer: pass tokenizer=... (the one the reward model was trained "
-                    "with, which is often not the policy's)."
-                )
-            if input_mode == "text" and append_eos and tokenizer.eos_token is None:
-                raise ValueError(
-                    f"{owner}: append_eos=True but tokenizer {type(tokenizer).__name__} has no "
-                    "eos_token. Set tokenizer.eos_token or pass append_eos=False."
-                )
+        if input_mode != "tokens" and tokenizer is None:
+            raise ValueError(
+                f"{owner}: input_mode={input_mode!r} ({MODE_KEY_ARGS[input_mode]}={in_keys[0]!r}) "
+                "needs the reward model's tokenizer: pass tokenizer=... (the one the reward model "
+                "was trained with, which is often not the policy's)."
+            )
+        if input_mode == "text" and append_eos and tokenizer.eos_token is None:
+            raise ValueError(
+                f"{owner}: append_eos=True but tokenizer {type(tokenizer).__name__} has no "
+                "eos_token. Set tokenizer.eos_token or pass append_eos=False."
+            )
         if chat_template_kwargs is not None and input_mode != "history":
             raise ValueError(
                 f"{owner}: chat_template_kwargs= is only used with history_key= "
@@ -296,7 +284,7 @@ class HFRewardModelWrapper(TensorDictModuleBase):
         self.out_keys = [reward_key]
         self.input_mode = input_mode
         self._input_key = in_keys[0]  # what the model reads, in the mode's key argument
-        self._attention_mask_key = attention_mask_key if input_mode == "tokens" else None
+        self._attention_mask_key = in_keys[1] if len(in_keys) > 1 else None
         self._reward_key = reward_key
         self._inference_mode = bool(inference_mode)
         self._tokenizer = tokenizer

@@ -28,7 +28,7 @@ from .._keys import (
 )
 from .._padding import length_buckets, unbucket
 from ..data._rows import rows_to_tensordict
-from ._input_mode import INPUT_MODES, MODE_KEY_ARGS, MODE_KEYS, resolve_input_mode
+from ._input_mode import INPUT_MODES, MODE_KEY_ARGS, mode_key, resolve_input_mode
 
 if TYPE_CHECKING:  # pragma: no cover
     from transformers import PreTrainedTokenizerBase
@@ -138,8 +138,7 @@ class _ModuleRewardFunc:
     def _text_columns(
         self, prompts: list, completions: list, conversational: bool
     ) -> list[tuple[NestedKey, list]]:
-        """``input_mode="text"``: ``prompt + completion`` as text; ``"tokens"``: that text
-        tokenized, and its all-``True`` mask."""
+        """``"text"`` mode: ``prompt + completion`` as text; ``"tokens"``: tokenized, masked."""
         if conversational and self.processing_class is None:
             key = self.text_key if self.input_mode == "text" else self.token_key
             raise ValueError(
@@ -314,12 +313,11 @@ def as_trl_reward_func(
         name (str, optional): the function's ``__name__``.
 
     Returns:
-        a callable ``(prompts, completions, completion_ids=None, **kwargs) -> list[float]``.
-        Calling it raises ``KeyError`` if the module writes no ``reward_key`` or a
-        ``kwargs_keys`` column is not passed, and ``ValueError`` on standard (string) input in
-        ``"history"`` mode with nothing else to write, on conversational input in ``"text"`` or
-        ``"tokens"`` mode without ``processing_class``, or on a reward that is not one value per
-        completion.
+        a callable ``(prompts, completions, completion_ids=None, **kwargs) -> list[float]``,
+        raising ``KeyError`` if the module writes no ``reward_key`` or a ``kwargs_keys`` column
+        is not passed, ``ValueError`` on input its mode cannot write (standard text as History,
+        conversations as text without ``processing_class``) or if the module does not write
+        one reward per completion.
 
     Raises:
         TypeError: if ``module`` is not a ``TensorDictModuleBase``, or ``name`` is not a str.
@@ -355,11 +353,8 @@ def as_trl_reward_func(
         >>> from torchrl_trl_interop.testing import toy_reward_model, toy_tokenizer
         >>> rm = HFRewardModelWrapper(toy_reward_model(), input_mode="text",
         ...                           tokenizer=toy_tokenizer(), append_eos=False)
-        >>> reward_func = as_trl_reward_func(rm, input_mode="text")
-        >>> reward_func
+        >>> as_trl_reward_func(rm, input_mode="text")
         as_trl_reward_func(HFRewardModelWrapper, name='HFRewardModelWrapper', input_mode='text', text_key=('text', 'full'), reward_key='reward')
-        >>> len(reward_func(prompts=["2+2="], completions=["4"], completion_ids=None))
-        1
     """
     if not isinstance(module, TensorDictModuleBase):
         raise TypeError(
@@ -382,9 +377,9 @@ def as_trl_reward_func(
     if input_mode == "history":
         keys = {"history_key": history_key}
     elif input_mode == "text":
-        keys = {"text_key": MODE_KEYS["text"] if text_key is None else text_key}
+        keys = {"text_key": mode_key("text", text_key)}
     else:
-        token_key = MODE_KEYS["tokens"] if token_key is None else token_key
+        token_key = mode_key("tokens", token_key)
         keys = {"token_key": token_key, "attention_mask_key": attention_mask_key}
         if processing_class is None:
             raise ValueError(
