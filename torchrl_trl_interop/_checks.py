@@ -5,10 +5,12 @@ This module imports nothing of the package.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import importlib.util
 import math
 import numbers
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import torch
@@ -27,7 +29,64 @@ def require(package: str, feature: str) -> None:
         )
 
 
+# -- the public call errors speak for -----------------------------------------------------------
+
+_PUBLIC_CALL: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+    "torchrl_trl_interop_public_call", default=None
+)
+
+
+def public_call(default: str) -> str:
+    """The name an error message starts with: the public call being built, else ``default``.
+
+    An object one public call builds for the user (``RewardTransform`` wrapping TRL reward
+    functions in a ``TRLRewardFuncWrapper``) names that call in its errors, not its own class.
+
+    Examples:
+        >>> public_call("TRLRewardFuncWrapper")
+        'TRLRewardFuncWrapper'
+        >>> with speaking_for("RewardTransform"):
+        ...     public_call("TRLRewardFuncWrapper")
+        'RewardTransform'
+    """
+    return _PUBLIC_CALL.get() or default
+
+
+@contextlib.contextmanager
+def speaking_for(name: str) -> Iterator[None]:
+    """Within the block, :func:`public_call` returns ``name`` (or the name of an outer block:
+    the call the user made is the outermost one). Scoped to the thread or task."""
+    token = _PUBLIC_CALL.set(public_call(name))
+    try:
+        yield
+    finally:
+        _PUBLIC_CALL.reset(token)
+
+
 # -- argument checks -----------------------------------------------------------------------------
+
+
+def check_keywords(kwargs: Iterable[str], accepted: Iterable[str], owner: str) -> None:
+    """Raises the :class:`TypeError` Python would, but naming ``owner`` (the call the user made),
+    the closest accepted name and every accepted one, if a keyword of ``kwargs`` is unknown.
+
+    Examples:
+        >>> check_keywords({"only_dne": True}, ["only_done", "reward_key"], "as_reward_transform")
+        Traceback (most recent call last):
+        ...
+        TypeError: as_reward_transform() got an unexpected keyword argument 'only_dne' (did you mean 'only_done'?). It takes: ['only_done', 'reward_key'].
+    """
+    import difflib
+
+    accepted = sorted(accepted)
+    for name in kwargs:
+        if name not in accepted:
+            close = difflib.get_close_matches(name, accepted, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise TypeError(
+                f"{owner}() got an unexpected keyword argument {name!r}{hint}. It takes: "
+                f"{accepted}."
+            )
 
 
 def check_positive_int(value: Any, arg: str, owner: str, *, allow_none: bool = False) -> None:

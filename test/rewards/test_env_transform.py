@@ -12,7 +12,7 @@ import torch
 from tensordict import TensorDict
 from torchrl.collectors.llm import LLMCollector
 from torchrl.data import LazyStackStorage, ReplayBuffer
-from torchrl.envs import StepCounter
+from torchrl.envs import StepCounter, Transform
 from torchrl.envs.llm import ChatEnv
 from torchrl.envs.llm.transforms.dataloading import DataLoadingPrimer
 from torchrl.modules.llm import TransformersWrapper
@@ -137,10 +137,164 @@ class TestRewardTransform:
             env.transform._step(td, td.empty())
 
     def test_bad_arguments(self):
-        with pytest.raises(TypeError, match="expected a TensorDict module"):
-            RewardTransform(brevity)
+        # RewardTransform(brevity) is no longer an error: it takes TRL reward functions directly
+        with pytest.raises(TypeError, match="or a TensorDict module writing a reward"):
+            RewardTransform(3)
         with pytest.raises(TypeError, match=r"\['weights'\], which RewardTransform does not take"):
             as_reward_transform(TRLRewardFuncWrapper(brevity), weights=[1.0])
+
+
+class TestTRLFunctionsDirectly:
+    """``RewardTransform`` takes TRL reward functions itself (issue 19): one spelling."""
+
+    def test_one_function(self):
+        env = chat_env(RewardTransform(think_format_reward))
+        out = step(env, [chat(THINKS), chat("Four.")])
+        assert out["next", "reward"].tolist() == [[[1.0]], [[0.0]]]
+        assert env.transform.module.reward_func_names == ["think_format_reward"]
+
+    def test_several_weighted_functions_and_kwargs(self):
+        def matches(completions, answer, **kwargs):
+            return [float(c[0]["content"] == a) for c, a in zip(completions, answer)]
+
+        transform = RewardTransform(
+            [think_format_reward, brevity, matches],
+            weights=[10.0, 1.0, 100.0],
+            kwargs_keys={"answer": "query"},
+        )
+        env = chat_env(transform)
+        out = step(env, [chat(THINKS, question="x"), chat("Four.", question="Four.")])
+        expected = [10.0 - len(THINKS), -float(len("Four.")) + 100.0]
+        assert out["next", "reward"].reshape(-1).tolist() == expected
+        # the alias builds the same thing
+        alias = as_reward_transform([think_format_reward, brevity], weights=[10.0, 1.0])
+        assert type(alias) is RewardTransform and alias.module.weights == [10.0, 1.0]
+
+    def test_text_mode_in_a_text_chat_env(self, tokenizer):
+        from torchrl.modules.llm.policies import Text
+
+        seen = []
+
+        def length(prompts, completions, **kwargs):
+            seen.append((prompts, completions))
+            return [float(len(c)) for c in completions]
+
+        env = ChatEnv(batch_size=(2,), input_mode="text", tokenizer=tokenizer)
+        env = env.append_transform(RewardTransform(length, input_mode="text"))
+        td = env.reset(TensorDict({"query": ["2+2?", "2+3?"]}, batch_size=[2]))
+        prompts, answers = list(td["text"].prompt), ["4<|im_end|>", "five<|im_end|>"]
+        full = [p + a for p, a in zip(prompts, answers)]
+        td["text"] = Text(prompt=prompts, response=answers, full=full, batch_size=[2])
+        out = env.step(td)
+        assert out["next", "reward"].reshape(-1).tolist() == [11.0, 14.0]
+        assert seen == [(prompts, answers)]
+
+    def test_a_module_does_not_take_function_arguments(self):
+        with pytest.raises(TypeError, match=r"got \['kwargs_keys', 'prompt_key'\], which"):
+            RewardTransform(TRLRewardFuncWrapper(brevity), prompt_key="p", kwargs_keys={})
+        with pytest.raises(TypeError, match="wrap a reward model with it"):
+            RewardTransform(toy_reward_model())
+
+
+class TestErrorsNameTheCallMade:
+    """Regression (issue 20, item 17): errors blamed TRLRewardFuncWrapper, never called."""
+
+    def test_unknown_keyword(self):
+        with pytest.raises(
+            TypeError,
+            match=r"as_reward_transform\(\) got an unexpected keyword argument 'only_dne' "
+            r"\(did you mean 'only_done'\?\)\. It takes: \['accumulate', .*'weights'\]",
+        ):
+            as_reward_transform(brevity, only_dne=True)
+        with pytest.raises(
+            TypeError, match="RewardTransform.* unexpected keyword argument 'only_dne'"
+        ):
+            RewardTransform(brevity, only_dne=True)
+
+    @pytest.mark.parametrize("call", [RewardTransform, as_reward_transform])
+    def test_argument_errors(self, call):
+        name = call.__name__
+        with pytest.raises(TypeError, match=rf"^{name}: weights\[0\] must be a real number"):
+            call(brevity, weights=["a"])
+        with pytest.raises(ValueError, match=rf"^{name}: got 2 weights for 1 reward functions"):
+            call(brevity, weights=[1.0, 2.0])
+        with pytest.raises(TypeError, match=rf"^{name}: reward_funcs\[1\] is a int"):
+            call([brevity, 3])
+        with pytest.raises(TypeError, match=rf"^{name}: only_done must be a bool"):
+            call(brevity, only_done="no")
+
+    def test_step_errors(self):
+        def short(completions, **kwargs):
+            return [1.0]
+
+        env = chat_env(as_reward_transform(short))
+        with pytest.raises(
+            ValueError, match="^as_reward_transform: reward function 'short' returned 1"
+        ):
+            step(env, [chat("a"), chat("b")])
+        # a wrapper the user built keeps its own name
+        env = chat_env(RewardTransform(TRLRewardFuncWrapper(short)))
+        with pytest.raises(ValueError, match="^TRLRewardFuncWrapper: reward function 'short'"):
+            step(env, [chat("a"), chat("b")])
+
+
+class EndsAtOnce(Transform):
+    """A transform that ends every episode (declares ``done`` in its ``out_keys``)."""
+
+    def __init__(self):
+        super().__init__(in_keys=[], out_keys=["done"])
+
+    def _step(self, tensordict, next_tensordict):
+        return next_tensordict.set("done", torch.ones_like(next_tensordict["done"]))
+
+
+class TestOnlyDoneOrder:
+    """Regression (issue 20, item 3): ``only_done=True`` before the transform that ends the
+    episode scored 0.0 on every step: torchrl runs transforms in order."""
+
+    def two_turns(self, env):
+        first = step(env, [chat("abc"), chat("abcdef")])
+        conversations = [chat("abc") + [{"role": "user", "content": "More?"}] for _ in range(2)]
+        second_turn = [
+            c + [{"role": "assistant", "content": a}] for c, a in zip(conversations, ["x", "yz"])
+        ]
+        return first, step(env, second_turn, td=env.step_mdp(first))
+
+    def test_after_the_step_counter(self):
+        env = chat_env(
+            StepCounter(max_steps=2), RewardTransform(TRLRewardFuncWrapper(brevity), only_done=True)
+        )
+        first, second = self.two_turns(env)
+        assert first["next", "reward"].reshape(-1).tolist() == [0.0, 0.0]
+        assert second["next", "done"].all()
+        assert second["next", "reward"].reshape(-1).tolist() == [-1.0, -2.0]
+
+    def test_before_the_step_counter_is_refused(self):
+        env = chat_env(
+            RewardTransform(TRLRewardFuncWrapper(brevity), only_done=True), StepCounter(max_steps=2)
+        )
+        with pytest.raises(
+            ValueError,
+            match=r"RewardTransform\(only_done=True\) runs before \['StepCounter'\].*done "
+            r"entries \['truncated'\].*Append the reward transform after the step limit",
+        ):
+            self.two_turns(env)
+
+    def test_before_a_transform_writing_done(self):
+        env = chat_env(as_reward_transform(brevity, only_done=True), EndsAtOnce())
+        with pytest.raises(
+            ValueError, match=r"as_reward_transform\(only_done=True\) runs before \['EndsAtOnce'\]"
+        ):
+            step(env, [chat("abc"), chat("abcdef")])
+        env = chat_env(EndsAtOnce(), as_reward_transform(brevity, only_done=True))
+        out = step(env, [chat("abc"), chat("abcdef")])
+        assert out["next", "reward"].reshape(-1).tolist() == [-3.0, -6.0]
+
+    def test_order_does_not_matter_without_only_done(self):
+        env = chat_env(RewardTransform(TRLRewardFuncWrapper(brevity)), StepCounter(max_steps=2))
+        first, second = self.two_turns(env)
+        assert first["next", "reward"].reshape(-1).tolist() == [-3.0, -6.0]
+        assert second["next", "reward"].reshape(-1).tolist() == [-1.0, -2.0]
 
 
 class TestTorchRLTrainingStep:

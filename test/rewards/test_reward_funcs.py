@@ -237,6 +237,52 @@ class TestAsTRLRewardFunc:
         assert torch.equal(got, expected)
 
 
+class TestAsTRLRewardFuncInputMode:
+    """``input_mode="history" | "text" | "tokens"`` (issue 19): one form written, at its key."""
+
+    def test_history_is_the_default(self):
+        func = as_trl_reward_func(AnswerLength(), input_mode="history")
+        assert as_trl_reward_func(AnswerLength()).input_mode == func.input_mode == "history"
+        assert func.history_key == ("history", "full") and func.text_key is None
+        prompts, completions = trl_inputs(conversations())
+        assert func(prompts, completions, None) == [
+            float(len(c[0]["content"])) for c in completions
+        ]
+
+    @pytest.mark.parametrize(
+        ("mode", "written"),
+        [
+            ("text", {"text_key": ("text", "full")}),
+            (
+                "tokens",
+                {
+                    "token_key": ("tokens", "full"),
+                    "attention_mask_key": ("masks", "all_attention_mask"),
+                },
+            ),
+        ],
+    )
+    @pytest.mark.parametrize("conversational", [True, False])
+    def test_writes_torchrls_keys(self, rm_model, tok, mode, written, conversational):
+        if conversational:
+            prompts, completions = trl_inputs(conversations(3))
+        else:
+            prompts, completions = ["The sky is", "Two plus"], [" blue.", " two is four"]
+        text = {"tokenizer": tok, "append_eos": False} if mode == "text" else {}
+        rm = HFRewardModelWrapper(rm_model, input_mode=mode, **text)
+        func = as_trl_reward_func(rm, input_mode=mode, processing_class=tok)
+        assert {arg: getattr(func, arg) for arg in written} == written
+        assert func.history_key is None
+        assert f"input_mode={mode!r}" in repr(func)
+        expected = trl_native_reward_model_scores(rm_model, tok, prompts, completions)
+        torch.testing.assert_close(
+            torch.tensor(func(prompts, completions, None)),
+            torch.tensor(expected),
+            atol=1e-5,
+            rtol=0,
+        )
+
+
 class TestAsTRLRewardFuncErrors:
     def test_module_type(self):
         with pytest.raises(TypeError, match="expects a tensordict TensorDictModuleBase"):
@@ -493,6 +539,50 @@ class TestTRLRewardFuncWrapper:
         with set_list_to_stack(False):
             reward = TRLRewardFuncWrapper(brevity)(td).get("reward")
         assert reward.tolist() == brevity(*trl_inputs(conversations(2)))
+
+
+class TestTRLRewardFuncWrapperInputMode:
+    """``input_mode="history" | "text"``, as ``ChatEnv`` names them (issue 19)."""
+
+    def text_td(self) -> TensorDict:
+        texts = {"prompt": ["2+2=", "3+3="], "response": ["4", "10"]}
+        return TensorDict({"text": texts, "q": ["a", "b"]}, batch_size=[2])
+
+    @staticmethod
+    def record(seen):
+        def f(prompts, completions, **kwargs):
+            seen.append((prompts, completions))
+            return [float(len(c)) for c in completions]
+
+        return f
+
+    def test_text_mode_reads_torchrls_text_keys(self):
+        seen = []
+        wrapper = TRLRewardFuncWrapper(self.record(seen), input_mode="text")
+        assert wrapper.input_mode == "text"
+        assert wrapper.in_keys == [("text", "prompt"), ("text", "response")]
+        assert wrapper(self.text_td())["reward"].tolist() == [1.0, 2.0]
+        legacy = TRLRewardFuncWrapper(
+            self.record(seen), prompt_key=("text", "prompt"), completion_key=("text", "response")
+        )
+        assert legacy.input_mode == "text"
+        assert legacy(self.text_td())["reward"].tolist() == [1.0, 2.0]
+        assert seen[0] == seen[1] == (["2+2=", "3+3="], ["4", "10"])
+
+    def test_text_mode_with_one_key_of_its_own(self):
+        seen = []
+        wrapper = TRLRewardFuncWrapper(self.record(seen), input_mode="text", prompt_key="q")
+        assert wrapper.in_keys == ["q", ("text", "response")]
+        wrapper(self.text_td())
+        assert seen == [(["a", "b"], ["4", "10"])]
+
+    def test_history_mode_is_the_default(self):
+        td = history_td(conversations(3))
+        explicit = TRLRewardFuncWrapper(brevity, input_mode="history")
+        assert TRLRewardFuncWrapper(brevity).input_mode == "history"
+        assert explicit.in_keys == [("history", "full")]
+        assert "input_mode='history'" in repr(explicit)
+        assert explicit(td)["reward"].tolist() == brevity(*trl_inputs(conversations(3)))
 
 
 class TestTRLRewardFuncWrapperErrors:

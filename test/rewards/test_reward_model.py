@@ -666,3 +666,97 @@ class TestRewardModelNeverMutatesTheModel:
             t.join()
         assert wrong == []
         assert model.config.pad_token_id == EOS
+
+
+class TestInputMode:
+    """``input_mode=`` as TorchRL names it (issue 19), and the key arguments it replaces."""
+
+    def chats_td(self) -> TensorDict:
+        chats = toy_chats(3)
+        return TensorDict({"history": {"full": messages_to_history(chats)}}, batch_size=[3])
+
+    def text_td(self) -> TensorDict:
+        texts = ["Hello world!", "Two plus two is four.", "Hi"]
+        return TensorDict({"text": {"full": texts}}, batch_size=[3])
+
+    def test_tokens_is_the_default(self):
+        rows = make_rows([4, 2, 6], seed=3)
+        model = reward_model("llama")
+        default = HFRewardModelWrapper(model, inference_mode=True)
+        explicit = HFRewardModelWrapper(model, input_mode="tokens", inference_mode=True)
+        assert default.input_mode == explicit.input_mode == "tokens"
+        assert default.in_keys == explicit.in_keys == [TOKENS, MASK]
+        torch.testing.assert_close(
+            default(lazy_td(rows))["reward"], explicit(lazy_td(rows))["reward"]
+        )
+        expected = torch.tensor([score_alone(model, r) for r in rows])
+        torch.testing.assert_close(explicit(lazy_td(rows))["reward"], expected, atol=1e-5, rtol=0)
+
+    @pytest.mark.parametrize("mode", ["text", "history"])
+    def test_text_and_history_read_torchrls_keys(self, tokenizer, mode):
+        """What ``RewardTrainer`` trained on: text with EOS appended, chats rendered."""
+        model, key = reward_model("llama"), (mode, "full")
+        if mode == "text":
+            td = self.text_td()
+            rows = [tokenizer(t + tokenizer.eos_token)["input_ids"] for t in td["text", "full"]]
+        else:
+            td = self.chats_td()
+            rows = tokenizer.apply_chat_template(toy_chats(3), tokenize=True, return_dict=True)
+            rows = rows["input_ids"]
+        expected = torch.tensor([score_alone(model, torch.tensor(ids)) for ids in rows])
+        new = HFRewardModelWrapper(model, input_mode=mode, tokenizer=tokenizer)
+        old = HFRewardModelWrapper(model, tokenizer=tokenizer, **{f"{mode}_key": key})
+        assert new.in_keys == old.in_keys == [key]
+        assert new.input_mode == old.input_mode == mode
+        for rm in (new, old):
+            torch.testing.assert_close(
+                rm(td.clone())["reward"].detach(), expected, atol=1e-5, rtol=0
+            )
+
+    def test_a_mode_with_its_own_key(self, tokenizer):
+        rm = HFRewardModelWrapper(
+            reward_model("llama"), input_mode="text", text_key="answer", tokenizer=tokenizer
+        )
+        assert rm.in_keys == ["answer"] and "input_mode='text'" in repr(rm)
+        no_mask = HFRewardModelWrapper(
+            reward_model("llama"), input_mode="text", attention_mask_key=None, tokenizer=tokenizer
+        )  # None is no key: nothing is ignored
+        assert no_mask.in_keys == [("text", "full")]
+
+
+class TestEmptyRows:
+    """Regression (issue 20, item 17): rows of length 0 raised a raw reshape error."""
+
+    def test_every_ragged_row_empty(self):
+        empty = torch.zeros(0, dtype=torch.long)
+        td = lazy_td([empty, empty])
+        with pytest.raises(
+            ValueError,
+            match=r"token_key=\('tokens', 'full'\) \(a row of length 0.*row\(s\) \[0, 1\]",
+        ):
+            HFRewardModelWrapper(reward_model("llama"))(td)
+
+    def test_dense_rows_of_width_zero(self):
+        td = dense_td(torch.zeros(2, 3, 0, dtype=torch.long), torch.zeros(2, 3, 0))
+        with pytest.raises(ValueError, match=r"row\(s\) \[0, 1, 2, 3, 4, 5\] \(flattened index\)"):
+            HFRewardModelWrapper(reward_model("llama"), inference_mode=True)(td)
+
+    @pytest.mark.parametrize("mask", [True, False])
+    def test_one_empty_row_among_others(self, mask):
+        rows = [torch.tensor([5, 6]), torch.zeros(0, dtype=torch.long), torch.tensor([7])]
+        td = lazy_td(rows) if mask else lazy_stack([TensorDict({TOKENS: r}) for r in rows])
+        rm = HFRewardModelWrapper(reward_model("llama"), attention_mask_key=MASK if mask else None)
+        with pytest.raises(ValueError, match=r"token_key=\('tokens', 'full'\).*row\(s\) \[1\]"):
+            rm(td)
+
+    def test_an_empty_text(self, tokenizer):
+        td = TensorDict({"text": ["Hi", ""]}, batch_size=[2])
+        rm = HFRewardModelWrapper(
+            reward_model("llama"),
+            input_mode="text",
+            text_key="text",
+            tokenizer=tokenizer,
+            append_eos=False,
+        )
+        with pytest.raises(ValueError, match=r"text_key='text': row\(s\) \[1\] .* no token"):
+            rm(td)

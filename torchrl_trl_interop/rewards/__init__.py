@@ -4,7 +4,9 @@ The public names live at the top level (``from torchrl_trl_interop import HFRewa
 the modules here are private, one job each:
 
 * ``_reward_model``: :class:`~torchrl_trl_interop.HFRewardModelWrapper`, read -> score -> write;
-* ``_inputs``: what a reward model reads (tokens, text or History -> right-packed token ids);
+* ``_input_mode``: which input a reward class reads (``input_mode=`` and one key per mode);
+* ``_inputs``: what the reward calls read, one reader per mode (tokens, text or History ->
+  right-packed token ids; History or text -> TRL's prompts and completions);
 * ``_pooling``: the pooled token, a model output's reward, the exceptions;
 * ``_scoring``: scoring right-packed ids (the fill, length buckets, one host read);
 * ``_to_trl``: :func:`~torchrl_trl_interop.as_trl_reward_func`, a TorchRL module as a TRL

@@ -1,85 +1,117 @@
-"""TRL rewards inside TorchRL environments: a reward module as an environment transform.
+"""TRL rewards inside TorchRL environments: :class:`RewardTransform`.
 
-:class:`RewardTransform` runs any reward TensorDict module of this package
-(:class:`~torchrl_trl_interop.TRLRewardFuncWrapper` around TRL reward functions such as
-``trl.rewards.think_format_reward``, or :class:`~torchrl_trl_interop.HFRewardModelWrapper`) each
-time the policy ends an assistant turn, and writes the score as the environment's reward,
+:class:`RewardTransform` takes TRL reward functions (such as ``trl.rewards.think_format_reward``,
+wrapped in a :class:`~torchrl_trl_interop.TRLRewardFuncWrapper` for it) or any reward TensorDict
+module of this package (:class:`~torchrl_trl_interop.HFRewardModelWrapper`), runs it each time
+the policy ends an assistant turn, and writes the score as the environment's reward,
 ``("next", "reward")``, where collectors, ``MCAdvantage`` and losses read it.
-:func:`as_reward_transform` builds one from a module or straight from TRL reward functions.
+:func:`as_reward_transform` is the same call, spelled as a function.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import inspect
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
 from tensordict import TensorDictBase, set_list_to_stack
 from tensordict.nn import TensorDictModuleBase
-from tensordict.utils import NestedKey, unravel_key
+from tensordict.utils import NestedKey
 from torchrl.data import Composite, Unbounded
-from torchrl.envs.transforms import Transform
+from torchrl.envs.transforms import Compose, Transform, TransformedEnv
 
-from .._checks import as_names, check_bool
-from .._keys import as_key, public_key
+from .._checks import as_names, check_bool, check_keywords, public_call, speaking_for
+from .._keys import DONE_KEY, HISTORY_KEY, REWARD_KEY, as_nested_key, keys_present
+from ._from_trl import TRLRewardFuncWrapper
+from ._input_mode import CHAT_MODES, resolve_input_mode
+from ._to_trl import module_reward_key as _module_reward_key
 
 __all__ = ["RewardTransform", "as_reward_transform"]
 
-_HISTORY_KEY = ("history", "full")
 
-
-def _module_reward_key(module: TensorDictModuleBase) -> NestedKey:
-    """The module's single out key (e.g. ``HFRewardModelWrapper(reward_key="rm")``), else ``"reward"``."""
-    out_keys = list(getattr(module, "out_keys", None) or [])
-    return unravel_key(out_keys[0]) if len(out_keys) == 1 else "reward"
+def _flat_transforms(transform: Transform) -> list[Transform]:
+    """The transforms of a (nested) ``Compose``, in the order they run."""
+    if isinstance(transform, Compose):
+        return [t for inner in transform.transforms for t in _flat_transforms(inner)]
+    return [transform]
 
 
 class RewardTransform(Transform):
-    """Scores every assistant turn with a reward module and writes it as ``("next", reward_key)``.
+    """Scores every assistant turn with TRL reward functions or a reward module, and writes it as
+    ``("next", reward_key)``.
 
-    At each ``env.step`` the transform reads the step's input (the policy's output, where
-    ``history_key`` holds the conversation ending with the turn just generated), runs ``module``
-    on the rows to score, without gradients, and writes the reward to the step's output. Its
-    shape is that of a reward already there, else ``[*batch, 1, 1]`` as torchrl's LLM reward
-    parsers (``GSM8KRewardParser``) write it: a token and a feature dimension, so that
-    ``MCAdvantage``'s advantage broadcasts over the tokens in ``GRPOLoss``. The reward spec is
-    added with that shape if the environment has none. A row is scored when its last turn at ``history_key`` has one of the
-    ``completion_roles`` and, with ``only_done=True``, when the step ends its episode (a sparse,
-    trajectory-level reward); other rows get ``0.0``. A row the module leaves unscored (TRL
-    reward functions all returning ``None``) keeps the module's ``NaN``.
+    At each ``env.step`` the transform reads the step's input (the policy's output: the
+    conversation ending with the turn just generated), runs the reward on the rows to score,
+    without gradients, and writes it to the step's output. Its shape is that of a reward already
+    there, else ``[*batch, 1, 1]`` as torchrl's LLM reward parsers (``GSM8KRewardParser``) write
+    it: a token and a feature dimension, so that ``MCAdvantage``'s advantage broadcasts over the
+    tokens in ``GRPOLoss``. The reward spec is added with that shape if the environment has none.
+
+    The step is read in one of ``ChatEnv``'s two forms, ``input_mode``: ``"history"`` (a row is
+    scored when its last turn at ``history_key`` has one of the ``completion_roles``) or
+    ``"text"`` (every row is scored; TRL reward functions read ``prompt_key`` and
+    ``completion_key``). With ``only_done=True``, a row is scored only when the step ends its
+    episode (a sparse, trajectory-level reward). Other rows get ``0.0``. A row the reward leaves
+    unscored (TRL reward functions all returning ``None``) keeps its ``NaN``.
 
     Args:
-        module (TensorDictModuleBase): reads the conversation (or tokens) and writes one reward per
-            row, e.g. ``TRLRewardFuncWrapper([think_format_reward])``.
+        module (TRL reward function(s) or TensorDictModuleBase): TRL reward functions
+            ``f(prompts, completions, completion_ids, **kwargs)`` (one, or a list, weighted by
+            ``weights``), run through a :class:`~torchrl_trl_interop.TRLRewardFuncWrapper`; or a
+            TensorDict module that writes one reward per row, e.g.
+            ``HFRewardModelWrapper(model, tokenizer=rm_tok, input_mode="history")``.
 
     Keyword Args:
+        input_mode (str, optional): ``"history"`` or ``"text"``, the environment's
+            (``ChatEnv(input_mode=...)``). Defaults to ``None``: ``"text"`` if ``prompt_key`` and
+            ``completion_key`` are given, else ``"history"``.
+        history_key (NestedKey or None, optional): the conversation (``"history"`` mode), read
+            to tell whether a turn ended with a completion role, and by TRL reward functions.
+            ``None`` scores every row. Defaults to ``("history", "full")``, what torchrl's LLM
+            wrappers write.
         reward_key (NestedKey, optional): the reward entry written in the step's output
             (``("next", reward_key)`` of the rollout). Defaults to ``"reward"``.
-        module_reward_key (NestedKey, optional): where ``module`` writes its reward. Defaults to
+        module_reward_key (NestedKey, optional): where the module writes its reward. Defaults to
             the module's only ``out_keys`` entry, else ``"reward"``.
-        history_key (NestedKey or None, optional): the conversation, read to tell whether a turn
-            ended with a completion role. ``None`` scores every row. Defaults to
-            ``("history", "full")``, what torchrl's LLM wrappers write.
         completion_roles (sequence of str, optional): roles that end a scored turn. Defaults to
             ``("assistant",)``.
-        only_done (bool, optional): score only steps that end the episode. Defaults to ``False``.
+        only_done (bool, optional): score only steps that end the episode. The transform reads
+            ``done`` where it runs, so append it *after* the transforms that end episodes
+            (``StepCounter(max_steps=...)``): before one, it raises at the first reset or step.
+            Defaults to ``False``.
         done_key (NestedKey, optional): the done flag in the step's output. Defaults to ``"done"``.
         accumulate (bool, optional): add to a reward another transform already wrote instead of
             refusing to overwrite it. Defaults to ``False``.
+        weights (list of float, optional): one weight per TRL reward function, as
+            ``GRPOConfig.reward_weights``. Defaults to ``1.0`` each.
+        prompt_key, completion_key (NestedKey, optional): the prompt and completion strings TRL
+            reward functions read in ``"text"`` mode. Default to ``("text", "prompt")`` and
+            ``("text", "response")`` there.
+        completion_ids_key (NestedKey, optional): completion token ids for TRL reward
+            functions. Defaults to ``None``.
+        kwargs_keys (dict, optional): ``{kwarg name: key}`` passed to TRL reward functions.
 
     Raises:
-        TypeError: if ``module`` is not a ``TensorDictModuleBase``.
+        TypeError: if ``module`` is neither a ``TensorDictModuleBase`` nor TRL reward functions
+            (a model needs :class:`~torchrl_trl_interop.HFRewardModelWrapper`), a TRL-function
+            argument (``weights``, ``prompt_key``, ...) is given with a module, or a key or flag
+            has the wrong type.
+        ValueError: if ``input_mode`` is not ``"history"`` or ``"text"``, or a key argument of
+            the other mode is given; TRL reward functions' own argument errors
+            (:class:`~torchrl_trl_interop.TRLRewardFuncWrapper`), named after this call. At the
+            first reset or step, with ``only_done=True``, if a transform after this one sets
+            done entries.
 
     Examples:
         >>> from tensordict import TensorDict
         >>> from torchrl.envs.llm import ChatEnv
         >>> from torchrl.modules.llm.policies import ChatHistory
-        >>> from torchrl_trl_interop import TRLRewardFuncWrapper
         >>> from torchrl_trl_interop import messages_to_history
         >>> def says_four(completions, **kwargs):
         ...     return [float("4" in c[-1]["content"]) for c in completions]
         >>> env = ChatEnv(batch_size=(2,), input_mode="history").append_transform(
-        ...     RewardTransform(TRLRewardFuncWrapper(says_four)))
+        ...     RewardTransform(says_four))
         >>> _ = env.reset(TensorDict({"query": ["2+2?", "2+3?"]}, batch_size=[2]))
         >>> chats = [[{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "4"}],
         ...          [{"role": "user", "content": "2+3?"}, {"role": "assistant", "content": "6"}]]
@@ -89,42 +121,97 @@ class RewardTransform(Transform):
         tensor([[[1.]],
         <BLANKLINE>
                 [[0.]]])
+        >>> env.transform.module
+        TRLRewardFuncWrapper(
+            reward_funcs=['says_four'],
+            weights=[1.0],
+            input_mode='history',
+            in_keys=[('history', 'full')],
+            out_keys=['reward'])
     """
 
     def __init__(
         self,
-        module: TensorDictModuleBase,
+        module: TensorDictModuleBase | Callable | Sequence[Callable],
         *,
-        reward_key: NestedKey = "reward",
+        input_mode: str | None = None,
+        history_key: NestedKey | None = HISTORY_KEY,
+        reward_key: NestedKey = REWARD_KEY,
         module_reward_key: NestedKey | None = None,
-        history_key: NestedKey | None = _HISTORY_KEY,
         completion_roles: Sequence[str] = ("assistant",),
         only_done: bool = False,
-        done_key: NestedKey = "done",
+        done_key: NestedKey = DONE_KEY,
         accumulate: bool = False,
+        # what TRL reward functions are given (a module is configured on its own)
+        weights: Sequence[float] | None = None,
+        prompt_key: NestedKey | None = None,
+        completion_key: NestedKey | None = None,
+        completion_ids_key: NestedKey | None = None,
+        kwargs_keys: Mapping[str, NestedKey] | None = None,
     ) -> None:
-        if not isinstance(module, TensorDictModuleBase):
-            raise TypeError(
-                f"RewardTransform: module is a {type(module).__name__}; expected a TensorDict "
-                "module writing a reward (TRLRewardFuncWrapper, HFRewardModelWrapper). For TRL "
-                "reward functions use as_reward_transform(func)."
+        owner = public_call("RewardTransform")
+        if isinstance(module, TensorDictModuleBase):
+            func_args = {
+                "prompt_key": prompt_key,
+                "completion_key": completion_key,
+                "completion_ids_key": completion_ids_key,
+                "kwargs_keys": kwargs_keys,
+                "weights": weights,
+            }
+            given = sorted(arg for arg, value in func_args.items() if value is not None)
+            if given:
+                raise TypeError(
+                    f"{owner}: got {given}, which RewardTransform does not take with a TensorDict "
+                    "module (they configure TRL reward functions); configure the module itself "
+                    "instead."
+                )
+            input_mode = resolve_input_mode(
+                owner, RewardTransform.__init__, locals(), modes=CHAT_MODES, default="history"
             )
+        elif isinstance(module, torch.nn.Module) or not (
+            callable(module) or isinstance(module, (list, tuple))
+        ):
+            raise TypeError(
+                f"{owner}: module is a {type(module).__name__}; expected TRL reward functions "
+                "f(prompts, completions, completion_ids, **kwargs) or a TensorDict module writing "
+                "a reward (TRLRewardFuncWrapper, HFRewardModelWrapper: wrap a reward model with "
+                "it)."
+            )
+        else:
+            with speaking_for(owner):  # the wrapper's argument errors name this call
+                module = TRLRewardFuncWrapper(
+                    module,
+                    input_mode=input_mode,
+                    history_key=HISTORY_KEY if history_key is None else history_key,
+                    prompt_key=prompt_key,
+                    completion_key=completion_key,
+                    completion_ids_key=completion_ids_key,
+                    kwargs_keys=kwargs_keys,
+                    weights=weights,
+                    completion_roles=completion_roles,
+                )
+            input_mode = module.input_mode
+        self.input_mode = input_mode
         self.module_reward_key = (
             _module_reward_key(module)
             if module_reward_key is None
-            else public_key(as_key(module_reward_key, "module_reward_key"))
+            else as_nested_key(module_reward_key, "module_reward_key")
         )
-        self.reward_key = public_key(as_key(reward_key, "reward_key"))
+        self.reward_key = as_nested_key(reward_key, "reward_key")
         self.history_key = (
-            None if history_key is None else public_key(as_key(history_key, "history_key"))
+            None
+            if history_key is None or input_mode == "text"
+            else as_nested_key(history_key, "history_key")
         )
-        self.completion_roles = as_names(completion_roles, "completion_roles", "RewardTransform")
-        self.only_done = check_bool(only_done, "only_done", "RewardTransform")
-        self.done_key = public_key(as_key(done_key, "done_key"))
-        self.accumulate = check_bool(accumulate, "accumulate", "RewardTransform")
-        module_in_keys = [unravel_key(k) for k in getattr(module, "in_keys", [])]
+        self.completion_roles = as_names(completion_roles, "completion_roles", owner)
+        self.only_done = check_bool(only_done, "only_done", owner)
+        self.done_key = as_nested_key(done_key, "done_key")
+        self.accumulate = check_bool(accumulate, "accumulate", owner)
+        module_in_keys = [as_nested_key(k) for k in getattr(module, "in_keys", [])]
         super().__init__(in_keys=module_in_keys, out_keys=[self.reward_key])
         self.module = module
+        self._owner = owner
+        self._order_checked = 0  # how many transforms the environment had when last checked
 
     def _call(self, next_tensordict: TensorDictBase) -> TensorDictBase:
         return next_tensordict  # rewards are written at step time, from the step's input
@@ -132,7 +219,46 @@ class RewardTransform(Transform):
     def _reset(
         self, tensordict: TensorDictBase, tensordict_reset: TensorDictBase
     ) -> TensorDictBase:
+        self._check_done_is_final()
         return tensordict_reset
+
+    def _check_done_is_final(self) -> None:
+        """With ``only_done``, refuses to run before a transform that sets done entries.
+
+        TorchRL runs transforms in order: before such a transform (``StepCounter`` with
+        ``max_steps``), ``done`` is not final when this transform reads it, and every step would
+        score 0.0. A later transform sets done entries when it adds done entries to the
+        environment's specs (as ``StepCounter`` adds ``truncated``) or names one in its
+        ``out_keys``. Checked again whenever the environment's transforms change.
+        """
+        if not self.only_done:
+            return
+        try:
+            env = self.container
+        except AttributeError:  # not in an environment (yet)
+            return
+        if not isinstance(env, TransformedEnv):
+            return
+        transforms = _flat_transforms(env.transform)
+        if len(transforms) == self._order_checked:
+            return
+        position = next((i for i, t in enumerate(transforms) if t is self), None)
+        later = [] if position is None else transforms[position + 1 :]
+        if later:
+            final = set(env.full_done_spec.keys(True, True))
+            added = sorted(map(str, final - set(self.parent.full_done_spec.keys(True, True))))
+            named = {as_nested_key(k) for t in later for k in (getattr(t, "out_keys", None) or [])}
+            written = sorted(map(str, final & named))
+            if added or written:
+                names = [type(t).__name__ for t in later]
+                raise ValueError(
+                    f"{self._owner}(only_done=True) runs before {names} in the environment's "
+                    f"transforms, which set the done entries {added or written}. TorchRL runs "
+                    "transforms in order, so done is not final when the reward is computed and "
+                    "every step would score 0.0. Append the reward transform after the step "
+                    "limit (env.append_transform(StepCounter(...)) first, then this one)."
+                )
+        self._order_checked = len(transforms)
 
     def _scored_rows(
         self, tensordict: TensorDictBase, next_tensordict: TensorDictBase
@@ -142,9 +268,9 @@ class RewardTransform(Transform):
         if self.history_key is not None:
             if self.history_key not in tensordict.keys(True):
                 raise KeyError(
-                    f"RewardTransform: no conversation at history_key={self.history_key!r} in "
-                    f"the step's input (keys: {sorted(map(str, tensordict.keys(True, True)))}). "
-                    "Pass history_key=... (or None to score every row)."
+                    f"{self._owner}: no conversation at history_key={self.history_key!r} in the "
+                    f"step's input (keys: {keys_present(tensordict)}). Pass history_key=... (or "
+                    "None to score every row)."
                 )
             flat = tensordict if tensordict.ndim == 1 else tensordict.reshape(-1)
             with set_list_to_stack(True):
@@ -160,8 +286,8 @@ class RewardTransform(Transform):
         missing = [k for k in self.in_keys if k not in tensordict.keys(True)]
         if missing:
             raise KeyError(
-                f"RewardTransform: the reward module reads {missing}, missing from the step's "
-                f"input (keys: {sorted(map(str, tensordict.keys(True, True)))})."
+                f"{self._owner}: the reward module reads {missing}, missing from the step's "
+                f"input (keys: {keys_present(tensordict)})."
             )
         flat = tensordict.reshape(-1) if tensordict.ndim != 1 else tensordict
         selected = flat[rows.nonzero().squeeze(-1)].select(*self.in_keys)
@@ -171,13 +297,14 @@ class RewardTransform(Transform):
         reward = out.get(self.module_reward_key, None)
         if not isinstance(reward, torch.Tensor) or reward.numel() != int(rows.sum()):
             raise ValueError(
-                f"RewardTransform: the module wrote {type(reward).__name__} at "
+                f"{self._owner}: the module wrote {type(reward).__name__} at "
                 f"{self.module_reward_key!r}; expected one reward per scored row "
                 f"({int(rows.sum())}). Pass module_reward_key=... naming its output."
             )
         return reward.detach().reshape(-1).float().cpu()
 
     def _step(self, tensordict: TensorDictBase, next_tensordict: TensorDictBase) -> TensorDictBase:
+        self._check_done_is_final()
         shape = next_tensordict.batch_size
         rows = self._scored_rows(tensordict, next_tensordict)
         reward = torch.zeros(shape.numel())
@@ -189,7 +316,7 @@ class RewardTransform(Transform):
         if existing is not None:
             if not self.accumulate:
                 raise ValueError(
-                    f"RewardTransform: the step already holds a reward at {self.reward_key!r} "
+                    f"{self._owner}: the step already holds a reward at {self.reward_key!r} "
                     "(written by the environment or an earlier transform). Pass accumulate=True "
                     "to add this one to it, or reward_key=... to write it elsewhere."
                 )
@@ -205,62 +332,46 @@ class RewardTransform(Transform):
         return reward_spec
 
 
+#: The keyword arguments :func:`as_reward_transform` passes on: those of :class:`RewardTransform`.
+_KEYWORDS = tuple(
+    name
+    for name, param in inspect.signature(RewardTransform.__init__).parameters.items()
+    if param.kind is param.KEYWORD_ONLY
+)
+
+
 def as_reward_transform(
-    module: TensorDictModuleBase | Callable | Sequence[Callable],
-    **kwargs: Any,
+    module: TensorDictModuleBase | Callable | Sequence[Callable], **kwargs: Any
 ) -> RewardTransform:
-    """Wraps a reward module, or TRL reward functions, as a :class:`RewardTransform`.
+    """:class:`RewardTransform`, spelled as a function: ``RewardTransform(module, **kwargs)``.
+
+    Kept for the code written with it; errors name ``as_reward_transform``.
 
     Args:
-        module (TensorDictModuleBase, callable or list of callables): a reward TensorDict module
-            (``TRLRewardFuncWrapper``, ``HFRewardModelWrapper``), or TRL reward functions
-            ``f(prompts, completions, completion_ids, **kwargs)``, which are wrapped in a
-            :class:`~torchrl_trl_interop.TRLRewardFuncWrapper` first (History mode, on
-            ``history_key``).
+        module (TRL reward function(s) or TensorDictModuleBase): as :class:`RewardTransform`.
 
     Keyword Args:
-        **kwargs: :class:`RewardTransform` keyword arguments; with reward functions also
-            ``TRLRewardFuncWrapper`` ones (``weights``, ``kwargs_keys``, ``completion_ids_key``).
+        **kwargs: the keyword arguments of :class:`RewardTransform` (``input_mode``,
+            ``weights``, ``only_done``, ...).
 
     Returns:
         a :class:`RewardTransform` to append to the environment.
 
     Raises:
-        TypeError: if a keyword argument is not accepted (``TRLRewardFuncWrapper`` arguments
-            need reward functions, not a module), or ``module`` is neither.
+        TypeError: if a keyword argument is not one of :class:`RewardTransform`'s (the message
+            lists them), and as :class:`RewardTransform`.
+        ValueError: as :class:`RewardTransform`.
 
     Examples:
         >>> from trl.rewards import think_format_reward
         >>> t = as_reward_transform(think_format_reward, only_done=True)
-        >>> t.module
-        TRLRewardFuncWrapper(
-            reward_funcs=['think_format_reward'],
-            weights=[1.0],
-            in_keys=[('history', 'full')],
-            out_keys=['reward'])
+        >>> type(t).__name__, t.module.reward_func_names
+        ('RewardTransform', ['think_format_reward'])
+        >>> as_reward_transform(think_format_reward, only_dne=True)
+        Traceback (most recent call last):
+        ...
+        TypeError: as_reward_transform() got an unexpected keyword argument 'only_dne' (did you mean 'only_done'?). It takes: ['accumulate', 'completion_ids_key', 'completion_key', 'completion_roles', 'done_key', 'history_key', 'input_mode', 'kwargs_keys', 'module_reward_key', 'only_done', 'prompt_key', 'reward_key', 'weights'].
     """
-    own = {
-        "reward_key",
-        "module_reward_key",
-        "history_key",
-        "completion_roles",
-        "only_done",
-        "done_key",
-        "accumulate",
-    }
-    transform_kwargs = {k: v for k, v in kwargs.items() if k in own}
-    extra = {k: v for k, v in kwargs.items() if k not in own}
-    if not isinstance(module, TensorDictModuleBase):
-        from ._from_trl import TRLRewardFuncWrapper
-
-        wrapper_kwargs = dict(extra)
-        for name in ("history_key", "completion_roles"):
-            if name in transform_kwargs and transform_kwargs[name] is not None:
-                wrapper_kwargs[name] = transform_kwargs[name]
-        module = TRLRewardFuncWrapper(module, **wrapper_kwargs)
-    elif extra:
-        raise TypeError(
-            f"as_reward_transform: got {sorted(extra)}, which RewardTransform does not take "
-            f"(it takes {sorted(own)}); configure the module itself instead."
-        )
-    return RewardTransform(module, **transform_kwargs)
+    check_keywords(kwargs, _KEYWORDS, "as_reward_transform")
+    with speaking_for("as_reward_transform"):
+        return RewardTransform(module, **kwargs)

@@ -1,6 +1,6 @@
 """TRL reward functions as a TorchRL module: :class:`TRLRewardFuncWrapper`.
 
-It reads rollouts from a TensorDict (History or text), calls TRL reward functions (sync or
+It reads rollouts from a TensorDict (``input_mode="history"`` or ``"text"``), calls TRL reward functions (sync or
 ``async``) with TRL's keyword convention ``f(prompts=..., completions=..., completion_ids=...,
 **kwargs) -> list[float | None]``, and writes their weighted sum as GRPOTrainer computes it.
 """
@@ -20,10 +20,25 @@ from tensordict import TensorDictBase, set_list_to_stack
 from tensordict.nn import TensorDictModuleBase
 from tensordict.utils import NestedKey
 
-from .._checks import as_mapping, as_names, check_real, check_tensordict, module_repr
-from .._conversation import split_prompt_completion
-from .._keys import HISTORY_KEY, as_key, as_optional_key, public_key, to_python
+from .._checks import (
+    as_mapping,
+    as_names,
+    check_real,
+    check_tensordict,
+    module_repr,
+    public_call,
+)
+from .._keys import (
+    HISTORY_KEY,
+    PROMPT_TEXT_KEY,
+    RESPONSE_TEXT_KEY,
+    REWARD_KEY,
+    as_nested_key,
+    to_python,
+)
 from ..data._columns import row_values
+from ._input_mode import CHAT_MODES, resolve_input_mode
+from ._inputs import read_chat_texts, read_chats
 
 __all__ = ["TRLRewardFuncWrapper"]
 
@@ -57,6 +72,44 @@ def _run_coroutines(coroutines: list) -> list:
         return pool.submit(asyncio.run, gather()).result()
 
 
+def _check_reward_funcs(reward_funcs: Any, owner: str) -> list[Callable]:
+    """``reward_funcs`` as a non-empty list of TRL reward functions (not models, not model ids)."""
+    funcs = list(reward_funcs) if isinstance(reward_funcs, (list, tuple)) else [reward_funcs]
+    if not funcs:
+        raise ValueError(f"{owner}: reward_funcs is empty; pass at least one.")
+    for i, func in enumerate(funcs):
+        if isinstance(func, str):
+            raise TypeError(
+                f"{owner}: reward_funcs[{i}] is the string {func!r} (a model id). Load the reward "
+                "model offline and wrap it with HFRewardModelWrapper instead."
+            )
+        if isinstance(func, torch.nn.Module) or not callable(func):
+            raise TypeError(
+                f"{owner}: reward_funcs[{i}] is a {type(func).__name__}; expected a TRL reward "
+                "function f(prompts, completions, completion_ids, **kwargs). Wrap a reward model "
+                "with HFRewardModelWrapper (a TensorDict module) instead."
+            )
+    return funcs
+
+
+def _check_weights(weights: Any, n: int, owner: str) -> list[float]:
+    """One finite float per reward function, as ``GRPOConfig.reward_weights``; ``None``: 1.0 each."""
+    if weights is None:
+        return [1.0] * n
+    if isinstance(weights, (str, bytes)) or not isinstance(weights, (Sequence, torch.Tensor)):
+        raise TypeError(
+            f"{owner}: weights must be a list of floats (one per reward function), got "
+            f"{type(weights).__name__}."
+        )
+    weights = [check_real(w, f"weights[{i}]", owner) for i, w in enumerate(weights)]
+    if len(weights) != n:
+        raise ValueError(
+            f"{owner}: got {len(weights)} weights for {n} reward functions; pass one weight per "
+            "function (as GRPOConfig.reward_weights)."
+        )
+    return weights
+
+
 class TRLRewardFuncWrapper(TensorDictModuleBase):
     """Runs TRL reward functions on TorchRL rollouts and writes their (weighted) reward.
 
@@ -71,12 +124,17 @@ class TRLRewardFuncWrapper(TensorDictModuleBase):
                                                    every function returned None (as GRPOTrainer)
         reward_per_func_key  float32 [*batch, F]   each function's rewards, None -> NaN
 
-    Input, per rollout:
+    Input, per rollout, in one of two forms, ``input_mode`` (as ``ChatEnv`` names them):
 
-    * **History mode** (default): the full conversation at ``history_key`` is split into
+    * ``"history"`` (default): the full conversation at ``history_key`` is split into
       ``prompts`` (every turn before the trailing ``completion_roles`` turns) and ``completions``
       (those turns), both message lists: TRL's conversational format.
-    * **Text mode** (``prompt_key`` and ``completion_key``): strings, TRL's standard format.
+    * ``"text"``: strings at ``prompt_key`` and ``completion_key`` (TorchRL's
+      ``("text", "prompt")`` and ``("text", "response")`` by default): TRL's standard format.
+
+    Code written before ``input_mode`` runs unchanged: without ``input_mode``, passing both
+    ``prompt_key`` and ``completion_key`` selects text (a key argument equal to its default
+    counts as not given), and a key argument of another mode than ``input_mode`` is an error.
 
     ``completion_ids`` is read from ``completion_ids_key`` (e.g. ``("tokens", "response")``;
     ragged rows give their exact ids, padded tensors are passed as stored), else ``None``.
@@ -89,11 +147,14 @@ class TRLRewardFuncWrapper(TensorDictModuleBase):
             ``trl.rewards.think_format_reward`` or :func:`as_trl_reward_func` outputs.
 
     Keyword Args:
-        history_key (NestedKey, optional): the full conversations. Defaults to
-            ``("history", "full")``.
-        prompt_key (NestedKey, optional): prompt strings (text mode). Defaults to ``None``.
-        completion_key (NestedKey, optional): completion strings (text mode). Defaults to
-            ``None``.
+        input_mode (str, optional): ``"history"`` or ``"text"``. Defaults to ``None``: ``"text"``
+            if ``prompt_key`` and ``completion_key`` are given, else ``"history"``.
+        history_key (NestedKey, optional): the full conversations (``"history"`` mode).
+            Defaults to ``("history", "full")``.
+        prompt_key (NestedKey, optional): prompt strings (``"text"`` mode). Defaults to
+            ``None``: ``("text", "prompt")`` in ``"text"`` mode.
+        completion_key (NestedKey, optional): completion strings (``"text"`` mode). Defaults
+            to ``None``: ``("text", "response")`` in ``"text"`` mode.
         completion_ids_key (NestedKey, optional): completion token ids. Defaults to ``None``.
         kwargs_keys (dict, optional): ``{kwarg name: key}`` passed to every function.
         reward_key (NestedKey, optional): where the reward is written. Defaults to
@@ -110,11 +171,15 @@ class TRLRewardFuncWrapper(TensorDictModuleBase):
             string (wrap a reward model with ``HFRewardModelWrapper`` instead), a weight is not
             a number, or ``completion_roles`` is not a str or a list of str.
         ValueError: if ``reward_funcs`` is empty, ``weights`` has the wrong length or a
-            non-finite weight, only one of
-            ``prompt_key``/``completion_key`` is given, a non-default ``history_key`` is
-            combined with them, ``history_key=None`` is given without them, ``kwargs_keys``
-            uses a reserved name (``prompts``, ``completions``, ``completion_ids``), or two
-            inputs share a key.
+            non-finite weight, ``input_mode`` is not ``"history"`` or ``"text"``, a key
+            argument of another mode than ``input_mode`` is given (without ``input_mode``: a
+            non-default ``history_key`` with ``prompt_key``/``completion_key``, or only one of
+            these two), ``"history"`` mode has ``history_key=None``, ``kwargs_keys`` uses a
+            reserved name (``prompts``, ``completions``, ``completion_ids``), or two inputs
+            share a key.
+
+    Errors name the call the user made: this class, or the public call that built it for them
+    (``RewardTransform`` given TRL reward functions).
 
     Examples:
         >>> from tensordict import TensorDict
@@ -133,112 +198,101 @@ class TRLRewardFuncWrapper(TensorDictModuleBase):
         TRLRewardFuncWrapper(
             reward_funcs=['brevity', 'says_four'],
             weights=[1.0, 10.0],
+            input_mode='history',
             in_keys=[('history', 'full')],
             out_keys=['reward'])
+
+        Text rollouts, as a TorchRL policy in ``input_mode="text"`` writes them:
+
+        >>> texts = TensorDict({"text": {"prompt": ["2+2=", "3+3="], "response": ["4", "10"]}},
+        ...                    batch_size=[2])
+        >>> def short(completions, **kwargs):
+        ...     return [-float(len(c)) for c in completions]
+        >>> TRLRewardFuncWrapper(short, input_mode="text")(texts)["reward"]
+        tensor([-1., -2.])
     """
 
     def __init__(
         self,
         reward_funcs: Callable | Sequence[Callable],
         *,
+        input_mode: str | None = None,
         history_key: NestedKey | None = HISTORY_KEY,
         prompt_key: NestedKey | None = None,
         completion_key: NestedKey | None = None,
         completion_ids_key: NestedKey | None = None,
         kwargs_keys: Mapping[str, NestedKey] | None = None,
-        reward_key: NestedKey = "reward",
+        reward_key: NestedKey = REWARD_KEY,
         reward_per_func_key: NestedKey | None = None,
         weights: Sequence[float] | None = None,
         completion_roles: Sequence[str] = ("assistant",),
     ) -> None:
-        funcs = list(reward_funcs) if isinstance(reward_funcs, (list, tuple)) else [reward_funcs]
-        if not funcs:
-            raise ValueError("TRLRewardFuncWrapper: reward_funcs is empty; pass at least one.")
-        for i, func in enumerate(funcs):
-            if isinstance(func, str):
-                raise TypeError(
-                    f"TRLRewardFuncWrapper: reward_funcs[{i}] is the string {func!r} (a model id). "
-                    "Load the reward model offline and wrap it with HFRewardModelWrapper instead."
-                )
-            if isinstance(func, torch.nn.Module) or not callable(func):
-                raise TypeError(
-                    f"TRLRewardFuncWrapper: reward_funcs[{i}] is a {type(func).__name__}; expected "
-                    "a TRL reward function f(prompts, completions, completion_ids, **kwargs). "
-                    "Wrap a reward model with HFRewardModelWrapper (a TensorDict module) instead."
-                )
-        if weights is None:
-            weights = [1.0] * len(funcs)
-        if isinstance(weights, (str, bytes)) or not isinstance(weights, (Sequence, torch.Tensor)):
-            raise TypeError(
-                "TRLRewardFuncWrapper: weights must be a list of floats (one per reward function), "
-                f"got {type(weights).__name__}."
-            )
-        weights = [
-            check_real(w, f"weights[{i}]", "TRLRewardFuncWrapper") for i, w in enumerate(weights)
-        ]
-        if len(weights) != len(funcs):
-            raise ValueError(
-                f"TRLRewardFuncWrapper: got {len(weights)} weights for {len(funcs)} reward "
-                "functions; pass one weight per function (as GRPOConfig.reward_weights)."
-            )
-        if (prompt_key is None) != (completion_key is None):
-            raise ValueError(
-                "TRLRewardFuncWrapper: text mode needs both prompt_key and completion_key (got "
-                f"prompt_key={prompt_key!r}, completion_key={completion_key!r})."
-            )
-        text_mode = prompt_key is not None
-        if text_mode:
-            if history_key is not None and as_key(history_key, "history_key") != HISTORY_KEY:
+        # the call the user made: this class, or the public call that built it for them
+        owner = public_call(type(self).__name__)
+        implied = input_mode is None
+        input_mode = resolve_input_mode(  # first: it reads the arguments as passed
+            owner, TRLRewardFuncWrapper.__init__, locals(), modes=CHAT_MODES, default="history"
+        )
+        funcs = _check_reward_funcs(reward_funcs, owner)
+        weights = _check_weights(weights, len(funcs), owner)
+        if input_mode == "text":
+            if implied and (prompt_key is None or completion_key is None):
                 raise ValueError(
-                    f"TRLRewardFuncWrapper: history_key={history_key!r} and prompt_key/"
-                    "completion_key select two different inputs; pass only one of them."
+                    f"{owner}: text mode needs both prompt_key and completion_key (got "
+                    f"prompt_key={prompt_key!r}, completion_key={completion_key!r}). Pass both, "
+                    "or input_mode='text' to read TorchRL's ('text', 'prompt') and "
+                    "('text', 'response') where a key is not given."
                 )
             history_key = None
-            prompt_key = as_key(prompt_key, "prompt_key")
-            completion_key = as_key(completion_key, "completion_key")
+            prompt_key = as_nested_key(
+                PROMPT_TEXT_KEY if prompt_key is None else prompt_key, "prompt_key"
+            )
+            completion_key = as_nested_key(
+                RESPONSE_TEXT_KEY if completion_key is None else completion_key, "completion_key"
+            )
             in_keys = [prompt_key, completion_key]
         else:
             if history_key is None:
                 raise ValueError(
-                    "TRLRewardFuncWrapper: history_key=None needs prompt_key= and "
-                    "completion_key= (text mode); otherwise there is no input to read."
+                    f"{owner}: history_key=None needs prompt_key= and completion_key= "
+                    "(input_mode='text'); otherwise there is no input to read."
                 )
-            history_key = as_key(history_key, "history_key")
+            history_key = as_nested_key(history_key, "history_key")
             in_keys = [history_key]
-        completion_ids_key = as_optional_key(completion_ids_key, "completion_ids_key")
         if completion_ids_key is not None:
+            completion_ids_key = as_nested_key(completion_ids_key, "completion_ids_key")
             in_keys.append(completion_ids_key)
         kwargs_keys = {
-            str(name): as_key(key, f"kwargs_keys[{name!r}]")
+            str(name): as_nested_key(key, f"kwargs_keys[{name!r}]")
             for name, key in as_mapping(
-                kwargs_keys, "kwargs_keys", "TRLRewardFuncWrapper", "{kwarg name: key}"
+                kwargs_keys, "kwargs_keys", owner, "{kwarg name: key}"
             ).items()
         }
         reserved = {"prompts", "completions", "completion_ids"} & set(kwargs_keys)
         if reserved:
             raise ValueError(
-                f"TRLRewardFuncWrapper: kwargs_keys uses the reserved name(s) {sorted(reserved)}; "
-                "they are filled from the History/text keys."
+                f"{owner}: kwargs_keys uses the reserved name(s) {sorted(reserved)}; they are "
+                "filled from the History/text keys."
             )
         in_keys.extend(kwargs_keys.values())
-        duplicates = sorted({repr(public_key(k)) for k in in_keys if in_keys.count(k) > 1})
+        duplicates = sorted({repr(k) for k in in_keys if in_keys.count(k) > 1})
         if duplicates:
             raise ValueError(
-                f"TRLRewardFuncWrapper: the key(s) {duplicates} are used for two inputs; give "
-                "each input its own key."
+                f"{owner}: the key(s) {duplicates} are used for two inputs; give each input its "
+                "own key."
             )
-        reward_key = as_key(reward_key, "reward_key")
-        reward_per_func_key = as_optional_key(reward_per_func_key, "reward_per_func_key")
-        out_keys = [k for k in (reward_key, reward_per_func_key) if k is not None]
+        reward_key = as_nested_key(reward_key, "reward_key")
+        if reward_per_func_key is not None:
+            reward_per_func_key = as_nested_key(reward_per_func_key, "reward_per_func_key")
+        completion_roles = as_names(completion_roles, "completion_roles", owner)
 
         super().__init__()
         self.reward_funcs = funcs
         self.reward_func_names = [_callable_name(f) for f in funcs]
         self.weights = weights
-        self.completion_roles = as_names(
-            completion_roles, "completion_roles", "TRLRewardFuncWrapper"
-        )
-        self._text_mode = text_mode
+        self.completion_roles = completion_roles
+        self.input_mode = input_mode
+        self._owner = owner
         self._history_key = history_key
         self._prompt_key = prompt_key
         self._completion_key = completion_key
@@ -246,31 +300,21 @@ class TRLRewardFuncWrapper(TensorDictModuleBase):
         self._kwargs_keys = kwargs_keys
         self._reward_key = reward_key
         self._reward_per_func_key = reward_per_func_key
-        self.in_keys = [public_key(k) for k in in_keys]
-        self.out_keys = [public_key(k) for k in out_keys]
+        self.in_keys = in_keys
+        self.out_keys = [k for k in (reward_key, reward_per_func_key) if k is not None]
 
     def __repr__(self) -> str:
-        return module_repr(
-            self, [f"reward_funcs={self.reward_func_names}", f"weights={self.weights}"]
-        )
+        fields = [f"reward_funcs={self.reward_func_names}", f"weights={self.weights}"]
+        return module_repr(self, [*fields, f"input_mode={self.input_mode!r}"])
 
     def _read(self, td: TensorDictBase) -> tuple[list, list, list | None, dict[str, list]]:
-        owner = type(self).__name__
-        if self._text_mode:
-            prompts = row_values(td, self._prompt_key, "prompt_key", owner)
-            completions = row_values(td, self._completion_key, "completion_key", owner)
+        owner = self._owner
+        if self.input_mode == "text":
+            prompts, completions = read_chat_texts(
+                td, self._prompt_key, self._completion_key, owner
+            )
         else:
-            conversations = row_values(td, self._history_key, "history_key", owner)
-            prompts, completions = [], []
-            for i, conversation in enumerate(conversations):
-                try:
-                    prompt, completion = split_prompt_completion(
-                        conversation, completion_roles=self.completion_roles
-                    )
-                except ValueError as err:
-                    raise ValueError(f"{owner}: rollout {i} (flattened): {err}") from err
-                prompts.append(prompt)
-                completions.append(completion)
+            prompts, completions = read_chats(td, self._history_key, self.completion_roles, owner)
         completion_ids = (
             None
             if self._completion_ids_key is None
@@ -289,21 +333,21 @@ class TRLRewardFuncWrapper(TensorDictModuleBase):
         name = self.reward_func_names[index]
         if not isinstance(output, (list, tuple)) and not isinstance(output, torch.Tensor):
             raise TypeError(
-                f"{type(self).__name__}: reward function {name!r} returned a "
+                f"{self._owner}: reward function {name!r} returned a "
                 f"{type(output).__name__}; expected a list with one float (or None) per completion."
             )
         if isinstance(output, torch.Tensor) and output.ndim != 1:
             raise ValueError(
-                f"{type(self).__name__}: reward function {name!r} returned a tensor of shape "
+                f"{self._owner}: reward function {name!r} returned a tensor of shape "
                 f"{list(output.shape)}; expected one float per completion, shape [{n}]."
             )
         output = output.tolist() if isinstance(output, torch.Tensor) else list(output)
         if len(output) != n:
             raise ValueError(
-                f"{type(self).__name__}: reward function {name!r} returned {len(output)} rewards "
+                f"{self._owner}: reward function {name!r} returned {len(output)} rewards "
                 f"but {n} were expected (one per completion)."
             )
-        owner = f"{type(self).__name__}: reward function {name!r}"
+        owner = f"{self._owner}: reward function {name!r}"
         rewards = [
             float("nan") if r is None else check_real(r, f"reward [{i}]", owner, finite=False)
             for i, r in enumerate(output)
@@ -328,7 +372,7 @@ class TRLRewardFuncWrapper(TensorDictModuleBase):
                 match the batch, or a function returns the wrong number of rewards, a tensor
                 that is not 1-D, or an infinite reward.
         """
-        check_tensordict(tensordict, "tensordict", type(self).__name__)
+        check_tensordict(tensordict, "tensordict", self._owner)
         with set_list_to_stack(True):  # reading History needs it; scoped, never global
             prompts, completions, completion_ids, kwargs = self._read(tensordict)
         n = len(prompts)

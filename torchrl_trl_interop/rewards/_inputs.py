@@ -1,28 +1,43 @@
-"""What a reward model reads: a TensorDict's tokens, text or History -> right-packed token ids.
+"""What the reward calls read from a TensorDict: one reader per input mode (see ``_input_mode``).
 
-Every reader returns :class:`PackedInput`: ``ids [N, T]`` with the real tokens of each row at
-its start (right padding whatever the input layout), ``lengths [N]``, the batch shape the
-rewards take, and the device they go back to. The mask, not the pad id, decides which tokens are
-real. :class:`~torchrl_trl_interop.HFRewardModelWrapper` calls these functions.
+A reward model (:class:`~torchrl_trl_interop.HFRewardModelWrapper`) reads tokens, text or History
+as right-packed token ids: :func:`read_tokens`, :func:`read_texts`, :func:`read_history`. Each
+returns :class:`PackedInput`: ``ids [N, T]`` with the real tokens of each row at its start (right
+padding whatever the input layout), ``lengths [N]``, the batch shape the rewards take, and the
+device they go back to. The mask, not the pad id, decides which tokens are real.
+
+TRL reward functions (:class:`~torchrl_trl_interop.TRLRewardFuncWrapper`) read TRL's prompts and
+completions instead: :func:`read_chats` (History) and :func:`read_chat_texts` (text).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
 from tensordict import TensorDictBase, is_non_tensor, set_list_to_stack
+from tensordict.utils import NestedKey
 
-from .._conversation import history_to_messages
-from .._keys import Key, flatten_nested, get_entry, public_key
+from .._conversation import history_to_messages, split_prompt_completion
+from .._keys import flatten_nested, get_entry
 from .._padding import pack_right, position_mask
+from ..data._columns import row_values
 
 if TYPE_CHECKING:  # pragma: no cover
     from transformers import PreTrainedTokenizerBase
 
-__all__ = ["PackedInput", "empty_rows_error", "read_history", "read_texts", "read_tokens"]
+__all__ = [
+    "PackedInput",
+    "empty_rows_error",
+    "read_chat_texts",
+    "read_chats",
+    "read_history",
+    "read_texts",
+    "read_tokens",
+]
 
 _OWNER = "HFRewardModelWrapper"
 
@@ -35,17 +50,25 @@ class PackedInput:
     lengths: torch.Tensor
     batch_shape: tuple[int, ...]
     device: torch.device | None
-    #: set when a row may hold no real token (token input): how to describe such rows. They are
-    #: looked for with the rewards (:func:`empty_rows_error`), not before: one host sync per call.
+    #: set when a row may hold no real token (token input): the argument read and why a row
+    #: can be empty. Such rows are looked for with the rewards (:func:`empty_rows_error`), not
+    #: before: one host sync per call.
     empty_hint: str | None = None
 
 
 def empty_rows_error(lengths: torch.Tensor, hint: str) -> ValueError:
-    """The error for rows of ``lengths`` 0: a reward model cannot score an empty sequence."""
+    """The error for rows of ``lengths`` 0: a reward model cannot score an empty sequence.
+
+    ``hint`` names the argument read and why a row can be empty.
+
+    Examples:
+        >>> print(empty_rows_error(torch.tensor([2, 0]), "token_key='ids' (a row holds no token)"))
+        HFRewardModelWrapper: token_key='ids' (a row holds no token): row(s) [1] (flattened index) have no real token. A reward model cannot score an empty sequence; drop these rows first.
+    """
     empty = (lengths == 0).nonzero().flatten()[:8].tolist()
     return ValueError(
-        f"{_OWNER}: row(s) {empty} (flattened index) have no real token: {hint} (or the row "
-        "is empty). A reward model cannot score an empty sequence; drop these rows first."
+        f"{_OWNER}: {hint}: row(s) {empty} (flattened index) have no real token. A reward model "
+        "cannot score an empty sequence; drop these rows first."
     )
 
 
@@ -103,7 +126,9 @@ def _read_padded(
     if isinstance(value, torch.Tensor) and not value.is_nested:
         if value.ndim == 0:
             _flatten_rows(value, what)  # raises with the message
-        return value.reshape(-1, value.shape[-1]), None, tuple(value.shape[:-1])
+        shape = tuple(value.shape[:-1])
+        # the row count spelled out: rows of width 0 (every row empty) reshape too
+        return value.reshape(math.prod(shape), value.shape[-1]), None, shape
     rows, shape = _flatten_rows(value, what)
     if not rows:
         return torch.zeros(0, 0, dtype=torch.long), None, shape
@@ -139,8 +164,8 @@ def _value_device(value: Any) -> torch.device | None:
 
 
 def _check_mask(
-    token_key: Key,
-    mask_key: Key,
+    token_key: NestedKey,
+    mask_key: NestedKey,
     ids: torch.Tensor,
     tok_lengths: torch.Tensor | None,
     batch_shape: tuple[int, ...],
@@ -157,48 +182,51 @@ def _check_mask(
         if bad.numel():
             row = int(bad[0])
             raise ValueError(
-                f"{_OWNER}: the mask at {public_key(mask_key)!r} does not match the tokens at "
-                f"{public_key(token_key)!r}: row {row} (flattened) has {int(t_len[row])} tokens "
+                f"{_OWNER}: the mask at {mask_key!r} does not match the tokens at "
+                f"{token_key!r}: row {row} (flattened) has {int(t_len[row])} tokens "
                 f"but a mask of length {int(m_len[row])}."
             )
     elif mask_shape != batch_shape or mask.shape != ids.shape:
         raise ValueError(
-            f"{_OWNER}: the mask at {public_key(mask_key)!r} (shape "
+            f"{_OWNER}: the mask at {mask_key!r} (shape "
             f"{[*mask_shape, mask.shape[-1]]}) does not match the tokens at "
-            f"{public_key(token_key)!r} (shape {[*batch_shape, ids.shape[-1]]}). The mask needs "
+            f"{token_key!r} (shape {[*batch_shape, ids.shape[-1]]}). The mask needs "
             "one entry per token."
         )
 
 
-def read_tokens(td: TensorDictBase, token_key: Key, mask_key: Key | None) -> PackedInput:
-    """Token ids (and the mask deciding which are real) -> :class:`PackedInput`.
+def read_tokens(
+    td: TensorDictBase, token_key: NestedKey, mask_key: NestedKey | None
+) -> PackedInput:
+    """``input_mode="tokens"``: token ids (and the mask deciding which are real) ->
+    :class:`PackedInput`.
 
     Dense, lazily stacked (ragged), nested-list and jagged input are read; every row must keep
-    at least one real token (checked with the rewards: see :func:`empty_rows_error`). Nothing
-    is read back from the device here.
+    at least one real token (checked with the rewards: see :func:`empty_rows_error`; rows of
+    length 0 are rows without a real token). Nothing is read back from the device here.
 
     Examples:
         >>> import torch
         >>> from tensordict import TensorDict
         >>> td = TensorDict({"ids": torch.tensor([[0, 5, 6], [7, 8, 9]]),
         ...                  "mask": torch.tensor([[0, 1, 1], [1, 1, 1]])}, batch_size=[2])
-        >>> packed = read_tokens(td, ("ids",), ("mask",))
+        >>> packed = read_tokens(td, "ids", "mask")
         >>> packed.ids, packed.lengths
         (tensor([[5, 6, 0],
                 [7, 8, 9]]), tensor([2, 3]))
     """
     value = get_entry(td, token_key, "token_key", _OWNER)
-    ids, tok_lengths, batch_shape = _read_padded(value, f"token_key={public_key(token_key)!r}")
+    ids, tok_lengths, batch_shape = _read_padded(value, f"token_key={token_key!r}")
     if ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool:
         raise TypeError(
-            f"{_OWNER}: token_key={public_key(token_key)!r} holds {ids.dtype} values; expected "
+            f"{_OWNER}: token_key={token_key!r} holds {ids.dtype} values; expected "
             "integer token ids."
         )
     real = None if tok_lengths is None else position_mask(tok_lengths, ids.shape[-1])
     if mask_key is not None:
         mask_value = get_entry(td, mask_key, "attention_mask_key", _OWNER)
         mask, mask_lengths, mask_shape = _read_padded(
-            mask_value, f"attention_mask_key={public_key(mask_key)!r}"
+            mask_value, f"attention_mask_key={mask_key!r}"
         )
         _check_mask(
             token_key, mask_key, ids, tok_lengths, batch_shape, mask, mask_lengths, mask_shape
@@ -208,11 +236,14 @@ def read_tokens(td: TensorDictBase, token_key: Key, mask_key: Key | None) -> Pac
     if real is None:
         real = torch.ones(ids.shape, dtype=torch.bool, device=ids.device)
     ids, lengths = pack_right(ids.long(), real)
-    hint = f"their {public_key(mask_key)!r} mask is all zero" if mask_key else "they are empty"
+    reason = "a row of length 0"
+    if mask_key is not None:
+        reason += f", or whose mask at attention_mask_key={mask_key!r} is all zero"
+    hint = f"token_key={token_key!r} ({reason})"
     return PackedInput(ids, lengths, batch_shape, td.device or _value_device(value), hint)
 
 
-def _pack(token_lists: Sequence[Sequence[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+def _pack(token_lists: Sequence[Sequence[int]], what: str) -> tuple[torch.Tensor, torch.Tensor]:
     rows = [torch.as_tensor(list(ids), dtype=torch.long) for ids in token_lists]
     if not rows:
         return torch.zeros(0, 0, dtype=torch.long), torch.zeros(0, dtype=torch.long)
@@ -221,42 +252,44 @@ def _pack(token_lists: Sequence[Sequence[int]]) -> tuple[torch.Tensor, torch.Ten
     if 0 in sizes:
         empty = [i for i, size in enumerate(sizes) if size == 0][:8]
         raise ValueError(
-            f"{_OWNER}: row(s) {empty} tokenize to no token at all; a reward model cannot score "
-            "an empty sequence."
+            f"{_OWNER}: {what}: row(s) {empty} (flattened index) tokenize to no token at all; a "
+            "reward model cannot score an empty sequence. Drop these rows first."
         )
     ids = torch.nn.utils.rnn.pad_sequence(rows, batch_first=True, padding_value=0)
     return ids, lengths
 
 
 def read_texts(
-    td: TensorDictBase, text_key: Key, tokenizer: PreTrainedTokenizerBase, append_eos: bool
+    td: TensorDictBase, text_key: NestedKey, tokenizer: PreTrainedTokenizerBase, append_eos: bool
 ) -> PackedInput:
-    """Strings, formatted as ``trl.RewardTrainer`` formats standard text -> :class:`PackedInput`.
+    """``input_mode="text"``: strings, formatted as ``trl.RewardTrainer`` formats standard text
+    -> :class:`PackedInput`.
 
     With ``append_eos``, the tokenizer's EOS is appended to texts that do not end with it.
     """
     value = get_entry(td, text_key, "text_key", _OWNER)
-    texts, batch_shape = _read_texts(value, f"text_key={public_key(text_key)!r}")
+    texts, batch_shape = _read_texts(value, f"text_key={text_key!r}")
     for i, text in enumerate(texts):
         if not isinstance(text, str):
             raise TypeError(
-                f"{_OWNER}: text_key={public_key(text_key)!r} row {i} is a "
+                f"{_OWNER}: text_key={text_key!r} row {i} is a "
                 f"{type(text).__name__}; expected a str."
             )
     eos = tokenizer.eos_token
     if append_eos:
         texts = [text if text.endswith(eos) else text + eos for text in texts]
     token_lists = tokenizer(texts)["input_ids"] if texts else []
-    return PackedInput(*_pack(token_lists), batch_shape, td.device)
+    return PackedInput(*_pack(token_lists, f"text_key={text_key!r}"), batch_shape, td.device)
 
 
 def read_history(
     td: TensorDictBase,
-    history_key: Key,
+    history_key: NestedKey,
     tokenizer: PreTrainedTokenizerBase,
     chat_template_kwargs: dict[str, Any],
 ) -> PackedInput:
-    """A History rendered with the chat template, as ``trl.RewardTrainer`` renders conversations."""
+    """``input_mode="history"``: a History rendered with the chat template, as
+    ``trl.RewardTrainer`` renders conversations -> :class:`PackedInput`."""
     from torchrl.data.llm import History
 
     with set_list_to_stack(True):  # scoped: reading a ragged History needs the mode
@@ -264,7 +297,7 @@ def read_history(
         messages = history_to_messages(history) if isinstance(history, History) else None
     if not isinstance(history, History):
         raise TypeError(
-            f"{_OWNER}: history_key={public_key(history_key)!r} holds a "
+            f"{_OWNER}: history_key={history_key!r} holds a "
             f"{type(history).__name__}; expected a torchrl.data.llm.History."
         )
     batch_shape = tuple(history.batch_size[:-1])
@@ -278,4 +311,41 @@ def read_history(
         if conversations
         else []
     )
-    return PackedInput(*_pack(token_lists), batch_shape, td.device)
+    packed = _pack(token_lists, f"history_key={history_key!r}")
+    return PackedInput(*packed, batch_shape, td.device)
+
+
+# -- TRL reward functions: prompts and completions ----------------------------------------------
+
+
+def read_chats(
+    td: TensorDictBase, history_key: NestedKey, completion_roles: tuple[str, ...], owner: str
+) -> tuple[list, list]:
+    """``input_mode="history"``: each conversation split into TRL's prompt and completion
+    (message lists; the completion is the trailing ``completion_roles`` turns), row-major."""
+    prompts, completions = [], []
+    for i, conversation in enumerate(row_values(td, history_key, "history_key", owner)):
+        try:
+            prompt, completion = split_prompt_completion(
+                conversation, completion_roles=completion_roles
+            )
+        except ValueError as err:
+            raise ValueError(f"{owner}: rollout {i} (flattened): {err}") from err
+        prompts.append(prompt)
+        completions.append(completion)
+    return prompts, completions
+
+
+def read_chat_texts(
+    td: TensorDictBase, prompt_key: NestedKey, completion_key: NestedKey, owner: str
+) -> tuple[list, list]:
+    """``input_mode="text"``: prompt and completion strings, TRL's standard format, row-major.
+
+    Examples:
+        >>> from tensordict import TensorDict
+        >>> td = TensorDict({"text": {"prompt": ["2+2="], "response": ["4"]}}, batch_size=[1])
+        >>> read_chat_texts(td, ("text", "prompt"), ("text", "response"), "example")
+        (['2+2='], ['4'])
+    """
+    prompts = row_values(td, prompt_key, "prompt_key", owner)
+    return prompts, row_values(td, completion_key, "completion_key", owner)

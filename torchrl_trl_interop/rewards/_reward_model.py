@@ -1,7 +1,7 @@
 """Hugging Face reward models as TensorDict modules: :class:`HFRewardModelWrapper`.
 
 Read -> score -> write: ``_inputs`` turns the TensorDict into
-right-packed token ids, ``_scoring`` scores them in length-bucketed
+right-packed token ids (one reader per ``input_mode``, chosen by ``_input_mode``), ``_scoring`` scores them in length-bucketed
 micro-batches (``_pooling`` reads one reward per row out of the model's
 output), and the rewards are written back in the TensorDict's batch shape. Where and why this
 differs from upstream ``torchrl.modules.llm.HFRewardModelWrapper``: ``docs/overview.rst``.
@@ -26,7 +26,13 @@ from .._checks import (
     check_tokenizer,
     module_repr,
 )
-from .._keys import ATTENTION_MASK_KEY, TOKEN_KEY, as_key, as_optional_key, public_key
+from .._keys import (
+    ATTENTION_MASK_KEY,
+    REWARD_KEY,
+    TOKEN_KEY,
+    as_nested_key,
+)
+from ._input_mode import INPUT_MODES, MODE_KEY_ARGS, mode_key, resolve_input_mode
 from ._inputs import PackedInput, read_history, read_texts, read_tokens
 from ._pooling import RewardOutputError, RewardShapeError, check_model_input, text_config
 from ._scoring import NONFINITE_MODES, report_nonfinite, score_packed
@@ -48,15 +54,29 @@ class _RewardModelHolder(nn.Module):
 class HFRewardModelWrapper(TensorDictModuleBase):
     """A :class:`~tensordict.nn.TensorDictModuleBase` that scores TensorDicts with an HF reward model.
 
-    Reads tokens and attention mask (or text, or a :class:`~torchrl.data.llm.History`) from the
-    input tensordict, calls the reward model, and writes one ``float32`` reward per row to
-    ``reward_key`` in the same tensordict. Drop-in for upstream
-    ``torchrl.modules.llm.HFRewardModelWrapper`` (same arguments and defaults). The mask, not the
-    pad id, decides which tokens are real, so each reward equals that of the row scored alone
-    whatever the padding; ragged input (lazy stacks, nested lists, jagged tensors) and any batch
-    shape (``[]``, ``[B]``, ``[E, G]``) are read as they are; the reward is never an inference
-    tensor; NaN or infinite rewards raise by default. ``docs/overview.rst`` says how, and where
-    upstream differs.
+    Reads its input from the tensordict in one of TorchRL's three forms, ``input_mode``
+    (``"tokens"``, ``"text"`` or ``"history"``, as ``TransformersWrapper`` names them), calls the
+    reward model, and writes one ``float32`` reward per row to ``reward_key`` in the same
+    tensordict. Drop-in for upstream ``torchrl.modules.llm.HFRewardModelWrapper`` (same arguments
+    and defaults: token input). The mask, not the pad id, decides which tokens are real, so each
+    reward equals that of the row scored alone whatever the padding; ragged input (lazy stacks,
+    nested lists, jagged tensors) and any batch shape (``[]``, ``[B]``, ``[E, G]``) are read as
+    they are; the reward is never an inference tensor; NaN or infinite rewards raise by default.
+    ``docs/overview.rst`` says how, and where upstream differs.
+
+    ============== ================ ============================================================
+    ``input_mode`` key argument     what is read
+    ============== ================ ============================================================
+    ``"tokens"``   ``token_key``    token ids, and the mask at ``attention_mask_key``
+    ``"text"``     ``text_key``     strings, tokenized with ``tokenizer`` as ``RewardTrainer``
+                                    tokenizes standard text (EOS appended, see ``append_eos``)
+    ``"history"``  ``history_key``  a :class:`~torchrl.data.llm.History`, rendered with
+                                    ``tokenizer``'s chat template as ``RewardTrainer`` renders
+                                    conversational data
+    ============== ================ ============================================================
+
+    Code written before ``input_mode`` runs unchanged: ``text_key=`` or ``history_key=`` alone
+    selects its mode (see ``docs/overview.rst``).
 
     Args:
         model (nn.Module): the reward model, e.g. an ``AutoModelForSequenceClassification`` with
@@ -66,11 +86,14 @@ class HFRewardModelWrapper(TensorDictModuleBase):
             ``[N, 1]``.
 
     Keyword Args:
-        token_key (NestedKey, optional): the token ids. Defaults to ``("tokens", "full")``
-            (TorchRL's LLM layout).
-        attention_mask_key (NestedKey or None, optional): the attention mask (bool or int, ``1``
-            marks a real token). ``None``: every token of a row is real (ragged rows carry their
-            own length). Defaults to ``("masks", "all_attention_mask")``.
+        input_mode (str, optional): ``"tokens"``, ``"text"`` or ``"history"``. Defaults to
+            ``None``: the mode of the key argument given (``text_key`` or ``history_key``),
+            else ``"tokens"`` (upstream's behaviour).
+        token_key (NestedKey, optional): the token ids (``"tokens"`` mode). Defaults to
+            ``("tokens", "full")`` (TorchRL's LLM layout).
+        attention_mask_key (NestedKey or None, optional): the attention mask (``"tokens"``
+            mode; bool or int, ``1`` marks a real token). ``None``: every token of a row is real
+            (ragged rows carry their own length). Defaults to ``("masks", "all_attention_mask")``.
         reward_key (NestedKey, optional): where the reward is written. Defaults to ``"reward"``.
         inference_mode (bool, optional): if ``True``, the model runs under
             :func:`torch.no_grad` (no graph is built); if ``False``, gradients flow to the
@@ -81,22 +104,19 @@ class HFRewardModelWrapper(TensorDictModuleBase):
             (ragged input: its longest row), with no value read back from the device before the
             model runs. Defaults to ``None``.
         tokenizer (PreTrainedTokenizerBase, optional): the reward model's own tokenizer (often
-            not the policy's), needed by ``text_key`` and ``history_key``. Defaults to ``None``.
-        text_key (NestedKey, optional): read strings here instead of tokens, e.g.
-            ``("text", "full")``. They are formatted as ``trl.RewardTrainer`` formats standard
-            training text (EOS appended unless already there, see ``append_eos``) and tokenized
-            with ``tokenizer``. Defaults to ``None``.
-        history_key (NestedKey, optional): read a :class:`~torchrl.data.llm.History` here
-            instead of tokens, e.g. ``("history", "full")``, rendered with ``tokenizer``'s chat
-            template as ``trl.RewardTrainer`` renders conversational data (no generation prompt,
-            no extra EOS). Defaults to ``None``.
-        append_eos (bool, optional): with ``text_key``, append ``tokenizer.eos_token`` to texts
+            not the policy's), needed by the ``"text"`` and ``"history"`` modes. Defaults to
+            ``None``.
+        text_key (NestedKey, optional): the strings (``"text"`` mode). Defaults to ``None``:
+            ``("text", "full")`` in ``"text"`` mode.
+        history_key (NestedKey, optional): the History (``"history"`` mode). Defaults to
+            ``None``: ``("history", "full")`` in ``"history"`` mode.
+        append_eos (bool, optional): in ``"text"`` mode, append ``tokenizer.eos_token`` to texts
             that do not end with it, as ``RewardTrainer`` did to its training data. ``False``
             scores the text as is (what ``GRPOTrainer`` does with a reward model). Defaults to
             ``True``.
         chat_template_kwargs (dict, optional): extra arguments for
-            ``tokenizer.apply_chat_template`` with ``history_key`` (e.g. ``tools``). Defaults to
-            ``None``.
+            ``tokenizer.apply_chat_template`` in ``"history"`` mode (e.g. ``tools``). Defaults
+            to ``None``.
         unsqueeze_reward (bool, optional): write the reward with a trailing singleton dimension,
             shape ``[*batch, 1]``. Defaults to ``False`` (shape ``[*batch]``, as upstream).
         nonfinite (str, optional): what to do when a reward is NaN or infinite: ``"raise"`` a
@@ -108,11 +128,11 @@ class HFRewardModelWrapper(TensorDictModuleBase):
         TypeError: if ``model`` is not callable, a key is not a str or tuple of str,
             ``tokenizer`` is not a tokenizer, ``chat_template_kwargs`` not a dict, or a flag
             (``inference_mode``, ``append_eos``, ``unsqueeze_reward``) not a bool.
-        ValueError: if ``max_batch_size`` is not a positive int, ``nonfinite`` is unknown, both
-            ``text_key`` and ``history_key`` are given, a non-default ``token_key`` or
-            ``attention_mask_key`` is given with one of them, one of them is given without
-            ``tokenizer`` (or ``tokenizer`` without them), or ``append_eos=True`` with a
-            tokenizer that has no EOS token.
+        ValueError: if ``input_mode`` is unknown, a key argument of another mode is given (or,
+            without ``input_mode``, key arguments of two modes), ``max_batch_size`` is not a
+            positive int, ``nonfinite`` is unknown, the ``"text"`` or ``"history"`` mode has no
+            ``tokenizer`` (or ``"tokens"`` has one), ``chat_template_kwargs`` is given outside
+            ``"history"`` mode, or ``append_eos=True`` with a tokenizer without EOS token.
 
     Examples:
         Score a ragged batch, as TorchRL's LLM wrappers write it (a lazy stack), with a tiny
@@ -151,14 +171,16 @@ class HFRewardModelWrapper(TensorDictModuleBase):
         >>> rm(eg)["next", "reward"].shape
         torch.Size([2, 3, 1])
 
-        Score text with the reward model's own tokenizer, formatted as ``RewardTrainer`` did:
+        Score text with the reward model's own tokenizer, formatted as ``RewardTrainer`` did
+        (``text_key="text"`` alone, as written before ``input_mode``, selects the same input):
 
         >>> from torchrl_trl_interop.testing import toy_tokenizer
-        >>> rm = HFRewardModelWrapper(model, tokenizer=toy_tokenizer(), text_key="text",
-        ...                           inference_mode=True)
+        >>> rm = HFRewardModelWrapper(model, input_mode="text", text_key="text",
+        ...                           tokenizer=toy_tokenizer(), inference_mode=True)
         >>> rm
         HFRewardModelWrapper(
             model=LlamaForSequenceClassification,
+            input_mode='text',
             in_keys=['text'],
             out_keys=['reward'],
             inference_mode=True,
@@ -166,6 +188,17 @@ class HFRewardModelWrapper(TensorDictModuleBase):
         >>> text = TensorDict({"text": ["Hello world!", "Two plus two is four."]}, batch_size=[2])
         >>> rm(text)["reward"].requires_grad
         False
+
+        Conversations are scored as ``History``, rendered with the chat template:
+
+        >>> from torchrl_trl_interop import messages_to_history
+        >>> chats = [[{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "4"}]]
+        >>> rm = HFRewardModelWrapper(model, input_mode="history", tokenizer=toy_tokenizer())
+        >>> rm.in_keys
+        [('history', 'full')]
+        >>> td = TensorDict({"history": {"full": messages_to_history(chats)}}, batch_size=[1])
+        >>> rm(td)["reward"].shape
+        torch.Size([1])
 
     .. seealso::
         ``torchrl.modules.llm.trl_interop.HFRewardModelWrapper``, the upstream class this one
@@ -176,9 +209,10 @@ class HFRewardModelWrapper(TensorDictModuleBase):
         self,
         model: nn.Module,
         *,
+        input_mode: str | None = None,
         token_key: NestedKey = TOKEN_KEY,
         attention_mask_key: NestedKey | None = ATTENTION_MASK_KEY,
-        reward_key: NestedKey = "reward",
+        reward_key: NestedKey = REWARD_KEY,
         inference_mode: bool = False,
         max_batch_size: int | None = None,
         tokenizer: PreTrainedTokenizerBase | None = None,
@@ -189,15 +223,16 @@ class HFRewardModelWrapper(TensorDictModuleBase):
         unsqueeze_reward: bool = False,
         nonfinite: str = "raise",
     ) -> None:
+        owner = "HFRewardModelWrapper"
+        input_mode = resolve_input_mode(  # first: it reads the arguments as passed
+            owner, HFRewardModelWrapper.__init__, locals(), modes=INPUT_MODES, default="tokens"
+        )
         if not callable(model):
             raise TypeError(
-                f"HFRewardModelWrapper: model should be a callable nn.Module (a reward model), "
-                f"got {type(model).__name__}."
+                f"{owner}: model should be a callable nn.Module (a reward model), got "
+                f"{type(model).__name__}."
             )
-        check_positive_int(
-            max_batch_size, "max_batch_size", "HFRewardModelWrapper", allow_none=True
-        )
-        owner = "HFRewardModelWrapper"
+        check_positive_int(max_batch_size, "max_batch_size", owner, allow_none=True)
         check_tokenizer(tokenizer, "tokenizer", owner)
         chat_template_kwargs = (
             None
@@ -212,66 +247,45 @@ class HFRewardModelWrapper(TensorDictModuleBase):
             check_bool(value, flag, owner)
         if nonfinite not in NONFINITE_MODES:
             raise ValueError(
-                f"HFRewardModelWrapper: nonfinite={nonfinite!r}; expected one of {NONFINITE_MODES}."
+                f"{owner}: nonfinite={nonfinite!r}; expected one of {NONFINITE_MODES}."
             )
-        token_key = as_key(token_key, "token_key")
-        reward_key = as_key(reward_key, "reward_key")
-        attention_mask_key = as_optional_key(attention_mask_key, "attention_mask_key")
-        text_key = as_optional_key(text_key, "text_key")
-        history_key = as_optional_key(history_key, "history_key")
-
-        source_key = text_key if text_key is not None else history_key
-        if text_key is not None and history_key is not None:
+        reward_key = as_nested_key(reward_key, "reward_key")
+        keys = {"tokens": token_key, "text": text_key, "history": history_key}
+        in_keys = [mode_key(input_mode, keys[input_mode])]
+        if input_mode != "tokens":
+            attention_mask_key = None  # text and History are tokenized here: every token is real
+        elif attention_mask_key is not None:
+            in_keys.append(as_nested_key(attention_mask_key, "attention_mask_key"))
+        if input_mode == "tokens" and tokenizer is not None:
             raise ValueError(
-                f"HFRewardModelWrapper: got both text_key={public_key(text_key)!r} and "
-                f"history_key={public_key(history_key)!r}; pass only the one the reward model should score."
+                f"{owner}: tokenizer= is only used with text_key= or history_key= "
+                "(input_mode='text' or 'history'); token input is read as it is, so it would be "
+                "ignored. Pass input_mode='text' or 'history', or drop tokenizer=."
             )
-        if source_key is not None:
-            source_arg = "text_key" if text_key is not None else "history_key"
-            if token_key != TOKEN_KEY or attention_mask_key not in (None, ATTENTION_MASK_KEY):
-                mask_arg = None if attention_mask_key is None else public_key(attention_mask_key)
-                raise ValueError(
-                    f"HFRewardModelWrapper: {source_arg}={public_key(source_key)!r} makes the "
-                    f"wrapper tokenize its own input, so token_key={public_key(token_key)!r} and "
-                    f"attention_mask_key={mask_arg!r} would be ignored. Pass either "
-                    f"{source_arg} or token_key/attention_mask_key."
-                )
-            if tokenizer is None:
-                raise ValueError(
-                    f"HFRewardModelWrapper: {source_arg}={public_key(source_key)!r} needs the reward "
-                    "model's tokenizer: pass tokenizer=... (the one the reward model was trained "
-                    "with, which is often not the policy's)."
-                )
-            if text_key is not None and append_eos and tokenizer.eos_token is None:
-                raise ValueError(
-                    f"HFRewardModelWrapper: append_eos=True but tokenizer "
-                    f"{type(tokenizer).__name__} has no eos_token. Set tokenizer.eos_token or "
-                    "pass append_eos=False."
-                )
-        elif tokenizer is not None:
+        if input_mode != "tokens" and tokenizer is None:
             raise ValueError(
-                "HFRewardModelWrapper: tokenizer= is only used with text_key= or history_key=; "
-                "with token input it would be ignored. Pass text_key=... or history_key=..., or "
-                "drop tokenizer=."
+                f"{owner}: input_mode={input_mode!r} ({MODE_KEY_ARGS[input_mode]}={in_keys[0]!r}) "
+                "needs the reward model's tokenizer: pass tokenizer=... (the one the reward model "
+                "was trained with, which is often not the policy's)."
             )
-        elif chat_template_kwargs is not None:
+        if input_mode == "text" and append_eos and tokenizer.eos_token is None:
             raise ValueError(
-                "HFRewardModelWrapper: chat_template_kwargs= is only used with history_key=."
+                f"{owner}: append_eos=True but tokenizer {type(tokenizer).__name__} has no "
+                "eos_token. Set tokenizer.eos_token or pass append_eos=False."
+            )
+        if chat_template_kwargs is not None and input_mode != "history":
+            raise ValueError(
+                f"{owner}: chat_template_kwargs= is only used with history_key= "
+                f"(input_mode='history'); with input_mode={input_mode!r} it would be ignored."
             )
 
         super().__init__()
-        if source_key is not None:
-            in_keys = [source_key]
-        else:
-            in_keys = [token_key] + ([attention_mask_key] if attention_mask_key is not None else [])
-        self.in_keys = [public_key(k) for k in in_keys]
-        self.out_keys = [public_key(reward_key)]
-
-        self._token_key = token_key
-        self._attention_mask_key = attention_mask_key
+        self.in_keys = in_keys
+        self.out_keys = [reward_key]
+        self.input_mode = input_mode
+        self._input_key = in_keys[0]  # what the model reads, in the mode's key argument
+        self._attention_mask_key = in_keys[1] if len(in_keys) > 1 else None
         self._reward_key = reward_key
-        self._text_key = text_key
-        self._history_key = history_key
         self._inference_mode = bool(inference_mode)
         self._tokenizer = tokenizer
         self._append_eos = bool(append_eos)
@@ -280,7 +294,7 @@ class HFRewardModelWrapper(TensorDictModuleBase):
         self.unsqueeze_reward = bool(unsqueeze_reward)
         self.nonfinite = nonfinite
         # upstream passes no mask when attention_mask_key is None (and nothing is padded)
-        self._pass_mask = source_key is not None or attention_mask_key is not None
+        self._pass_mask = input_mode != "tokens" or attention_mask_key is not None
         self._config_source: Any = None  # the model config whose pooling config is cached
         self._config: Any = None
         self._reward_module = _RewardModelHolder(model)
@@ -302,7 +316,7 @@ class HFRewardModelWrapper(TensorDictModuleBase):
         if self.nonfinite != "raise":
             after.append(f"nonfinite={self.nonfinite!r}")
         model = type(self.model).__name__
-        return module_repr(self, [f"model={model}"], after)
+        return module_repr(self, [f"model={model}", f"input_mode={self.input_mode!r}"], after)
 
     # -----------------------------------------------------------------------------------------
     # forward
@@ -312,8 +326,9 @@ class HFRewardModelWrapper(TensorDictModuleBase):
         """Scores every row of ``tensordict`` and writes the rewards to ``reward_key``.
 
         Args:
-            tensordict (TensorDictBase): holds ``token_key`` (and ``attention_mask_key``), or
-                ``text_key``, or ``history_key``; dense, lazily stacked (ragged) or nested.
+            tensordict (TensorDictBase): holds the key of the input mode: ``token_key`` (and
+                ``attention_mask_key``), ``text_key`` or ``history_key``; dense, lazily stacked
+                (ragged) or nested.
 
         Returns:
             the same tensordict, with a ``float32`` reward of shape ``[*batch]`` (or
@@ -324,7 +339,8 @@ class HFRewardModelWrapper(TensorDictModuleBase):
             TypeError: if ``tensordict`` is not a TensorDict, the tokens are not integers, or an
                 entry has an unreadable type.
             ValueError: if the mask's shape or row lengths do not match the tokens', a row has
-                no real token, a token id is outside the model's vocabulary, a row is longer
+                no real token (a row of length 0, an all-zero mask, a text that tokenizes to
+                nothing: the message names the key and the rows), a token id is outside the model's vocabulary, a row is longer
                 than its ``max_position_embeddings`` (all checked before the model runs), or
                 (with ``nonfinite="raise"``) a reward is NaN or infinite.
             RewardShapeError: (a :class:`ValueError` and a :class:`RuntimeError`) if the model
@@ -370,21 +386,19 @@ class HFRewardModelWrapper(TensorDictModuleBase):
     # -----------------------------------------------------------------------------------------
 
     def _read(self, tensordict: TensorDictBase) -> PackedInput:
-        if self._text_key is not None:
-            return read_texts(tensordict, self._text_key, self._tokenizer, self._append_eos)
-        if self._history_key is not None:
+        """One reader per input mode (``_inputs``)."""
+        if self.input_mode == "text":
+            return read_texts(tensordict, self._input_key, self._tokenizer, self._append_eos)
+        if self.input_mode == "history":
             return read_history(
-                tensordict, self._history_key, self._tokenizer, self._chat_template_kwargs
+                tensordict, self._input_key, self._tokenizer, self._chat_template_kwargs
             )
-        return read_tokens(tensordict, self._token_key, self._attention_mask_key)
+        return read_tokens(tensordict, self._input_key, self._attention_mask_key)
 
     def _input_arg(self) -> str:
         """The argument naming what the model reads, for error messages."""
-        if self._text_key is not None:
-            return f"text_key={public_key(self._text_key)!r} (tokenized)"
-        if self._history_key is not None:
-            return f"history_key={public_key(self._history_key)!r} (tokenized)"
-        return f"token_key={public_key(self._token_key)!r}"
+        tokenized = "" if self.input_mode == "tokens" else " (tokenized)"
+        return f"{MODE_KEY_ARGS[self.input_mode]}={self._input_key!r}{tokenized}"
 
     def _pooling_config(self) -> Any:
         """The config the model's pooling reads, looked up once per model config object."""

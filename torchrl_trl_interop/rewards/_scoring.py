@@ -15,7 +15,6 @@ import torch
 from tensordict.utils import NestedKey
 from torch import nn
 
-from .._keys import public_key
 from .._padding import length_buckets, position_mask, unbucket
 from ._inputs import PackedInput, empty_rows_error
 from ._pooling import (
@@ -64,6 +63,8 @@ def score_packed(
         >>> reward.shape, bad
         (torch.Size([2]), False)
     """
+    if packed.empty_hint is not None and packed.ids.shape[0] and not packed.ids.shape[-1]:
+        raise empty_rows_error(packed.lengths, packed.empty_hint)  # width 0: every row is empty
     reward, clash = _score(model, config, packed.ids, packed.lengths, max_batch_size, pass_mask)
     empty, bad, clashed = _read_flags(reward, clash, packed, nonfinite)
     if clashed and not empty:  # a row ends with the pad id: score again with a spare
@@ -86,7 +87,7 @@ def report_nonfinite(reward: torch.Tensor, reward_key: NestedKey, nonfinite: str
     where = bad.nonzero().tolist()[:8]
     message = (
         f"HFRewardModelWrapper: {int(bad.sum())} of {bad.numel()} reward(s) at "
-        f"{public_key(reward_key)!r} are NaN or infinite (first indices: {where}). "
+        f"{reward_key!r} are NaN or infinite (first indices: {where}). "
         "Check the model's dtype and inputs, or pass nonfinite='warn' or 'ignore'."
     )
     if nonfinite == "raise":

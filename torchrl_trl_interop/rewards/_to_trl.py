@@ -2,8 +2,8 @@
 
 The returned callable follows TRL's calling convention exactly: ``f(prompts=..., completions=...,
 completion_ids=..., **kwargs) -> list[float]``. On each call it writes the completions into a
-TensorDict (as History, text or tokens, through ``_rows``), runs the
-module, and reads the reward back.
+TensorDict in the module's input form (``input_mode``: History, text or tokens, one writer per
+mode, through ``_rows``), runs the module, and reads the reward back.
 """
 
 from __future__ import annotations
@@ -21,28 +21,24 @@ from .._conversation import is_message_list
 from .._keys import (
     ATTENTION_MASK_KEY,
     HISTORY_KEY,
-    Key,
-    as_key,
+    REWARD_KEY,
+    as_nested_key,
     format_keys,
     keys_present,
-    public_key,
 )
 from .._padding import length_buckets, unbucket
 from ..data._rows import rows_to_tensordict
+from ._input_mode import INPUT_MODES, MODE_KEY_ARGS, mode_key, resolve_input_mode
 
 if TYPE_CHECKING:  # pragma: no cover
     from transformers import PreTrainedTokenizerBase
 
-__all__ = ["DEFAULT_MAX_BATCH_SIZE", "as_trl_reward_func"]
+__all__ = ["DEFAULT_MAX_BATCH_SIZE", "as_trl_reward_func", "module_reward_key"]
 
 #: Rows per module call of :func:`as_trl_reward_func` by default: GRPO scores
 #: ``generation_batch_size`` completions of very different lengths at once, and a reward model
 #: scoring them sorted by length, 32 at a time, pads far less than in one call.
 DEFAULT_MAX_BATCH_SIZE = 32
-
-
-def _show(key: Key | None) -> Any:
-    return None if key is None else public_key(key)
 
 
 class _ModuleRewardFunc:
@@ -53,27 +49,26 @@ class _ModuleRewardFunc:
         self,
         module: TensorDictModuleBase,
         *,
-        history_key: Key | None,
-        text_key: Key | None,
-        token_key: Key | None,
-        attention_mask_key: Key | None,
-        completion_ids_key: Key | None,
-        kwargs_keys: Mapping[str, Key],
-        reward_key: Key,
+        input_mode: str,
+        keys: dict[str, NestedKey],
+        kwargs_keys: Mapping[str, NestedKey],
+        reward_key: NestedKey,
         processing_class: PreTrainedTokenizerBase | None,
         max_batch_size: int | None,
         device: torch.device | None,
         name: str,
     ) -> None:
         self.module = module
-        # the keys, in tensordict's canonical form (as in a module's in_keys)
-        self.history_key = _show(history_key)
-        self.text_key = _show(text_key)
-        self.token_key = _show(token_key)
-        self.attention_mask_key = _show(attention_mask_key)
-        self.completion_ids_key = _show(completion_ids_key)
-        self.kwargs_keys = {name: _show(key) for name, key in kwargs_keys.items()}
-        self.reward_key = _show(reward_key)
+        self.input_mode = input_mode
+        # the keys written, in tensordict's canonical form (as in a module's in_keys); None for
+        # the keys of the other modes
+        self.history_key = keys.get("history_key")
+        self.text_key = keys.get("text_key")
+        self.token_key = keys.get("token_key")
+        self.attention_mask_key = keys.get("attention_mask_key")
+        self.completion_ids_key = keys.get("completion_ids_key")
+        self.kwargs_keys = dict(kwargs_keys)
+        self.reward_key = reward_key
         self.processing_class = processing_class
         self.max_batch_size = max_batch_size
         self.device = device
@@ -81,10 +76,11 @@ class _ModuleRewardFunc:
         self.__qualname__ = name
 
     def __repr__(self) -> str:
+        key = MODE_KEY_ARGS[self.input_mode]
         return (
             f"as_trl_reward_func({type(self.module).__name__}, name={self.__name__!r}, "
-            f"history_key={self.history_key!r}, text_key={self.text_key!r}, "
-            f"token_key={self.token_key!r}, reward_key={self.reward_key!r})"
+            f"input_mode={self.input_mode!r}, {key}={getattr(self, key)!r}, "
+            f"reward_key={self.reward_key!r})"
         )
 
     # -- building the input tensordict ---------------------------------------------------------
@@ -104,25 +100,11 @@ class _ModuleRewardFunc:
         n = len(prompts)
         conversational = is_message_list(prompts[0]) or is_message_list(completions[0])
         columns: list[tuple[NestedKey, list]] = []
-        if conversational and self.history_key is not None:
-            columns.append((self.history_key, [p + c for p, c in zip(prompts, completions)]))
-        if self.text_key is not None or self.token_key is not None:
-            if conversational and self.processing_class is None:
-                raise ValueError(
-                    f"{self.__name__}: conversational prompts/completions need processing_class= "
-                    f"to be rendered as text for text_key={self.text_key!r} / "
-                    f"token_key={self.token_key!r}; pass the tokenizer whose chat template the "
-                    "module expects, or read History with history_key=..."
-                )
-            texts = [self._render(p, c, conversational) for p, c in zip(prompts, completions)]
-            if self.text_key is not None:
-                columns.append((self.text_key, texts))
-            if self.token_key is not None:
-                # as TRL tokenizes reward-model input: rendered text, no extra special tokens
-                ids = self.processing_class(texts, add_special_tokens=False)["input_ids"]
-                columns.append((self.token_key, [list(i) for i in ids]))
-                if self.attention_mask_key is not None:
-                    columns.append((self.attention_mask_key, [[True] * len(i) for i in ids]))
+        if self.input_mode == "history":
+            if conversational and self.history_key is not None:
+                columns.append((self.history_key, [p + c for p, c in zip(prompts, completions)]))
+        else:
+            columns.extend(self._text_columns(prompts, completions, conversational))
         if self.completion_ids_key is not None:
             if completion_ids is None:
                 raise ValueError(
@@ -147,9 +129,32 @@ class _ModuleRewardFunc:
         if not columns:
             raise ValueError(
                 f"{self.__name__}: standard-format (string) prompts and completions cannot be "
-                "written as History; pass text_key=... (the key the module reads text from) or "
-                "token_key=... with processing_class=..."
+                "written as History; pass text_key=... (input_mode='text': the key the module "
+                "reads text from) or token_key=... with processing_class=... "
+                "(input_mode='tokens')."
             )
+        return columns
+
+    def _text_columns(
+        self, prompts: list, completions: list, conversational: bool
+    ) -> list[tuple[NestedKey, list]]:
+        """``"text"`` mode: ``prompt + completion`` as text; ``"tokens"``: tokenized, masked."""
+        if conversational and self.processing_class is None:
+            key = self.text_key if self.input_mode == "text" else self.token_key
+            raise ValueError(
+                f"{self.__name__}: conversational prompts/completions need processing_class= "
+                f"to be rendered as text for input_mode={self.input_mode!r} (key {key!r}); pass "
+                "the tokenizer whose chat template the module expects, or read History with "
+                "input_mode='history'."
+            )
+        texts = [self._render(p, c, conversational) for p, c in zip(prompts, completions)]
+        if self.input_mode == "text":
+            return [(self.text_key, texts)]
+        # as TRL tokenizes reward-model input: rendered text, no extra special tokens
+        ids = [list(i) for i in self.processing_class(texts, add_special_tokens=False)["input_ids"]]
+        columns = [(self.token_key, ids)]
+        if self.attention_mask_key is not None:
+            columns.append((self.attention_mask_key, [[True] * len(i) for i in ids]))
         return columns
 
     def _score(self, columns: list[tuple[NestedKey, list]], index: Sequence[int]) -> list[float]:
@@ -222,15 +227,17 @@ def _default_name(module: Any) -> str:
     return type(module).__name__
 
 
-def _default_reward_key(module: Any) -> NestedKey:
-    """The module's single out key (e.g. a wrapper built with ``reward_key="rm_reward"``)."""
+def module_reward_key(module: Any) -> NestedKey:
+    """The module's single out key (e.g. a wrapper built with ``reward_key="rm_reward"``), else
+    ``"reward"``: where a reward module writes its reward, in canonical form."""
     out_keys = list(getattr(module, "out_keys", None) or [])
-    return out_keys[0] if len(out_keys) == 1 else "reward"
+    return as_nested_key(out_keys[0]) if len(out_keys) == 1 else REWARD_KEY
 
 
 def as_trl_reward_func(
     module: TensorDictModuleBase,
     *,
+    input_mode: str | None = None,
     history_key: NestedKey | None = HISTORY_KEY,
     text_key: NestedKey | None = None,
     token_key: NestedKey | None = None,
@@ -247,45 +254,54 @@ def as_trl_reward_func(
 
     The returned callable has TRL's signature ``(prompts, completions, completion_ids, **kwargs)
     -> list[float]``. On each call it builds a ``[N]`` TensorDict (``N`` = number of
-    completions) holding, per completion:
+    completions) holding ``prompt + completion`` in the form the module reads, ``input_mode``
+    (TorchRL's names), at that mode's key, plus the completion ids TRL passed at
+    ``completion_ids_key`` and the dataset columns of ``kwargs_keys`` (``{column: key}``):
 
-    ======================== ===============================================================
-    key                      value
-    ======================== ===============================================================
-    ``history_key``          ``History`` of ``prompt + completion`` (conversational input)
-    ``text_key``             ``prompt + completion`` as text: joined (standard) or rendered
-                             with ``processing_class``'s chat template (conversational)
-    ``token_key``            that text tokenized by ``processing_class`` (no special tokens
-                             added, as TRL tokenizes reward-model input), ragged, and an
-                             all-``True`` mask at ``attention_mask_key``
-    ``completion_ids_key``   the completion token ids TRL passed
-    ``kwargs_keys``          extra dataset columns TRL passes as kwargs, ``{column: key}``
-    ======================== ===============================================================
+    ============== ================= ==========================================================
+    ``input_mode`` key               value, per completion
+    ============== ================= ==========================================================
+    ``"history"``  ``history_key``   ``History`` of ``prompt + completion`` (conversational
+                                     input; nothing for standard text)
+    ``"text"``     ``text_key``      ``prompt + completion`` as text: joined (standard) or
+                                     rendered with ``processing_class``'s chat template
+    ``"tokens"``   ``token_key``     that text tokenized by ``processing_class`` (no special
+                                     tokens added, as TRL tokenizes reward-model input),
+                                     ragged, and an all-``True`` mask at ``attention_mask_key``
+    ============== ================= ==========================================================
 
-    runs ``module`` on it under :func:`torch.no_grad` (rows sorted by length, in buckets of
+    It runs ``module`` on it under :func:`torch.no_grad` (rows sorted by length, in buckets of
     ``max_batch_size``, as :class:`~torchrl_trl_interop.HFRewardModelWrapper` buckets) and
     returns the reward at ``reward_key`` as Python floats, in order. Its ``__name__`` (TRL's
     metric name, ``rewards/<name>/mean``) is ``name``, else the wrapped model's id, else the
     module's class name. It is a plain callable, not an ``nn.Module``, so TRL calls it with
-    text instead of treating it as a Hugging Face reward model.
+    text instead of treating it as a Hugging Face reward model. Code written before
+    ``input_mode`` runs unchanged: without it, ``text_key=`` or ``token_key=`` selects its mode
+    (a key argument equal to its default counts as not given).
 
     Args:
         module (TensorDictModuleBase): reads the keys above and writes one reward per row, e.g.
-            ``HFRewardModelWrapper(model, tokenizer=rm_tok, history_key=("history", "full"))``.
+            ``HFRewardModelWrapper(model, tokenizer=rm_tok, input_mode="history")``.
 
     Keyword Args:
-        history_key (NestedKey or None, optional): Defaults to ``("history", "full")``.
-        text_key (NestedKey, optional): Defaults to ``None`` (no text written).
-        token_key (NestedKey, optional): Defaults to ``None`` (no tokens written); needs
-            ``processing_class``.
-        attention_mask_key (NestedKey or None, optional): written with ``token_key``. Defaults
-            to ``("masks", "all_attention_mask")``.
+        input_mode (str, optional): ``"history"``, ``"text"`` or ``"tokens"``: the form the
+            module reads. Defaults to ``None``: the mode of the key argument given
+            (``text_key`` or ``token_key``), else ``"history"``.
+        history_key (NestedKey or None, optional): ``"history"`` mode. ``None`` writes no
+            History (for a module that reads only ``completion_ids_key``). Defaults to
+            ``("history", "full")``.
+        text_key (NestedKey, optional): ``"text"`` mode. Defaults to ``None``:
+            ``("text", "full")`` in ``"text"`` mode.
+        token_key (NestedKey, optional): ``"tokens"`` mode; needs ``processing_class``.
+            Defaults to ``None``: ``("tokens", "full")`` in ``"tokens"`` mode.
+        attention_mask_key (NestedKey or None, optional): ``"tokens"`` mode, written with the
+            tokens. Defaults to ``("masks", "all_attention_mask")``.
         completion_ids_key (NestedKey, optional): Defaults to ``None``.
         kwargs_keys (dict, optional): dataset columns to pass to the module. Defaults to none.
         reward_key (NestedKey, optional): where the module writes the reward. Defaults to the
             module's only ``out_keys`` entry when it has exactly one, else ``"reward"``.
-        processing_class (PreTrainedTokenizerBase, optional): renders/tokenizes text for
-            ``text_key`` (conversational input) and ``token_key``. Defaults to ``None``.
+        processing_class (PreTrainedTokenizerBase, optional): renders conversational input as
+            text (``"text"`` mode) and tokenizes it (``"tokens"`` mode). Defaults to ``None``.
         max_batch_size (int or None, optional): the most rows per module call. Rows are sorted
             by text length (prompt + completion) and cut into buckets of this size, so a reward
             model pads each call only to its own longest row; rewards come back in the original
@@ -297,16 +313,18 @@ def as_trl_reward_func(
         name (str, optional): the function's ``__name__``.
 
     Returns:
-        a callable ``(prompts, completions, completion_ids=None, **kwargs) -> list[float]``.
-        Calling it raises ``KeyError`` if the module writes no ``reward_key`` or a
-        ``kwargs_keys`` column is not passed, and ``ValueError`` on standard (string) input with
-        neither ``text_key`` nor ``token_key``, on conversational input needing text without
-        ``processing_class``, or on a reward that is not one value per completion.
+        a callable ``(prompts, completions, completion_ids=None, **kwargs) -> list[float]``,
+        raising ``KeyError`` if the module writes no ``reward_key`` or a ``kwargs_keys`` column
+        is not passed, ``ValueError`` on input its mode cannot write (standard text as History,
+        conversations as text without ``processing_class``) or if the module does not write
+        one reward per completion.
 
     Raises:
         TypeError: if ``module`` is not a ``TensorDictModuleBase``, or ``name`` is not a str.
-        ValueError: if ``token_key`` is given without ``processing_class``, every input key is
-            ``None``, two inputs share a key, or ``max_batch_size`` is not a positive int.
+        ValueError: if ``input_mode`` is unknown, a key argument of another mode than
+            ``input_mode`` is given (without ``input_mode``: key arguments of two modes),
+            ``"tokens"`` mode has no ``processing_class``, every input key is ``None``, two
+            inputs share a key, or ``max_batch_size`` is not a positive int.
 
     Examples:
         A TorchRL module that scores the length of the last answer, used as a TRL reward
@@ -328,6 +346,15 @@ def as_trl_reward_func(
         ...                [{"role": "assistant", "content": "Yo"}]]
         >>> reward_func(prompts=prompts, completions=completions, completion_ids=None)
         [6.0, 2.0]
+
+        A reward model reading text, used on standard (string) GRPO data:
+
+        >>> from torchrl_trl_interop import HFRewardModelWrapper
+        >>> from torchrl_trl_interop.testing import toy_reward_model, toy_tokenizer
+        >>> rm = HFRewardModelWrapper(toy_reward_model(), input_mode="text",
+        ...                           tokenizer=toy_tokenizer(), append_eos=False)
+        >>> as_trl_reward_func(rm, input_mode="text")
+        as_trl_reward_func(HFRewardModelWrapper, name='HFRewardModelWrapper', input_mode='text', text_key=('text', 'full'), reward_key='reward')
     """
     if not isinstance(module, TensorDictModuleBase):
         raise TypeError(
@@ -337,50 +364,54 @@ def as_trl_reward_func(
         )
     if name is not None and not isinstance(name, str):
         raise TypeError(f"as_trl_reward_func: name must be a str, got {type(name).__name__}.")
-    check_positive_int(max_batch_size, "max_batch_size", "as_trl_reward_func", allow_none=True)
-    if token_key is not None and processing_class is None:
-        raise ValueError(
-            f"as_trl_reward_func: token_key={token_key!r} needs processing_class= (the tokenizer "
-            "the module's model expects) to tokenize prompt + completion."
-        )
-    check_tokenizer(processing_class, "processing_class", "as_trl_reward_func")
-    kwargs_keys = as_mapping(kwargs_keys, "kwargs_keys", "as_trl_reward_func", "{column: key}")
+    owner = "as_trl_reward_func"
+    input_mode = resolve_input_mode(  # first: it reads the arguments as passed
+        owner, as_trl_reward_func, locals(), modes=INPUT_MODES, default="history"
+    )
+    check_positive_int(max_batch_size, "max_batch_size", owner, allow_none=True)
+    check_tokenizer(processing_class, "processing_class", owner)
+    kwargs_keys = as_mapping(kwargs_keys, "kwargs_keys", owner, "{column: key}")
     kwargs_keys = {
-        str(col): as_key(key, f"kwargs_keys[{col!r}]") for col, key in kwargs_keys.items()
+        str(col): as_nested_key(key, f"kwargs_keys[{col!r}]") for col, key in kwargs_keys.items()
     }
-    keys = {
-        "history_key": history_key,
-        "text_key": text_key,
-        "token_key": token_key,
-        "attention_mask_key": attention_mask_key if token_key is not None else None,
-        "completion_ids_key": completion_ids_key,
-    }
-    keys = {arg: as_key(k, arg) for arg, k in keys.items() if k is not None}
+    if input_mode == "history":
+        keys = {"history_key": history_key}
+    elif input_mode == "text":
+        keys = {"text_key": mode_key("text", text_key)}
+    else:
+        token_key = mode_key("tokens", token_key)
+        keys = {"token_key": token_key, "attention_mask_key": attention_mask_key}
+        if processing_class is None:
+            raise ValueError(
+                f"{owner}: token_key={token_key!r} (input_mode='tokens') needs processing_class= "
+                "(the tokenizer the module's model expects) to tokenize prompt + completion."
+            )
+    keys["completion_ids_key"] = completion_ids_key
+    keys = {arg: as_nested_key(k, arg) for arg, k in keys.items() if k is not None}
     if not keys:
         raise ValueError(
-            "as_trl_reward_func: history_key, text_key, token_key and completion_ids_key are "
-            "all None, so the module would receive no input. Set the key(s) the module reads."
+            f"{owner}: history_key, text_key, token_key and completion_ids_key are all None, so "
+            "the module would receive no input. Set the key(s) the module reads."
         )
     used = list(keys.values()) + list(kwargs_keys.values())
     duplicates = sorted({repr(k) for k in used if used.count(k) > 1})
     if duplicates:
         raise ValueError(
-            f"as_trl_reward_func: the key(s) {duplicates} are used for two inputs; give each "
-            "input its own key."
+            f"{owner}: the key(s) {duplicates} are used for two inputs; give each input its own "
+            "key."
         )
     return _ModuleRewardFunc(
         module,
-        history_key=keys.get("history_key"),
-        text_key=keys.get("text_key"),
-        token_key=keys.get("token_key"),
-        attention_mask_key=keys.get("attention_mask_key"),
-        completion_ids_key=keys.get("completion_ids_key"),
+        input_mode=input_mode,
+        keys=keys,
         kwargs_keys=kwargs_keys,
-        reward_key=as_key(
-            _default_reward_key(module) if reward_key is None else reward_key, "reward_key"
+        reward_key=(
+            module_reward_key(module)
+            if reward_key is None
+            else as_nested_key(reward_key, "reward_key")
         ),
         processing_class=processing_class,
         max_batch_size=max_batch_size,
-        device=as_device(device, "device", "as_trl_reward_func"),
+        device=as_device(device, "device", owner),
         name=name if name is not None else _default_name(module),
     )
