@@ -18,9 +18,10 @@ from torchrl.data import LazyStackStorage, ReplayBuffer
 
 from .._checks import as_names, check_real
 from .._conversation import split_prompt_completion
-from .._keys import Key, as_key, as_optional_key, get_entry, public_key
+from .._keys import HISTORY_KEY, REWARD_KEY, get_entry, key_parts
 from ._columns import row_values
 from ._rows import extend_with_rows
+from ._selection import as_column_key
 
 _OWNER = "build_preference_pairs"
 
@@ -35,41 +36,41 @@ def _hashable(value: Any) -> Hashable:
     return value
 
 
-def _read_messages(td: TensorDictBase, key: Key, where: str) -> list:
+def _read_messages(td: TensorDictBase, key: NestedKey, where: str) -> list:
     """One message list per element of ``td``'s batch, flattened in row-major order."""
     from torchrl.data.llm import History
 
     hint = "Pass history_key=... (TorchRL's LLM wrappers write ('history', 'full'))."
-    history = get_entry(td, key, "history_key", _OWNER, hint, where)
+    history = get_entry(td, key_parts(key), "history_key", _OWNER, hint, where)
     if not isinstance(history, History):
         raise TypeError(
-            f"{_OWNER}: {where}[{public_key(key)!r}] is a {type(history).__name__}, expected a "
+            f"{_OWNER}: {where}[{key!r}] is a {type(history).__name__}, expected a "
             "torchrl.data.llm.History (one conversation per rollout)."
         )
     return row_values(td, key, "history_key", _OWNER)
 
 
-def _read_rewards(td: TensorDictBase, key: Key, where: str) -> list[float]:
+def _read_rewards(td: TensorDictBase, key: NestedKey, where: str) -> list[float]:
     hint = (
         "Score the rollouts first (e.g. with HFRewardModelWrapper or TRLRewardFuncWrapper) or "
         "pass reward_key=...."
     )
-    reward = get_entry(td, key, "reward_key", _OWNER, hint, where)
+    reward = get_entry(td, key_parts(key), "reward_key", _OWNER, hint, where)
     if not isinstance(reward, torch.Tensor):
         raise TypeError(
-            f"{_OWNER}: {where}[{public_key(key)!r}] is a {type(reward).__name__}, expected a "
+            f"{_OWNER}: {where}[{key!r}] is a {type(reward).__name__}, expected a "
             "float tensor with one reward per rollout."
         )
     if reward.shape[: td.ndim] != td.batch_size or reward[(0,) * td.ndim].numel() != 1:
         raise ValueError(
-            f"{_OWNER}: {where}[{public_key(key)!r}] has shape {tuple(reward.shape)}; expected "
+            f"{_OWNER}: {where}[{key!r}] has shape {tuple(reward.shape)}; expected "
             f"one reward per rollout, shape {tuple(td.batch_size)} (trailing 1s allowed)."
         )
     values = reward.reshape(-1).double()
     infinite = values.isinf().nonzero().flatten()
     if infinite.numel():
         raise ValueError(
-            f"{_OWNER}: {where}[{public_key(key)!r}] holds {infinite.numel()} infinite "
+            f"{_OWNER}: {where}[{key!r}] holds {infinite.numel()} infinite "
             f"reward(s) (flattened indices {infinite[:8].tolist()}), which would give pairs of "
             "infinite margin. Fix the scorer (HFRewardModelWrapper raises on them by default), "
             "or write NaN for rollouts that should be left out."
@@ -77,8 +78,10 @@ def _read_rewards(td: TensorDictBase, key: Key, where: str) -> list[float]:
     return values.tolist()
 
 
-def _read_group_ids(td: TensorDictBase, key: Key, where: str) -> list[Hashable]:
-    get_entry(td, key, "group_key", _OWNER, "Pass group_key=... naming the group ids.", where)
+def _read_group_ids(td: TensorDictBase, key: NestedKey, where: str) -> list[Hashable]:
+    get_entry(
+        td, key_parts(key), "group_key", _OWNER, "Pass group_key=... naming the group ids.", where
+    )
     return [_hashable(v) for v in row_values(td, key, "group_key", _OWNER)]
 
 
@@ -149,8 +152,8 @@ def _group_rollouts(
 def build_preference_pairs(
     rollouts: TensorDictBase | Sequence[TensorDictBase] | ReplayBuffer,
     *,
-    history_key: NestedKey = ("history", "full"),
-    reward_key: NestedKey = "reward",
+    history_key: NestedKey = HISTORY_KEY,
+    reward_key: NestedKey = REWARD_KEY,
     group_key: NestedKey | None = None,
     completion_roles: Sequence[str] = ("assistant",),
     min_margin: float = 0.0,
@@ -265,9 +268,9 @@ def build_preference_pairs(
             f"{type(replay_buffer).__name__}."
         )
     completion_roles = as_names(completion_roles, "completion_roles", _OWNER)
-    history_key = as_key(history_key, "history_key")
-    reward_key = as_key(reward_key, "reward_key")
-    group_key = as_optional_key(group_key, "group_key")
+    history_key = as_column_key(history_key, "history_key", _OWNER)
+    reward_key = as_column_key(reward_key, "reward_key", _OWNER)
+    group_key = None if group_key is None else as_column_key(group_key, "group_key", _OWNER)
 
     # 1. Flat records (group id, prompt, completion, reward), in rollout order.
     with set_list_to_stack(True):  # reading History needs it; scoped, never global

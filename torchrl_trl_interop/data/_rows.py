@@ -16,7 +16,7 @@ from tensordict.utils import NestedKey
 
 from .._checks import as_mapping
 from .._conversation import is_message_list, messages_to_history
-from .._keys import as_key
+from .._keys import as_nested_key
 
 __all__ = ["extend_with_rows", "rows_to_tensordict"]
 
@@ -106,7 +106,7 @@ def _rows_to_tensordict(
                 f"{sorted(names)}; every row needs the same columns."
             )
     rename = as_mapping(rename, "rename", "rows_to_tensordict", "{column: key}")
-    rename = {name: as_key(key, f"rename[{name!r}]") for name, key in rename.items()}
+    rename = {name: as_nested_key(key, f"rename[{name!r}]") for name, key in rename.items()}
     unknown = sorted(set(rename) - set(names))
     if unknown:
         raise KeyError(
