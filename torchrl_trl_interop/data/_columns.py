@@ -4,9 +4,9 @@ Every view of a buffer reads a batch through :func:`walk_columns`: each column i
 (a dense tensor, ragged per-row tensors, History turns, or other values) and cut to the
 attention mask once. What a view makes of a column is its own: :meth:`Column.rows` gives the
 per-row tensors and values that the torch view and :func:`split_columns` yield; ``_arrow``
-gives the Python values and Arrow arrays of the Hugging Face views. :func:`select_columns`
-turns keys into leaf columns; :func:`row_values` reads one key of a TensorDict of any batch
-shape (the reward bridges). Which columns are walked is ``_selection``'s job.
+gives the Python values and Arrow arrays of the Hugging Face views. Which columns are walked is
+``_selection``'s job. :func:`row_values` reads one key of a TensorDict of any batch shape (the
+reward bridges and preference pairs).
 """
 
 from __future__ import annotations

@@ -1,10 +1,11 @@
 """Which columns a batch holds, which ones a call selects, and under which names.
 
 :func:`column_keys` lists a batch's leaf columns (a History is one column), :func:`select_columns`
-turns keys into them and :func:`check_mask_column` checks a mask, each error signed by the public
-call. A :class:`Selection` holds a dataset's ``keys``, ``rename``, ``attention_mask_key`` and ``sep``,
-checked once; :meth:`Selection.resolve` matches them against the first batch read and gives the
-:class:`Schema` (stored columns and output names) that every later batch is walked with.
+turns keys into them and :func:`check_mask_column` checks a mask, each error signed by the
+public call (``owner``). A :class:`Selection` holds a dataset's ``keys``, ``rename``,
+``attention_mask_key`` and ``sep``, checked once; :meth:`Selection.resolve` matches them against
+the first batch read and gives the :class:`Schema` (stored columns and output names) that every
+later batch is walked with.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ __all__ = [
     "select_columns",
 ]
 
-# -- a batch's columns ----------------------------------------------------------------------------------------
+# -- a batch's columns --------------------------------------------------------------------------
 
 
 def as_column_key(key: Any, arg: str, owner: str) -> NestedKey:
@@ -68,6 +69,7 @@ def as_column_keys(keys: Any, arg: str, owner: str) -> list[NestedKey]:
 
 
 def is_history(value: Any) -> bool:
+    """Whether ``value`` is a :class:`~torchrl.data.llm.History` (one column, not walked into)."""
     from torchrl.data.llm import History
 
     return isinstance(value, History)
