@@ -378,6 +378,37 @@ CASES = [
         ValueError,
         "max_size",
     ),
+    # -- data/: issue 19 (helpers speak for the public call) and issue 20 (items 4, 17)
+    (
+        "split_columns-missing-key",  # formerly a TypeError about a NoneType
+        lambda: split_columns(TensorDict({"a": torch.zeros(2)}, [2]), keys=["nope"]),
+        KeyError,
+        "'nope'",
+    ),
+    (
+        "split_columns-keys-empty",
+        lambda: split_columns(TensorDict({"a": torch.zeros(2)}, [2]), keys=[]),
+        ValueError,
+        "keys",
+    ),
+    (
+        "dataset-keys-empty",  # formerly an empty torch view and an IndexError in to_hf_dataset
+        lambda: TorchRLBufferDataset(toy_buffer(4), 2, keys=[]),
+        ValueError,
+        "keys",
+    ),
+    (
+        "dataset-batch_size-1e12",  # formerly asked the allocator for 8 TB
+        lambda: next(iter(TorchRLBufferDataset(toy_buffer(4), 10**12))),
+        ValueError,
+        "batch_size",
+    ),
+    (
+        "to_hf-bool-then-float",  # formerly typed from row 0: 0.5 became True
+        lambda: TorchRLBufferDataset(_per_row([True, 0.5]), 2).to_hf_dataset(),
+        TypeError,
+        "'score'",
+    ),
     (
         "complex-column",
         lambda: TorchRLBufferDataset(
@@ -388,6 +419,14 @@ CASES = [
     ),
 ]
 CASES = [c for c in CASES if c[1] is not None]
+
+
+def _per_row(scores: list) -> ReplayBuffer:
+    """A buffer of one TensorDict per row, each ``score`` as TensorDict stores a Python value."""
+    rb = ReplayBuffer(storage=LazyStackStorage(len(scores)))
+    for score in scores:
+        rb.add(TensorDict({"score": score}))
+    return rb
 
 
 def _rb(td: TensorDict) -> ReplayBuffer:
@@ -403,6 +442,71 @@ def test_clear_error(call, error, names):
     with pytest.raises(error, match=re.escape(names)) as info:
         call()
     assert type(info.value) is not AttributeError
+
+
+# (id, call, the public call whose name must open the message): a helper's error speaks for the
+# call the user made, however deep the helper that raised it.
+SIGNED = [
+    (
+        "split_columns-missing-key",
+        lambda: split_columns(TensorDict({"a": torch.zeros(2)}, [2]), keys=["nope"]),
+        "split_columns",
+    ),
+    (
+        "split_columns-float-mask",
+        lambda: split_columns(TensorDict({"a": torch.zeros(2, 3)}, [2]), attention_mask_key="a"),
+        "split_columns",
+    ),
+    (
+        "dataset-keys-empty",
+        lambda: TorchRLBufferDataset(toy_buffer(4), 2, keys=[]),
+        "TorchRLBufferDataset",
+    ),
+    (
+        "dataset-batch_size-1e12",
+        lambda: next(iter(TorchRLBufferDataset(toy_buffer(4), 10**12))),
+        "TorchRLBufferDataset",
+    ),
+    (
+        "as_hf_dataset-batch_size-1e12",
+        lambda: list(TorchRLBufferDataset(toy_buffer(4), 10**12).as_hf_dataset()),
+        "TorchRLBufferDataset.as_hf_dataset",
+    ),
+    (
+        "to_hf_dataset-empty",
+        lambda: TorchRLBufferDataset(toy_buffer(0), 2).to_hf_dataset(),
+        "TorchRLBufferDataset.to_hf_dataset",
+    ),
+    (
+        "to_hf_dataset-bool-then-float",
+        lambda: TorchRLBufferDataset(_per_row([True, 0.5]), 2).to_hf_dataset(),
+        "TorchRLBufferDataset.to_hf_dataset",
+    ),
+    (
+        "hf_features-complex",
+        lambda: TorchRLBufferDataset(
+            _rb(TensorDict({"z": torch.ones(4, dtype=torch.complex64)}, [4])), 2
+        ).hf_features(),
+        "TorchRLBufferDataset.hf_features",
+    ),
+    (
+        "iter_storage-empty",
+        lambda: list(TorchRLBufferDataset(toy_buffer(0), 2).iter_storage()),
+        "TorchRLBufferDataset.iter_storage",
+    ),
+    (
+        "pairs-history_key-int",
+        lambda: build_preference_pairs(rewards_td([1.0, 0.0]), history_key=3),
+        "build_preference_pairs",
+    ),
+]
+
+
+@pytest.mark.parametrize(("call", "owner"), [c[1:] for c in SIGNED], ids=[c[0] for c in SIGNED])
+def test_signed_by_the_public_call(call, owner):
+    with pytest.raises((TypeError, ValueError, KeyError, RuntimeError)) as info:
+        call()
+    assert info.value.args[0].startswith(f"{owner}: "), info.value.args[0]
 
 
 @pytest.mark.parametrize(

@@ -17,7 +17,7 @@ from torchrl.data import (
 from torchrl.data.llm import History
 
 from torchrl_trl_interop import PaddingCollator, TorchRLBufferDataset, messages_to_history
-from torchrl_trl_interop.testing import toy_chats, toy_padded
+from torchrl_trl_interop.testing import toy_buffer, toy_chats, toy_padded
 
 TOKENS = ("tokens", "full")
 MASK = ("masks", "all_attention_mask")
@@ -439,3 +439,24 @@ class TestDropInForUpstream:
         assert [sorted(r) for r in ours] == [sorted(r) for r in theirs]
         for a, b in zip(ours, theirs):
             assert all(torch.equal(a[k], b[k]) for k in b)
+
+
+class TestSizes:
+    """Regression (issue 20, item 17): sizes that select nothing or allocate terabytes."""
+
+    def test_keys_empty_is_refused_at_construction(self):
+        with pytest.raises(ValueError, match=r"TorchRLBufferDataset: keys=\[\] selects no column"):
+            TorchRLBufferDataset(toy_buffer(4), 2, keys=[])
+
+    def test_a_sampled_batch_above_the_capacity_is_refused_before_drawing(self):
+        ds = TorchRLBufferDataset(toy_buffer(4), 10**12)
+        with pytest.raises(ValueError, match=r"batch_size=1000000000000 .*max_size=4"):
+            next(iter(ds))
+        with pytest.raises(ValueError, match=r"as_hf_dataset: batch_size=1000000000000"):
+            list(ds.as_hf_dataset())
+
+    def test_storage_reads_take_at_most_the_stored_rows(self):
+        ds = TorchRLBufferDataset(toy_buffer(4), 10**12, epoch=True)
+        assert [int(r["x"]) for r in ds] == [0, 1, 2, 3]
+        assert ds.to_hf_dataset()["x"][:] == [0, 1, 2, 3]
+        assert [int(r["x"]) for r in ds.iter_storage()] == [0, 1, 2, 3]

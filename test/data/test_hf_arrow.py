@@ -14,9 +14,9 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tensordict import TensorDict, lazy_stack, set_list_to_stack
-from torchrl.data import LazyStackStorage, LazyTensorStorage, ReplayBuffer
+from torchrl.data import LazyStackStorage, LazyTensorStorage, ListStorage, ReplayBuffer
 
-from torchrl_trl_interop import TorchRLBufferDataset
+from torchrl_trl_interop import TorchRLBufferDataset, messages_to_history, replay_buffer_from_hf
 from torchrl_trl_interop._keys import to_python
 from torchrl_trl_interop.testing import toy_chats
 
@@ -183,3 +183,116 @@ def _llm_buffer(n: int) -> tuple[ReplayBuffer, list]:
     rb = ReplayBuffer(storage=LazyStackStorage(n))
     rb.extend(lazy_stack(rows))
     return rb, chats
+
+
+# -- types come from every row (issue 20, items 4 and 15) ----------------------------------------
+
+CALL = {"type": "function", "function": {"name": "add", "arguments": {"a": 2, "b": 2}}}
+PLAIN = [{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "4"}]
+TOOLS = [
+    {"role": "user", "content": "2+2?"},
+    {"role": "assistant", "content": "", "tool_calls": [CALL]},
+    {"role": "tool", "name": "add", "content": "4"},
+    {"role": "assistant", "content": "4"},
+]
+
+
+def per_row_buffer(storage_cls, values: list, key: str = "score") -> ReplayBuffer:
+    """One TensorDict per row holding ``values[i]`` as TensorDict stores a Python value."""
+    rb = ReplayBuffer(storage=storage_cls(len(values)))
+    for value in values:
+        rb.add(TensorDict({key: value}))
+    return rb
+
+
+def torch_view_rows(ds: TorchRLBufferDataset | ReplayBuffer) -> list[dict]:
+    """What the torch view yields, as Python values: the rows ``Dataset.from_list`` is given."""
+    if isinstance(ds, ReplayBuffer):
+        ds = TorchRLBufferDataset(ds, len(ds))
+    return [{k: to_python(v) for k, v in row.items()} for row in ds.iter_storage()]
+
+
+class TestTypesFromEveryRow:
+    """Regression: the views typed every column from the first row (``0.5`` became ``0``)."""
+
+    @pytest.mark.parametrize("chunk_size", [None, 1])
+    def test_ints_then_floats_are_floats(self, chunk_size):
+        from datasets import Dataset
+
+        rb = per_row_buffer(LazyStackStorage, [1, 0.5, 2])  # int64, float32, int64 tensors
+        hf = TorchRLBufferDataset(rb, 2).to_hf_dataset(chunk_size=chunk_size)
+        assert hf["score"][:] == [1.0, 0.5, 2.0]
+        assert hf.features["score"].dtype == "float64"
+        assert_same_dataset(hf, Dataset.from_list(torch_view_rows(rb)))
+
+    def test_list_storage_reads_the_same_rows(self):
+        """``ListStorage``: formerly a raw ``ArrowInvalid`` (first row int64, then a float)."""
+        rb = per_row_buffer(ListStorage, [1, 0.5])
+        hf = TorchRLBufferDataset(rb, 2).to_hf_dataset()
+        assert hf["score"][:] == [r["score"] for r in torch_view_rows(rb)] == [1.0, 0.5]
+
+    def test_a_cache_file_is_rewritten_when_a_later_read_widens_a_type(self, tmp_path):
+        rb = per_row_buffer(LazyStackStorage, [1, 2, 0.5])
+        path = tmp_path / "rows.arrow"
+        hf = TorchRLBufferDataset(rb, 1).to_hf_dataset(chunk_size=1, cache_file=path)
+        assert hf["score"][:] == [1.0, 2.0, 0.5]
+        assert [f["filename"] for f in hf.cache_files] == [str(path)]
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["rows.arrow"]
+
+    def test_rows_through_replay_buffer_from_hf(self):
+        rb = replay_buffer_from_hf([{"score": 1}, {"score": 0.5}])
+        assert TorchRLBufferDataset(rb, 2).to_hf_dataset()["score"][:] == [1.0, 0.5]
+
+    @pytest.mark.parametrize("values", [[True, 0.5], [1, "a"], [torch.ones(2), 1.0]])
+    def test_rows_without_a_common_type_are_refused(self, values):
+        """A bool first row formerly turned ``0.5`` into ``True``."""
+        rb = per_row_buffer(LazyStackStorage, values)
+        with pytest.raises(TypeError, match=r"to_hf_dataset: column 'score' holds"):
+            TorchRLBufferDataset(rb, 2).to_hf_dataset()
+
+    def test_streaming_view_promotes_its_first_batch(self):
+        rb = per_row_buffer(LazyStackStorage, [1, 0.5, 2])
+        hf = TorchRLBufferDataset(rb, 2, epoch=True).as_hf_dataset(num_shards=1)
+        assert hf.features["score"].dtype == "float64"
+        rows = [r["score"] for r in hf]
+        assert rows == [1.0, 0.5, 2.0] and all(type(v) is float for v in rows)
+
+    def test_streaming_view_refuses_a_later_row_its_features_cannot_hold(self):
+        rb = per_row_buffer(LazyStackStorage, [1, 2, 0.5])
+        hf = TorchRLBufferDataset(rb, 2, epoch=True).as_hf_dataset(num_shards=1)
+        assert hf.features["score"].dtype == "int64"
+        with pytest.raises(TypeError, match=r"as_hf_dataset: column 'score'.*to_hf_dataset\(\)"):
+            list(hf)
+
+
+class TestToolCallsAfterTheFirstRow:
+    """Regression: tool calls first made after row 0 gave a raw pyarrow cast error."""
+
+    def test_trl_tool_calling_rows_through_replay_buffer_from_hf(self):
+        from datasets import Dataset
+
+        rb = replay_buffer_from_hf([{"messages": PLAIN}, {"messages": TOOLS}])
+        hf = TorchRLBufferDataset(rb, 1).to_hf_dataset()
+        expected = Dataset.from_list(torch_view_rows(rb))
+        assert_same_dataset(hf, expected)
+        assert Dataset.from_list([{"messages": PLAIN}, {"messages": TOOLS}])[:] == hf[:]
+
+    def test_an_agentic_buffer_whose_first_rollout_made_no_call(self):
+        from datasets import Dataset
+
+        chats = [PLAIN, TOOLS, PLAIN]
+        rb = ReplayBuffer(storage=LazyStackStorage(3))
+        with set_list_to_stack(True):
+            rows = [TensorDict({("history", "full"): messages_to_history(c)}) for c in chats]
+            rb.extend(lazy_stack(rows))
+        ds = TorchRLBufferDataset(rb, 2, rename={("history", "full"): "messages"})
+        assert [r["messages"] for r in ds.iter_storage()] == chats
+        assert_same_dataset(ds.to_hf_dataset(chunk_size=1), Dataset.from_list(torch_view_rows(ds)))
+
+    def test_streaming_view(self):
+        rb = replay_buffer_from_hf([{"messages": PLAIN}, {"messages": TOOLS}])
+        seen = TorchRLBufferDataset(rb, 2, epoch=True).as_hf_dataset(num_shards=1)
+        assert [r["messages"] for r in seen] == [PLAIN, TOOLS]  # as the torch view yields them
+        fixed = TorchRLBufferDataset(rb, 1, epoch=True).as_hf_dataset(num_shards=1)
+        with pytest.raises(TypeError, match="'messages'.*fixed.*from the first batch"):
+            list(fixed)

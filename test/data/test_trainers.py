@@ -184,8 +184,21 @@ def test_dpo_trainer(tmp_path, tok, scored_pairs):
     assert consumed == expected
 
 
-def test_grpo_trainer(tmp_path, tok):
+def train_grpo(tmp_path, tok, data, reward_funcs):
+    """Two GRPO steps of 2 prompts x 2 generations: every row of a 4-row dataset, twice each."""
     from trl import GRPOConfig, GRPOTrainer
+
+    config = {**common_args(tmp_path), "per_device_train_batch_size": 4, "num_generations": 2}
+    config.update(max_completion_length=4, temperature=1.0)
+    model = toy_causal_lm(tokenizer=tok)
+    args = GRPOConfig(**config)
+    trainer = GRPOTrainer(model, reward_funcs, args, train_dataset=data, processing_class=tok)
+    trainer.train()
+    assert trainer.state.global_step == 2
+    return trainer
+
+
+def test_grpo_trainer(tmp_path, tok):
 
     # A buffer of History prompts (plus an extra column that reward functions receive).
     prompts = [[{"role": "user", "content": q}] for q in QUESTIONS]
@@ -219,20 +232,7 @@ def test_grpo_trainer(tmp_path, tok):
         )
         return [float(a in c[0]["content"]) for c, a in zip(completions, answer)]
 
-    trainer = GRPOTrainer(
-        model=toy_causal_lm(tokenizer=tok),
-        reward_funcs=[reward_model_func, mentions_answer],
-        args=GRPOConfig(
-            **{**common_args(tmp_path), "per_device_train_batch_size": 4},
-            num_generations=2,
-            max_completion_length=4,
-            temperature=1.0,
-        ),
-        train_dataset=data,
-        processing_class=tok,
-    )
-    trainer.train()
-    assert trainer.state.global_step == 2
+    trainer = train_grpo(tmp_path, tok, data, [reward_model_func, mentions_answer])
     metrics = {k for log in trainer.state.log_history for k in log}
     assert "rewards/HFRewardModelWrapper/mean" in metrics
     assert "rewards/mentions_answer/mean" in metrics
@@ -243,6 +243,25 @@ def test_grpo_trainer(tmp_path, tok):
         for p, a in zip(prompts, ["four", "hello", "fine", "dog"])
     ]
     assert Counter(seen) == Counter({row: 2 for row in stored})
+
+
+def test_grpo_reward_function_gets_scores_as_written(tmp_path, tok):
+    """Regression (issue 20, item 4): a ``score`` column written as Python numbers (``1`` is
+    stored as int64, ``0.5`` as float32, one row each) was typed from row 0: the reward function
+    of a real GRPOTrainer received ``0`` for ``0.5``."""
+    scores = [1, 0.5, 2, 0.25]
+    rb = ReplayBuffer(storage=LazyStackStorage(4))
+    for question, score in zip(QUESTIONS, scores):
+        rb.add(TensorDict({"prompt": question, "score": score}))
+    data = TorchRLBufferDataset(rb, batch_size=4).to_hf_dataset()
+    seen: list[tuple] = []
+
+    def stored_score(prompts, completions, score, **kwargs):
+        seen.extend(zip(prompts, score))
+        return [float(s) for s in score]
+
+    train_grpo(tmp_path, tok, data, [stored_score])
+    assert Counter(seen) == Counter({(q, float(s)): 2 for q, s in zip(QUESTIONS, scores)})
 
 
 def test_sft_trainer(tmp_path, tok):

@@ -4,8 +4,9 @@ The public names live at the top level (``from torchrl_trl_interop import TorchR
 the modules here are private, one job each:
 
 * ``_dataset``: :class:`~torchrl_trl_interop.TorchRLBufferDataset`, configuration -> iteration;
-* ``_columns``: the one column walker, a sampled batch -> per-row columns;
-* ``_arrow``: those columns as Arrow arrays for the Hugging Face views;
+* ``_selection``: which columns a batch holds, which a call selects, under which names;
+* ``_columns``: the one column walker, a sampled batch -> one classified column per key;
+* ``_arrow``: walked columns as Python values and Arrow arrays for the Hugging Face views;
 * ``_reader``: reading a buffer (by index, by sampling, committed rows) into named rows;
 * ``_epochs``: one pass over a buffer, resumable from a row count;
 * ``_sharding``: who reads which rows (workers, ranks, epochs, seeds);

@@ -1,143 +1,230 @@
-"""A batch's columns packed for the Hugging Face views: flat values and row lengths, one per column.
+"""Walked columns for the Hugging Face views: their Arrow types, Python values and Arrow arrays.
 
-:func:`~torchrl_trl_interop.split_columns` cuts a batch into per-row tensors, which is
-what a torch dataset yields. The Hugging Face views need Python values or Arrow arrays instead,
-and converting row by row costs a Python call (or several) per row and column. Here each column of
-a batch is packed once: a tensor column becomes ``values`` (every row's values, concatenated)
-and ``lengths`` (each row's leading length, or ``None`` when every row is ``values[i]``), a
-History column becomes its ``role`` and ``content`` strings per row, anything else a list of
-Python values. :func:`python_columns` turns that into per-row Python values with one ``tolist``
-per column, :func:`arrow_table` into a ``pyarrow`` table of ``datasets``' types (values plus
-offsets). Rows are cut to the attention mask exactly as :func:`split_columns` cuts them.
+The torch view yields a :class:`~torchrl_trl_interop.data._columns.Column`'s per-row tensors.
+The Hugging Face views need Python values or Arrow arrays instead, and converting row by row
+costs a Python call (or several) per row and column. Here each column of a batch is converted
+once: tensors through their values end to end and each row's length (one ``tolist`` per column,
+or Arrow values plus offsets), History turns through their ``role`` and ``content`` strings,
+other values through ``datasets``' own typed conversion.
+
+**Types come from every row, never from the first one.** A column whose rows hold different
+types (a ``score`` written as ``1`` in one row, ``0.5`` in the next: ``int64`` and ``float32``
+tensors) gets the type pyarrow promotes them to (ints and floats: a float that holds the ints
+exactly, ``float64`` for ``int64``), which is what ``datasets.Dataset.from_list`` gives for
+the same Python values; a message column gets the fields of every message (tool calls included).
+Types with no common type (a bool and a number, a str and a number, a list and a scalar) are
+refused with an error naming the column: values are never cast silently. :func:`unify_schemas`
+applies the same rule across batches; :func:`python_columns` checks a batch against types
+declared earlier (the streaming view) and refuses what they cannot hold.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
 from itertools import chain
 from typing import Any
 
 import torch
-from tensordict import NonTensorData, TensorDictBase, set_list_to_stack
 
-from .._conversation import history_column, history_fields, history_to_messages
-from .._keys import Key, row_entries, to_python
-from .._padding import trim_row
-from .._tool_calls import has_turn_fields
-from ._columns import _is_history, _mask_rows, _non_tensor_rows, _probe, _ragged_rows
+from .._keys import to_python
+from ._columns import DENSE, MESSAGES, RAGGED, TURNS, Column
 
-__all__ = ["PackedColumn", "arrow_table", "pack_columns", "python_columns"]
+__all__ = [
+    "arrow_table",
+    "column_type",
+    "declared_schema",
+    "python_columns",
+    "unify_schemas",
+]
+
+#: Arrow types of torch dtypes (bfloat16: ``float32``, as ``datasets`` stores it).
+_ARROW_OF = {
+    torch.bool: "bool_",
+    torch.int8: "int8",
+    torch.int16: "int16",
+    torch.int32: "int32",
+    torch.int64: "int64",
+    torch.uint8: "uint8",
+    torch.uint16: "uint16",
+    torch.uint32: "uint32",
+    torch.uint64: "uint64",
+    torch.float16: "float16",
+    torch.bfloat16: "float32",
+    torch.float32: "float32",
+    torch.float64: "float64",
+}
 
 
-@dataclass
-class PackedColumn:
-    """One column of a batch: ``kind`` is ``"tensor"``, ``"history"`` or ``"python"``.
+def _scalar_type(dtype: torch.dtype, name: str, owner: str) -> Any:
+    import pyarrow as pa
 
-    ``"tensor"``: ``values`` holds the rows' values end to end and ``lengths`` (a list of int)
-    each row's leading length; ``lengths is None`` means row ``i`` is ``values[i]``.
-    ``"history"``: ``values`` is ``(roles, contents)``, one list of str per row.
-    ``"python"``: ``values`` is the list of per-row Python values.
+    arrow = _ARROW_OF.get(dtype)
+    if arrow is None:
+        raise TypeError(
+            f"{owner}: column {name!r} holds {dtype} values, which Arrow (and so datasets) cannot "
+            "store. Store the real and imaginary parts as two float columns, or leave the column "
+            "out with keys=[...]."
+        )
+    return getattr(pa, arrow)()
+
+
+def _torch_dtype(arrow_type: Any) -> torch.dtype:
+    """The torch dtype of an Arrow number type (the inverse of ``_ARROW_OF``)."""
+    import pyarrow as pa
+
+    return next(
+        d for d, a in _ARROW_OF.items() if d != torch.bfloat16 and getattr(pa, a)() == arrow_type
+    )
+
+
+def _nest(arrow_type: Any, levels: int) -> Any:
+    import pyarrow as pa
+
+    for _ in range(levels):
+        arrow_type = pa.list_(arrow_type)
+    return arrow_type
+
+
+def _leaf(arrow_type: Any) -> Any:
+    while hasattr(arrow_type, "value_type"):
+        arrow_type = arrow_type.value_type
+    return arrow_type
+
+
+def _turns_type() -> Any:
+    import pyarrow as pa
+
+    return pa.list_(pa.struct([("role", pa.string()), ("content", pa.string())]))
+
+
+def _unify(types: Sequence[Any], name: str, owner: str, where: str) -> Any:
+    """The type pyarrow promotes ``types`` to (``"permissive"``); a :class:`TypeError` naming the
+    column if they have none."""
+    import pyarrow as pa
+
+    distinct = list(dict.fromkeys(types))
+    if len(distinct) == 1:
+        return distinct[0]
+    try:
+        schemas = [pa.schema([pa.field(name, t)]) for t in distinct]
+        return pa.unify_schemas(schemas, promote_options="permissive").field(name).type
+    except (pa.ArrowTypeError, pa.ArrowInvalid, pa.ArrowNotImplementedError) as err:
+        raise TypeError(
+            f"{owner}: column {name!r} holds values of types {[str(t) for t in distinct]} "
+            f"{where}, and Arrow (so datasets) has no type that holds them all without changing "
+            "values (a bool and a number, a str and a number, a list and a scalar). Store one "
+            "type in every row (e.g. every score as a float), or leave the column out with "
+            "keys=[...]."
+        ) from err
+
+
+def _row_dtype(rows: Sequence[torch.Tensor], name: str, owner: str) -> tuple[torch.dtype, Any]:
+    """The dtype that holds every row of a ragged column, and its Arrow type."""
+    dtypes = list(dict.fromkeys(r.dtype for r in rows))
+    ndims = {r.ndim for r in rows}
+    types = [_nest(_scalar_type(d, name, owner), n) for d in dtypes for n in ndims]
+    arrow_type = _unify(types, name, owner, "in different rows")
+    return (dtypes[0] if len(dtypes) == 1 else _torch_dtype(_leaf(arrow_type))), arrow_type
+
+
+def _values_array(column: Column, name: str, owner: str) -> Any:
+    """A column of Python values through ``datasets``' typed conversion (what ``from_list`` does)."""
+    import pyarrow as pa
+    from datasets.arrow_writer import OptimizedTypedSequence
+
+    values = [to_python(v) for v in column.data]
+    try:
+        return pa.array(OptimizedTypedSequence(values, col=name))
+    except (pa.ArrowTypeError, pa.ArrowInvalid) as err:
+        raise TypeError(
+            f"{owner}: column {name!r} holds values that Arrow (so datasets) cannot give one "
+            f"type ({err}). Store one type in every row, or leave the column out with keys=[...]."
+        ) from err
+
+
+def column_type(column: Column, name: str, owner: str) -> Any:
+    """The Arrow type that holds every row of a walked column (see the module docstring).
+
+    Raises:
+        TypeError: if the rows have no common type, or a dtype Arrow cannot store.
     """
+    import pyarrow as pa
 
-    kind: str
-    values: Any
-    lengths: list[int] | None = None
+    if column.kind == DENSE:
+        return _nest(_scalar_type(column.data.dtype, name, owner), column.data.ndim - 1)
+    if column.kind == RAGGED:
+        return _row_dtype(column.data, name, owner)[1]
+    if column.kind == TURNS:
+        return _turns_type()
+    if all(type(v) is str for v in column.data):
+        return pa.string()
+    return _values_array(column, name, owner).type
 
 
-def _tensor_column(rows: Sequence[torch.Tensor]) -> PackedColumn | None:
-    """Packs per-row tensors (a ragged column); ``None`` if they do not share dtype and inner shape."""
-    if not rows:
+def declared_schema(columns: Sequence[Column], names: Sequence[str], owner: str) -> Any:
+    """The ``pyarrow.Schema`` a streaming view declares from a batch, or ``None`` when a message
+    column holds tool calls (their arguments have no fixed type: ``datasets`` takes each row as
+    it comes)."""
+    import pyarrow as pa
+
+    if any(c.kind == MESSAGES for c in columns):
         return None
-    first = rows[0]
-    inner, dtype, ndim = first.shape[1:], first.dtype, first.ndim
-    if any(r.dtype != dtype or r.ndim != ndim or r.shape[1:] != inner for r in rows):
-        return None
-    if ndim == 0:
-        return PackedColumn("tensor", torch.stack(rows).detach().cpu())
-    return PackedColumn("tensor", torch.cat(rows).detach().cpu(), [len(r) for r in rows])
+    return pa.schema([(n, column_type(c, n, owner)) for c, n in zip(columns, names)])
 
 
-def _history_column(batch: TensorDictBase, key: Key) -> PackedColumn:
-    """A ``[B, T]`` History column's roles and contents per row (message lists otherwise)."""
-    fields = history_column(batch, key)
-    if fields is not None:
-        return PackedColumn("history", fields)
-    history = batch.get(key)
-    if history.ndim != 2 or has_turn_fields(history):  # not plain turns: message lists
-        return PackedColumn("python", history_to_messages(history))
-    return PackedColumn("history", history_fields(history))
+def unify_schemas(schemas: Sequence[Any], owner: str) -> Any:
+    """One schema for batches read with :func:`arrow_table`: each column's types promoted (see
+    the module docstring).
 
-
-def _string_column(batch: TensorDictBase, key: Key) -> list | None:
-    """The rows' values of a lazy stack of single ``NonTensorData`` entries (text), or ``None``."""
-    rows = row_entries(batch, key)
-    if rows is None or not all(type(v) is NonTensorData and not v.batch_size for v in rows):
-        return None
-    return [v._non_tensordict["data"] for v in rows]
-
-
-def _dense_column(value: torch.Tensor, bounds: Any) -> PackedColumn:
-    """Packs a ``[B, ...]`` tensor, cut to ``bounds`` as ``_padding.split_rows`` cuts."""
-    value = value.detach().cpu()
-    if bounds is not None:
-        first, last, mask_shape = bounds
-        if len(mask_shape) == 2 and value.shape[:2] == mask_shape and mask_shape[0] > 0:
-            first, last = first.cpu(), last.cpu()
-            positions = torch.arange(mask_shape[1])
-            keep = (positions >= first[:, None]) & (positions < last[:, None])
-            return PackedColumn("tensor", value[keep], (last - first).tolist())
-    return PackedColumn("tensor", value)
-
-
-def pack_columns(
-    batch: TensorDictBase, keys: Sequence[Key], attention_mask_key: Key | None
-) -> list[PackedColumn]:
-    """Packs the columns ``keys`` of a ``[B]`` batch (keys as resolved by a
-    ``_columns.Selection``), cut to ``attention_mask_key``'s span.
-
-    Examples:
-        >>> import torch
-        >>> from tensordict import TensorDict
-        >>> td = TensorDict({"ids": torch.tensor([[0, 5, 6], [7, 8, 9]]),
-        ...                  "mask": torch.tensor([[0, 1, 1], [1, 1, 1]])}, batch_size=[2])
-        >>> column = pack_columns(td, [("ids",)], ("mask",))[0]
-        >>> column.values, column.lengths
-        (tensor([5, 6, 7, 8, 9]), [2, 3])
-        >>> python_columns([column])
-        [[[5, 6], [7, 8, 9]]]
+    Raises:
+        TypeError: if a column's types have no common type.
     """
-    n = batch.batch_size[0]
-    with set_list_to_stack(True):  # reading History needs it; scoped to the call
-        bounds, row_masks = _mask_rows(batch, attention_mask_key)
-        out = []
-        for key in keys:
-            probe, lazy = _probe(batch, key)
-            if lazy and isinstance(probe, torch.Tensor):
-                rows = _ragged_rows(batch, key)
-                if bounds is not None and rows:
-                    out.append(_dense_column(torch.stack(rows), bounds))
-                    continue
-                if row_masks is not None:
-                    rows = [trim_row(v, m) for v, m in zip(rows, row_masks)]
-                packed = _tensor_column(rows)
-                out.append(packed if packed is not None else PackedColumn("python", list(rows)))
-                continue
-            if _is_history(probe):
-                out.append(_history_column(batch, key))
-                continue
-            if not isinstance(probe, torch.Tensor) and lazy:
-                strings = _string_column(batch, key)
-                if strings is not None:
-                    out.append(PackedColumn("python", strings))
-                    continue
-            value = batch.get(key)
-            if isinstance(value, torch.Tensor):
-                out.append(_dense_column(value, bounds))
-            else:
-                out.append(PackedColumn("python", _non_tensor_rows(key, value, n)))
-    return out
+    import pyarrow as pa
+
+    first = schemas[0]
+    if all(s == first for s in schemas):
+        return first
+    return pa.schema(
+        [
+            (n, _unify([s.field(n).type for s in schemas], n, owner, "in different reads"))
+            for n in first.names
+        ]
+    )
+
+
+# -- tensors: values end to end and row lengths --------------------------------------------------
+
+
+def _packed(column: Column, dtype: torch.dtype) -> tuple[torch.Tensor, list[int] | None] | None:
+    """A tensor column's values end to end, as ``dtype``, and each row's leading length (``None``:
+    row ``i`` is ``values[i]``); ``None`` if its rows do not share their inner shape."""
+    if column.kind == DENSE:
+        value = column.data.detach().cpu()
+        if column.bounds is not None:
+            first, last, mask_shape = column.bounds
+            if len(mask_shape) == 2 and value.shape[:2] == mask_shape and mask_shape[0] > 0:
+                first, last = first.cpu(), last.cpu()
+                positions = torch.arange(mask_shape[1])
+                keep = (positions >= first[:, None]) & (positions < last[:, None])
+                return value[keep].to(dtype), (last - first).tolist()
+        return value.to(dtype), None
+    rows = column.data
+    inner = rows[0].shape[1:]
+    if any(r.ndim != rows[0].ndim or r.shape[1:] != inner for r in rows):
+        return None
+    if any(r.dtype != dtype for r in rows):
+        rows = [r.to(dtype) for r in rows]
+    if rows[0].ndim == 0:
+        return torch.stack(rows).detach().cpu(), None
+    return torch.cat(rows).detach().cpu(), [len(r) for r in rows]
+
+
+def _tensor_dtype(column: Column, name: str, owner: str) -> torch.dtype:
+    if column.kind == DENSE:
+        _scalar_type(column.data.dtype, name, owner)  # refuses what Arrow cannot store
+        return column.data.dtype
+    return _row_dtype(column.data, name, owner)[0]
 
 
 def _split(flat: list, lengths: list[int]) -> list[list]:
@@ -148,25 +235,105 @@ def _split(flat: list, lengths: list[int]) -> list[list]:
     return out
 
 
-def _python_values(column: PackedColumn) -> list:
-    if column.kind == "tensor":
-        values = column.values
-        if values.dtype == torch.bfloat16:
-            values = values.float()  # what a bfloat16 row's tolist() gives
-        flat = values.numpy().tolist()  # numpy builds Python lists faster than torch
-        return flat if column.lengths is None else _split(flat, column.lengths)
-    if column.kind == "history":
-        roles, contents = column.values
-        return [
-            [{"role": r, "content": c} for r, c in zip(row_roles, row_contents)]
-            for row_roles, row_contents in zip(roles, contents)
-        ]
-    return [to_python(v) for v in column.values]
+def _tensor_values(column: Column, dtype: torch.dtype) -> list:
+    packed = _packed(column, dtype)
+    if packed is None:  # rows of different inner shapes: one tolist per row
+        return [r.to(dtype).tolist() for r in column.data]
+    values, lengths = packed
+    if values.dtype == torch.bfloat16:
+        values = values.float()  # what a bfloat16 row's tolist() gives
+    flat = values.numpy().tolist()  # numpy builds Python lists faster than torch
+    return flat if lengths is None else _split(flat, lengths)
 
 
-def python_columns(columns: Sequence[PackedColumn]) -> list[list]:
-    """Per-row Python values of each packed column, as ``to_python`` gives them row by row."""
-    return [_python_values(column) for column in columns]
+def _turn_values(column: Column) -> list:
+    roles, contents = column.data
+    return [
+        [{"role": r, "content": c} for r, c in zip(row_roles, row_contents)]
+        for row_roles, row_contents in zip(roles, contents)
+    ]
+
+
+def _holds(declared: Any, found: Any) -> bool:
+    """Whether values of type ``found`` convert to ``declared`` unchanged (promotion gives it)."""
+    try:
+        return _unify([declared, found], "", "", "") == declared
+    except TypeError:
+        return False
+
+
+def _python_values(column: Column, name: str, owner: str, declared: Any) -> list:
+    if declared is not None:
+        found = column_type(column, name, owner)
+        if found != declared:
+            if not _holds(declared, found):
+                raise TypeError(
+                    f"{owner}: column {name!r} holds {found} values in this batch, but the view's "
+                    f"features were fixed as {declared} from the first batch of the buffer, and "
+                    "they cannot hold these values without changing them. Use to_hf_dataset() "
+                    "(its types come from every stored row), store one type in every row, or "
+                    "leave the column out with keys=[...]."
+                )
+            if column.kind in (DENSE, RAGGED):
+                return _tensor_values(column, _torch_dtype(_leaf(declared)))
+            return _values_array(column, name, owner).cast(declared).to_pylist()
+    if column.kind in (DENSE, RAGGED):
+        return _tensor_values(column, _tensor_dtype(column, name, owner))
+    if column.kind == TURNS:
+        return _turn_values(column)
+    return [to_python(v) for v in column.data]
+
+
+def python_columns(
+    columns: Sequence[Column], names: Sequence[str], declared: Any, owner: str
+) -> list[list]:
+    """Per-row Python values of each column, as ``to_python`` gives them row by row.
+
+    ``declared`` (a ``pyarrow.Schema`` from :func:`declared_schema`, or ``None``): a column whose
+    rows have another type is converted to the declared one if it holds them exactly (ints in a
+    float column), and refused otherwise.
+
+    Raises:
+        TypeError: if a column does not fit its declared type, or its rows have no common type.
+
+    Examples:
+        >>> import torch
+        >>> from tensordict import TensorDict
+        >>> from torchrl_trl_interop.data._columns import walk_columns
+        >>> td = TensorDict({"ids": torch.tensor([[0, 5, 6], [7, 8, 9]]),
+        ...                  "mask": torch.tensor([[0, 1, 1], [1, 1, 1]])}, batch_size=[2])
+        >>> python_columns(walk_columns(td, ["ids"], "mask", "example"), ["ids"], None, "example")
+        [[[5, 6], [7, 8, 9]]]
+    """
+    return [
+        _python_values(c, n, owner, None if declared is None else declared.field(n).type)
+        for c, n in zip(columns, names)
+    ]
+
+
+# -- Arrow arrays --------------------------------------------------------------------------------
+
+
+def _tensor_array(column: Column, name: str, owner: str) -> Any:
+    """Values plus offsets: one Arrow list level per dimension of a row."""
+    import numpy as np
+    import pyarrow as pa
+
+    dtype = _tensor_dtype(column, name, owner)
+    packed = _packed(column, dtype)
+    if packed is None:  # rows of different inner shapes: Arrow lists hold them row by row
+        return pa.array(_tensor_values(column, dtype), type=column_type(column, name, owner))
+    values, lengths = packed
+    if values.dtype == torch.bfloat16:
+        values = values.float()  # datasets stores bfloat16 as float32
+    inner = list(values.shape[1:])
+    array = pa.array(values.reshape(-1).numpy())
+    for level in reversed(range(len(inner))):  # fixed inner dims, innermost first
+        count = values.shape[0] * math.prod(inner[:level])
+        array = pa.ListArray.from_arrays(np.arange(count + 1, dtype=np.int32) * inner[level], array)
+    if lengths is not None:
+        array = pa.ListArray.from_arrays(_offsets(lengths), array)
+    return array
 
 
 def _offsets(lengths: Any) -> Any:
@@ -177,28 +344,10 @@ def _offsets(lengths: Any) -> Any:
     return offsets
 
 
-def _tensor_array(column: PackedColumn, arrow_type: Any) -> Any:
-    """Values plus offsets: one Arrow list level per dimension of a row."""
-    import numpy as np
+def _turns_array(column: Column) -> Any:
     import pyarrow as pa
 
-    values = column.values
-    if values.dtype == torch.bfloat16:
-        values = values.float()  # datasets stores bfloat16 as float32
-    inner = list(values.shape[1:])
-    array = pa.array(values.reshape(-1).numpy())
-    for level in reversed(range(len(inner))):  # fixed inner dims, innermost first
-        count = values.shape[0] * math.prod(inner[:level])
-        array = pa.ListArray.from_arrays(np.arange(count + 1, dtype=np.int32) * inner[level], array)
-    if column.lengths is not None:
-        array = pa.ListArray.from_arrays(_offsets(column.lengths), array)
-    return array if array.type == arrow_type else array.cast(arrow_type)
-
-
-def _history_array(column: PackedColumn, arrow_type: Any) -> Any:
-    import pyarrow as pa
-
-    roles, contents = column.values
+    roles, contents = column.data
     turns = pa.StructArray.from_arrays(
         [
             pa.array(list(chain.from_iterable(roles)), pa.string()),
@@ -206,35 +355,27 @@ def _history_array(column: PackedColumn, arrow_type: Any) -> Any:
         ],
         names=["role", "content"],
     )
-    array = pa.ListArray.from_arrays(_offsets([len(r) for r in roles]), turns)
-    return array if array.type == arrow_type else array.cast(arrow_type)
+    return pa.ListArray.from_arrays(_offsets([len(r) for r in roles]), turns)
 
 
-def arrow_table(columns: Sequence[PackedColumn], names: Sequence[str], features: Any) -> Any:
-    """A ``pyarrow.Table`` of the packed columns, with ``features``' Arrow schema.
+def arrow_table(columns: Sequence[Column], names: Sequence[str], owner: str) -> Any:
+    """A ``pyarrow.Table`` of walked columns, each typed from all of its rows.
 
-    Tensor columns are built from their values and offsets, History from its strings; other
-    columns go through ``datasets``' own typed conversion (what ``Dataset.from_dict`` does).
+    Tensor columns are built from their values and offsets, History turns from their strings;
+    other columns go through ``datasets``' own typed conversion (what ``Dataset.from_list``
+    does). Batches may differ in type: :func:`unify_schemas` gives the schema that holds them all.
+
+    Raises:
+        TypeError: if a column's rows have no common type.
     """
     import pyarrow as pa
-    from datasets.arrow_writer import OptimizedTypedSequence
 
-    schema = features.arrow_schema
     arrays = []
     for column, name in zip(columns, names):
-        field = schema.field(name)
-        if column.kind == "tensor":
-            arrays.append(_tensor_array(column, field.type))
-            continue
-        if column.kind == "history" and field.type == _history_type():
-            arrays.append(_history_array(column, field.type))
-            continue
-        values = features.encode_column(_python_values(column), name)
-        arrays.append(pa.array(OptimizedTypedSequence(values, type=features[name], col=name)))
-    return pa.Table.from_arrays(arrays, schema=schema)
-
-
-def _history_type() -> Any:
-    import pyarrow as pa
-
-    return pa.list_(pa.struct([("role", pa.string()), ("content", pa.string())]))
+        if column.kind in (DENSE, RAGGED):
+            arrays.append(_tensor_array(column, name, owner))
+        elif column.kind == TURNS:
+            arrays.append(_turns_array(column))
+        else:
+            arrays.append(_values_array(column, name, owner))
+    return pa.Table.from_arrays(arrays, names=list(names))

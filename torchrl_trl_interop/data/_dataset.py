@@ -1,14 +1,15 @@
 """A torchrl ``ReplayBuffer`` seen as a dataset: :class:`TorchRLBufferDataset`.
 
 Configuration, then iteration: every view (the torch ``IterableDataset``, :meth:`iter_storage`,
-the Hugging Face views) reads batches from the buffer and splits each one into columns once
-(``_reader.BufferReader``); who reads which rows is decided by
-``_sharding``, and reads from other processes are checked by
-``_processes``.
+the Hugging Face views) reads batches from the buffer and walks each one into columns once
+(``_reader.BufferReader``); who reads which rows is decided by ``_sharding`` and ``_epochs``,
+and reads from other processes are checked by ``_processes``. Errors are signed by the public
+call that was made (``TorchRLBufferDataset``, ``TorchRLBufferDataset.to_hf_dataset``, ...).
 """
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -19,10 +20,10 @@ from torchrl.data import ReplayBuffer
 
 from .._checks import as_device, check_positive_int, require
 from .._keys import key_to_str
-from ._columns import Selection
-from ._epochs import PassCounter, read_pass, stream_base
-from ._processes import check_one_dim_storage, is_remote
-from ._reader import BufferReader
+from ._epochs import PassCounter, slot_pass
+from ._processes import check_buffer, check_remote_seed, is_remote
+from ._reader import BufferReader, View
+from ._selection import Selection
 from ._sharding import ReadMode, ShardInfo, distributed_rank, shard_info
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -42,24 +43,23 @@ class TorchRLBufferDataset(torch.utils.data.IterableDataset):
     yields one flat ``dict[str, Any]`` per row; with ``epoch=True`` it yields instead every stored
     row exactly once. Works on every torchrl storage, on the ragged lazy stacks that TorchRL's LLM
     wrappers write by default (``pad_output=False``), and on a
-    :class:`~torchrl.data.RayReplayBuffer` (or its ``client()``). A row holds each stored value
-    as a tensor (ragged rows at their own length, padded rows cut to ``attention_mask_key``'s
-    span), a ``str``, or a TRL message list (History); nested keys ``("a", "b")`` become
-    ``"a.b"``. :meth:`as_hf_dataset` and :meth:`to_hf_dataset` give the Hugging Face views that
-    TRL trainers take. ``docs/overview.rst`` and ``docs/scale.rst`` say how rows are split
-    between DataLoader workers and ranks, and where this differs from upstream
-    ``torchrl.modules.llm.TorchRLBufferDataset``.
+    :class:`~torchrl.data.RayReplayBuffer` (or its ``client()``). What a row holds is described
+    in ``docs/overview.rst``; :meth:`as_hf_dataset` and :meth:`to_hf_dataset` give the Hugging
+    Face views that TRL trainers take; ``docs/scale.rst`` says how rows are split between
+    DataLoader workers and ranks.
 
     Args:
         replay_buffer (ReplayBuffer): the buffer to read (any torchrl ``ReplayBuffer`` subclass,
             including ``RayReplayBuffer``, or a ``RayReplayBuffer.client()``).
         batch_size (int): rows drawn per ``replay_buffer.sample`` call (per storage read with
-            ``epoch=True``).
+            ``epoch=True``). Sampling refuses a ``batch_size`` above the storage's capacity
+            (``max_size``) before anything is drawn: such a batch could only repeat rows, and
+            ``10**12`` would ask for terabytes. Storage reads take at most the stored rows.
 
     Keyword Args:
         keys (list of NestedKey, optional): only these keys are yielded; a key naming a sub-
-            tensordict selects all its leaves. A key that is absent raises a ``KeyError``.
-            Defaults to ``None`` (every leaf).
+            tensordict selects all its leaves. Defaults to ``None`` (every leaf); ``[]`` is
+            refused (it would select nothing).
         rename (dict, optional): maps stored keys to output names, e.g.
             ``{("tokens", "full"): "input_ids", ("masks", "all_attention_mask"): "attention_mask"}``.
         attention_mask_key (NestedKey, optional): a mask (bool or int) deciding which tokens are
@@ -73,11 +73,9 @@ class TorchRLBufferDataset(torch.utils.data.IterableDataset):
             starts, exactly once, split without overlap across DataLoader workers and ranks.
             Defaults to ``False`` (sampling).
         shuffle (bool, optional): with ``epoch=True``, visit the rows in an order drawn from
-            ``(seed, epoch)``, new every epoch (see :meth:`set_epoch`). Defaults to ``False``
-            (storage order).
-        seed (int, optional): base seed of the shuffling (epoch mode; defaults to ``0`` there, so
-            that every rank agrees) or of the per-reader sampling streams (sampling mode).
-            Defaults to ``None``.
+            ``(seed, epoch)``, new every epoch (see :meth:`set_epoch`). Defaults to ``False``.
+        seed (int, optional): base seed of the shuffling (epoch mode; ``0`` when ``None``, so
+            that every rank agrees) or of the per-reader sampling streams. Defaults to ``None``.
         split_by_rank (bool, optional): whether epochs are split across ``torch.distributed``
             ranks. ``None`` (default): split when a process group is initialized, unless an
             ``accelerate`` state with several processes exists (a HF ``Trainer`` shards its
@@ -103,8 +101,7 @@ class TorchRLBufferDataset(torch.utils.data.IterableDataset):
 
         Ragged rows come out with their own lengths, nested keys as ``"a.b"``:
 
-        >>> ds = TorchRLBufferDataset(rb, batch_size=4)
-        >>> sorted(next(iter(ds)))
+        >>> sorted(next(iter(TorchRLBufferDataset(rb, batch_size=4))))
         ['prompt', 'tokens.full']
         >>> {len(row["tokens.full"]) for row in TorchRLBufferDataset(rb, batch_size=64)}
         {3, 5}
@@ -115,17 +112,11 @@ class TorchRLBufferDataset(torch.utils.data.IterableDataset):
         >>> hf[0]
         {'prompt': 'p3', 'input_ids': [0, 1, 2]}
 
-        Every stored row once per epoch, shuffled, split across DataLoader workers:
+        Every stored row once per epoch, shuffled (DataLoader workers split it):
 
-        >>> from torchrl.data import LazyTensorStorage
-        >>> rb = ReplayBuffer(storage=LazyTensorStorage(100))
-        >>> _ = rb.extend(TensorDict({"x": torch.arange(10)}, batch_size=[10]))
-        >>> ds = TorchRLBufferDataset(rb, 4, epoch=True, shuffle=True, seed=0)
-        >>> sorted(int(row["x"]) for row in ds)
-        [0, 1, 2, 3, 4, 5, 6, 7, 8, 9]
-        >>> loader = torch.utils.data.DataLoader(ds, batch_size=5, num_workers=2)  # doctest: +SKIP
-        >>> sorted(torch.cat([b["x"] for b in loader]).tolist())  # doctest: +SKIP
-        [0, 1, 2, 3, 4, 5, 6, 7, 8, 9]
+        >>> ds = TorchRLBufferDataset(rb, 1, epoch=True, shuffle=True, seed=0)
+        >>> sorted(row["prompt"] for row in ds)
+        ['p3', 'p5']
     """
 
     def __init__(
@@ -145,22 +136,11 @@ class TorchRLBufferDataset(torch.utils.data.IterableDataset):
         split_by_rank: bool | None = None,
     ) -> None:
         owner = "TorchRLBufferDataset"
-        remote = is_remote(replay_buffer)
-        if not isinstance(replay_buffer, ReplayBuffer) and not remote:
-            raise TypeError(
-                "TorchRLBufferDataset: replay_buffer must be a torchrl ReplayBuffer (ReplayBuffer, "
-                f"TensorDictReplayBuffer, RayReplayBuffer, ...), got {type(replay_buffer).__name__}."
-            )
+        check_buffer(replay_buffer, owner)
         check_positive_int(batch_size, "batch_size", owner)
-        check_one_dim_storage(replay_buffer)
         # ``epoch`` is the flag; ``self._passes`` counts the epochs
         self._mode = ReadMode(num_batches, epoch, shuffle, seed, split_by_rank)
-        if remote and seed is not None and not epoch:
-            raise ValueError(
-                f"TorchRLBufferDataset: seed={seed!r} cannot seed a {type(replay_buffer).__name__}: "
-                "its actor samples for every reader (readers get distinct rows without seeds). "
-                "Drop seed=, or pass epoch=True (the seed then orders each epoch)."
-            )
+        check_remote_seed(replay_buffer, self._mode, owner)
         self._passes = PassCounter()  # the epoch counter, the pass in progress
         # (rank, world size) decided by the process that started this DataLoader worker.
         self._parent_rank: tuple[int, int] | None = None
@@ -253,43 +233,14 @@ class TorchRLBufferDataset(torch.utils.data.IterableDataset):
         return shard_info(split_by_rank=self._mode.split_by_rank, rank_world=rank_world)
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
-        info = self._shard_info()
-        state = self._passes.start(self._mode, info.num_shards, info)
-        rows = read_pass(
-            self._reader,
-            self._mode,
-            [info.shard_id],
-            info.num_shards,
-            state["epoch"],
-            info=info,
-            copies=info.num_shards,
-            base=state["base"],
-            skip=state["rows"],
-        )
-        yield from self._passes.track(state, rows)
+        yield from self._passes.run(self._reader, self._mode, self._shard_info())
 
     def _iter_hf_slots(
-        self, slots: list[int], num_slots: int, epoch: int, skip: int
+        self, slots: list[int], num_slots: int, epoch: int, skip: int, view: View
     ) -> Iterator[dict[str, Any]]:
-        """What a Hugging Face view reads: ``datasets`` gives the slots, epoch and position.
-
-        Called from the view's own generator, so it hands back the pass's iterator as is (one
-        generator level less per row).
-        """
-        info = self._shard_info()
-        copies = info.num_workers if num_slots > 1 else 1  # sampler copies: one per worker
-        base = stream_base(self._mode, num_slots, info)
-        return read_pass(
-            self._reader,
-            self._mode,
-            slots,
-            num_slots,
-            epoch,
-            info=info,
-            copies=copies,
-            base=base,
-            skip=skip,
-            python=True,
+        """What the streaming view reads: ``datasets`` gives the slots, epoch and position."""
+        return slot_pass(
+            self._reader, self._mode, self._shard_info(), slots, num_slots, epoch, skip, view
         )
 
     def iter_storage(self, chunk_size: int | None = None) -> Iterator[dict[str, Any]]:
@@ -299,11 +250,13 @@ class TorchRLBufferDataset(torch.utils.data.IterableDataset):
             chunk_size (int, optional): rows read per storage access; defaults to
                 ``max(batch_size, 1024)``.
         """
-        for batch in self._reader.storage_batches(self._chunk_size(chunk_size, 1024)):
-            yield from self._reader.rows(batch)
+        owner = "TorchRLBufferDataset.iter_storage"
+        view = View(owner)
+        for batch in self._reader.storage_batches(self._chunk_size(chunk_size, 1024, owner), owner):
+            yield from self._reader.rows(batch, view)
 
-    def _chunk_size(self, chunk_size: int | None, default: int) -> int:
-        check_positive_int(chunk_size, "chunk_size", "TorchRLBufferDataset", allow_none=True)
+    def _chunk_size(self, chunk_size: int | None, default: int, owner: str) -> int:
+        check_positive_int(chunk_size, "chunk_size", owner, allow_none=True)
         return chunk_size or max(self._reader.batch_size, default)
 
     def __getstate__(self) -> dict[str, Any]:
@@ -319,34 +272,32 @@ class TorchRLBufferDataset(torch.utils.data.IterableDataset):
     # -- Hugging Face views --------------------------------------------------------------------
 
     def hf_features(self) -> datasets.Features | None:
-        """The ``datasets.Features`` of the rows, inferred from the first stored row.
+        """The ``datasets.Features`` of the first ``batch_size`` stored rows: what
+        :meth:`as_hf_dataset` declares (``docs/overview.rst``, "Types in the Hugging Face views").
 
-        Returns ``None`` when some column's type cannot be inferred (``datasets`` then infers it).
+        Raises:
+            TypeError: if a column holds values Arrow cannot store (complex numbers) or rows with
+                no common type (a bool and a number); the column is named.
         """
-        require("datasets", "TorchRLBufferDataset.hf_features")
+        owner = "TorchRLBufferDataset.hf_features"
+        require("datasets", owner)
         from ._hf_views import features_of
 
-        self._reader.check_not_empty()
-        row = self._reader.rows(self._reader.read(torch.arange(1)))[0]
-        for name, value in row.items():
-            if isinstance(value, torch.Tensor) and value.is_complex():
-                raise TypeError(
-                    f"TorchRLBufferDataset: column {name!r} holds {value.dtype} values, which "
-                    "Arrow (and so datasets) cannot store. Store the real and imaginary parts "
-                    "as two float columns, or leave the column out with keys=[...]."
-                )
-        return features_of(row)
+        return features_of(self._reader.declared_schema(owner))
 
     def as_hf_dataset(self, *, num_shards: int | None = None) -> datasets.IterableDataset:
         """Returns a streaming :class:`datasets.IterableDataset` over this buffer.
 
         Sampling mode: each pass draws ``num_batches`` batches per shard (``None``: forever, so
         give the trainer ``max_steps``). Epoch mode: one pass yields every stored row exactly
-        once, in an order drawn from ``(seed, epoch)`` with ``shuffle=True``; the epoch is
-        ``datasets``' own (``set_epoch``, which HF trainers call, and ``load_state_dict``).
-        DataLoader workers, ``accelerate`` and ``split_dataset_by_node`` split the shards, so
-        each row is read once (``docs/scale.rst``). Built in microseconds: the buffer is never
-        pickled to fingerprint it.
+        once, ordered by ``(seed, epoch)`` with ``shuffle=True``; the epoch is ``datasets``' own
+        (``set_epoch``, ``load_state_dict``), and DataLoader workers, ``accelerate`` and
+        ``split_dataset_by_node`` split the shards (``docs/scale.rst``). Built in microseconds:
+        the buffer is never pickled to fingerprint it.
+
+        The view declares :meth:`hf_features`, the types of the first ``batch_size`` stored
+        rows; a later row those types cannot hold exactly raises a :class:`TypeError` naming the
+        column, never a silent cast (``docs/overview.rst``, "Types in the Hugging Face views").
 
         Keyword Args:
             num_shards (int, optional): shards of the view. Defaults to ``64`` with
@@ -355,6 +306,7 @@ class TorchRLBufferDataset(torch.utils.data.IterableDataset):
 
         Raises:
             ValueError: if ``num_shards`` is not a positive int.
+            TypeError: while iterating, if a row does not fit the declared features.
 
         Examples:
             >>> import torch
@@ -375,14 +327,17 @@ class TorchRLBufferDataset(torch.utils.data.IterableDataset):
             >>> [sorted(r["x"] for r in split_dataset_by_node(hf, rank=k, world_size=2)) for k in (0, 1)]
             [[0.0, 1.0], [2.0, 3.0]]
         """
-        require("datasets", "TorchRLBufferDataset.as_hf_dataset")
-        from ._hf_views import iterable_view
+        owner = "TorchRLBufferDataset.as_hf_dataset"
+        require("datasets", owner)
+        from ._hf_views import features_of, iterable_view
 
         if num_shards is None:
             num_shards = DEFAULT_HF_EPOCH_SHARDS if self._mode.epoch else 1
-        check_positive_int(num_shards, "num_shards", "TorchRLBufferDataset.as_hf_dataset")
-        features = self.hf_features() if len(self._reader) > 0 else None
-        return iterable_view(self._iter_hf_slots, num_shards, features)
+        check_positive_int(num_shards, "num_shards", owner)
+        declared = self._reader.declared_schema(owner) if len(self._reader) > 0 else None
+        view = View(owner, python=True, declared=declared)  # rows typed as declared
+        read = functools.partial(self._iter_hf_slots, view=view)
+        return iterable_view(read, num_shards, features_of(declared))
 
     def to_hf_dataset(
         self, *, chunk_size: int | None = None, cache_file: str | os.PathLike | None = None
@@ -392,6 +347,8 @@ class TorchRLBufferDataset(torch.utils.data.IterableDataset):
         Rows are read in storage order (no sampling), which is what trainers need for epochs and
         ``len``. Tensors become Arrow lists/numbers; History becomes message lists. Each read
         is converted column by column, straight from its tensors to Arrow (values and offsets).
+        Each column is typed from every stored row, as ``datasets.Dataset.from_list`` types the
+        same Python values (``docs/overview.rst``, "Types in the Hugging Face views").
 
         Keyword Args:
             chunk_size (int, optional): rows read per storage access; defaults to
@@ -401,27 +358,31 @@ class TorchRLBufferDataset(torch.utils.data.IterableDataset):
                 larger than memory. Defaults to ``None``: the table is kept in memory (no disk
                 writes, nothing to clean up; see ``docs/scale.rst``).
 
+        Raises:
+            TypeError: if a column holds values Arrow cannot store, or rows with no common type
+                (a bool and a number, a str and a number); the column is named.
+
         Examples:
-            Ragged rows keep their own length:
+            Ragged rows keep their own length; a column's type holds all its rows:
 
             >>> import torch
             >>> from tensordict import TensorDict, lazy_stack
             >>> from torchrl.data import LazyStackStorage, ReplayBuffer
             >>> rb = ReplayBuffer(storage=LazyStackStorage(10))
-            >>> _ = rb.extend(lazy_stack([TensorDict({"ids": torch.arange(n)}) for n in (1, 3)]))
+            >>> rows = [TensorDict({"ids": torch.arange(n), "score": s}) for n, s in ((1, 1), (3, 0.5))]
+            >>> _ = rb.extend(lazy_stack(rows))
             >>> ds = TorchRLBufferDataset(rb, batch_size=2).to_hf_dataset()
-            >>> len(ds), ds["ids"][:]
-            (2, [[0], [0, 1, 2]])
+            >>> ds["ids"][:], ds["score"][:]
+            ([[0], [0, 1, 2]], [1.0, 0.5])
         """
-        require("datasets", "TorchRLBufferDataset.to_hf_dataset")
-        from ._hf_views import map_view, table_view
+        owner = "TorchRLBufferDataset.to_hf_dataset"
+        require("datasets", owner)
+        from ._hf_views import table_view
 
-        features = self.hf_features()
-        batches = self._reader.storage_batches(self._chunk_size(chunk_size, 4096))
-        if features is None:  # a column's type is left to datasets' inference, row by row
-            return map_view((self._reader.columns(batch) for batch in batches), features)
-        tables = (self._reader.arrow_table(batch, features) for batch in batches)
-        return table_view(tables, features, cache_file)
+        chunk_size = self._chunk_size(chunk_size, 4096, owner)
+        batches = self._reader.storage_batches(chunk_size, owner)
+        tables = (self._reader.arrow_table(batch, owner) for batch in batches)
+        return table_view(tables, owner, cache_file)
 
     def __repr__(self) -> str:
         selection = self._reader.selection

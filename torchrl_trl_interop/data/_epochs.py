@@ -20,11 +20,17 @@ from typing import Any
 
 import torch
 
-from ._processes import check_reader, check_sampler_copies, is_remote, write_mark
-from ._reader import BufferReader
+from ._processes import (
+    check_reader,
+    check_sample_size,
+    check_sampler_copies,
+    is_remote,
+    write_mark,
+)
+from ._reader import TORCH_VIEW, BufferReader, View
 from ._sharding import ReadMode, ShardInfo, derive_seed, shard_indices
 
-__all__ = ["PassCounter", "read_pass", "stream_base"]
+__all__ = ["PassCounter", "read_pass", "slot_pass", "stream_base"]
 
 
 def stream_base(mode: ReadMode, num_slots: int, info: ShardInfo) -> int | None:
@@ -48,7 +54,7 @@ def read_pass(
     copies: int,
     base: int | None,
     skip: int = 0,
-    python: bool = False,
+    view: View = TORCH_VIEW,
 ) -> Iterator[dict[str, Any]]:
     """The rows of ``slots`` (of ``num_slots``) in ``epoch``, the first ``skip`` left out.
 
@@ -64,7 +70,7 @@ def read_pass(
         copies (int): readers holding their own copy of the buffer's sampler.
         base (int or None): base seed of sampled streams (see :func:`stream_base`).
         skip (int): rows already yielded by an earlier, interrupted run of this pass.
-        python (bool): rows of Python values (the Hugging Face views) instead of tensors.
+        view (View): the public call reading (it signs errors) and the rows' form.
 
     Examples:
         >>> from torchrl_trl_interop.data._reader import BufferReader
@@ -74,7 +80,8 @@ def read_pass(
         >>> [int(r["x"]) for r in rows]
         [3, 5]
     """
-    reader.check_not_empty()
+    owner = view.owner
+    reader.check_not_empty(owner)
     rb = reader.replay_buffer
     committed = check_reader(
         rb,
@@ -83,6 +90,7 @@ def read_pass(
         sampling=not mode.epoch,
         columns=reader.known_columns,
         sep=reader.selection.sep,
+        owner=owner,
     )
     if mode.epoch:
         since = write_mark(rb)  # before the length: a write in between is seen
@@ -90,11 +98,12 @@ def read_pass(
         indices = shard_indices(
             n, slots, num_slots, shuffle=mode.shuffle, seed=mode.seed_or_default, epoch=epoch
         )
-        yield from reader.epoch_rows(indices[skip:], committed, since=since, python=python)
+        yield from reader.epoch_rows(indices[skip:], committed, since=since, view=view)
         return
+    check_sample_size(rb, reader.batch_size, owner)
     remote = is_remote(rb)
     if not remote:
-        check_sampler_copies(rb, copies)
+        check_sampler_copies(rb, copies, owner)
 
     def generator(slot: int) -> torch.Generator | None:
         if base is None or remote:
@@ -104,9 +113,37 @@ def read_pass(
     rows = (
         row
         for slot in slots
-        for row in reader.sampled_rows(generator(slot), mode.num_batches, committed, python)
+        for row in reader.sampled_rows(generator(slot), mode.num_batches, committed, view)
     )
     yield from itertools.islice(rows, skip, None)
+
+
+def slot_pass(
+    reader: BufferReader,
+    mode: ReadMode,
+    info: ShardInfo,
+    slots: list[int],
+    num_slots: int,
+    epoch: int,
+    skip: int,
+    view: View,
+) -> Iterator[dict[str, Any]]:
+    """The pass a streaming Hugging Face view reads: ``datasets`` gives the slots, the epoch and
+    the rows already yielded; each DataLoader worker holds its own sampler copy."""
+    copies = info.num_workers if num_slots > 1 else 1
+    base = stream_base(mode, num_slots, info)
+    return read_pass(
+        reader,
+        mode,
+        slots,
+        num_slots,
+        epoch,
+        info=info,
+        copies=copies,
+        base=base,
+        skip=skip,
+        view=view,
+    )
 
 
 class PassCounter:
@@ -160,6 +197,22 @@ class PassCounter:
             state = {"epoch": epoch, "rows": 0, "base": stream_base(mode, num_slots, info)}
         self._current = state
         return state
+
+    def run(self, reader: BufferReader, mode: ReadMode, info: ShardInfo) -> Iterator[dict]:
+        """The next pass of a torch view: this reader's shard of the current epoch."""
+        state = self.start(mode, info.num_shards, info)
+        rows = read_pass(
+            reader,
+            mode,
+            [info.shard_id],
+            info.num_shards,
+            state["epoch"],
+            info=info,
+            copies=info.num_shards,
+            base=state["base"],
+            skip=state["rows"],
+        )
+        return self.track(state, rows)
 
     def track(self, state: dict[str, Any], rows: Iterable[Any]) -> Iterator[Any]:
         """Yields ``rows``, counting them in ``state``; the pass ends with the last one."""

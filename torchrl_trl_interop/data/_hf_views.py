@@ -23,93 +23,35 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import torch
-from datasets import (
-    Dataset,
-    DatasetInfo,
-    Features,
-    IterableDataset,
-    List,
-    Value,
-    concatenate_datasets,
-)
+from datasets import Dataset, DatasetInfo, Features, IterableDataset
 from datasets.arrow_writer import ArrowWriter
 from datasets.fingerprint import generate_random_fingerprint
 from datasets.iterable_dataset import _BaseExamplesIterable
 from datasets.table import InMemoryTable
 
-from .._keys import to_python
+from ._arrow import unify_schemas
 from ._sharding import interleaved_shard_order
 
 __all__ = [
     "BufferExamplesIterable",
-    "feature_of",
     "features_of",
     "iterable_view",
-    "map_view",
     "table_view",
 ]
-
-_DTYPE_TO_HF = {
-    torch.bool: "bool",
-    torch.int8: "int8",
-    torch.int16: "int16",
-    torch.int32: "int32",
-    torch.int64: "int64",
-    torch.uint8: "uint8",
-    torch.float16: "float16",
-    torch.bfloat16: "float32",
-    torch.float32: "float32",
-    torch.float64: "float64",
-}
 
 #: ``read(slots, num_slots, epoch, skip)`` yields the rows of those slots in that epoch, as dicts
 #: of plain Python values (converted once per batch and column, not per row).
 SlotReader = Callable[[list[int], int, int, int], Iterator[dict[str, Any]]]
 
 
-def feature_of(value: Any) -> Any:
-    """The ``datasets`` feature of one row value, or ``None`` if it cannot be inferred.
+def features_of(schema: pa.Schema | None) -> Features | None:
+    """The ``datasets.Features`` of an Arrow schema (``None`` passes: types left to ``datasets``).
 
     Examples:
-        >>> import torch
-        >>> feature_of(torch.zeros(2, 3, dtype=torch.int32))
-        List(List(Value('int32')))
-        >>> feature_of([{"role": "user", "content": "Hi"}])
-        List({'role': Value('string'), 'content': Value('string')})
+        >>> features_of(pa.schema([("ids", pa.list_(pa.int32())), ("text", pa.string())]))
+        {'ids': List(Value('int32')), 'text': Value('string')}
     """
-    if isinstance(value, torch.Tensor):
-        dtype = _DTYPE_TO_HF.get(value.dtype)
-        if dtype is None:
-            return None
-        feature: Any = Value(dtype)
-        for _ in range(value.ndim):
-            feature = List(feature)
-        return feature
-    if isinstance(value, bool):
-        return Value("bool")
-    if isinstance(value, int):
-        return Value("int64")
-    if isinstance(value, float):
-        return Value("float64")
-    if isinstance(value, str):
-        return Value("string")
-    if isinstance(value, list) and value and isinstance(value[0], dict):
-        if any(m.keys() - {"role", "content"} for m in value):
-            return None  # tool calls: their arguments have no fixed type; datasets infers it
-        return List({"role": Value("string"), "content": Value("string")})
-    if isinstance(value, list) and value:
-        inner = feature_of(value[0])
-        return None if inner is None else List(inner)
-    return None
-
-
-def features_of(row: dict[str, Any]) -> Features | None:
-    """The ``datasets.Features`` of a row, or ``None`` when some column's type cannot be inferred."""
-    features = {name: feature_of(value) for name, value in row.items()}
-    if any(f is None for f in features.values()):
-        return None
-    return Features(features)
+    return None if schema is None else Features.from_arrow_schema(schema)
 
 
 def _epoch_of(generator: np.random.Generator) -> int:
@@ -208,38 +150,60 @@ def iterable_view(read: SlotReader, num_slots: int, features: Features | None) -
     return IterableDataset(ex_iterable, info=DatasetInfo(features=features))
 
 
-def map_view(columns: Iterator[dict[str, list]], features: Features | None) -> Dataset:
-    """A map-style :class:`datasets.Dataset` from chunks of columns (``{name: values}``)."""
-    parts = [
-        Dataset.from_dict(
-            {name: [to_python(v) for v in values] for name, values in chunk.items()},
-            features=features,
-        )
-        for chunk in columns
-    ]
-    return parts[0] if len(parts) == 1 else concatenate_datasets(parts)
-
-
 def table_view(
-    tables: Iterator[Any], features: Features, cache_file: str | os.PathLike | None = None
+    tables: Iterator[pa.Table], owner: str, cache_file: str | os.PathLike | None = None
 ) -> Dataset:
-    """A map-style :class:`datasets.Dataset` from ``pyarrow`` tables with ``features``' schema.
+    """A map-style :class:`datasets.Dataset` from ``pyarrow`` tables, one per read of the buffer.
 
-    ``cache_file=None`` keeps the table in memory (``Dataset(InMemoryTable)``, with a random
-    fingerprint, as :func:`iterable_view`'s, instead of a hash of the whole table); a path streams
-    each table to an Arrow file there (``datasets``' own writer) and memory-maps it, as
-    ``datasets`` does with hub data: only one table is in memory at a time.
+    Each table is typed from its own rows; the dataset's features hold every table (types
+    promoted as ``_arrow.unify_schemas`` does), so a column whose later rows need a wider type
+    (ints, then floats; tool calls first seen in a later read) is read right, not cast to the
+    first read's type. ``cache_file=None`` keeps the table in memory (``Dataset(InMemoryTable)``,
+    with a random fingerprint, as :func:`iterable_view`'s, instead of a hash of the whole table);
+    a path streams each table to an Arrow file there (``datasets``' own writer) and memory-maps
+    it, as ``datasets`` does with hub data: only one table is in memory at a time (a read that
+    widens a type rewrites what was written before it, once).
+
+    Raises:
+        TypeError: if a column's types in different reads have no common type.
     """
-    info = DatasetInfo(features=features)
     if cache_file is None:
         parts = list(tables)
-        table = parts[0] if len(parts) == 1 else pa.concat_tables(parts)
+        features = features_of(unify_schemas([t.schema for t in parts], owner))
+        schema = features.arrow_schema
+        table = pa.concat_tables([t.cast(schema) for t in parts])
         # no content hash: an in-memory dataset gets no cache files, so its fingerprint only
         # names later transforms, and hashing the table would cost as much as building it
+        info = DatasetInfo(features=features)
         return Dataset(InMemoryTable(table), info=info, fingerprint=generate_random_fingerprint())
     path = os.fspath(cache_file)
-    with ArrowWriter(path=path, features=features) as writer:
+    schema, writer = None, None
+    try:
         for table in tables:
-            writer.write_table(table)
+            if schema is None:
+                schema = table.schema
+                writer = ArrowWriter(path=path, features=features_of(schema))
+            elif table.schema != schema:
+                wider = unify_schemas([schema, table.schema], owner)
+                if wider != schema:
+                    writer, schema = _rewrite(path, writer, wider), wider
+            writer.write_table(table.cast(writer.schema))
         writer.finalize()
-    return Dataset.from_file(path, info=info)
+    except BaseException:
+        if writer is not None:
+            writer.close()
+        raise
+    return Dataset.from_file(path, info=DatasetInfo(features=features_of(schema)))
+
+
+def _rewrite(path: str, writer: ArrowWriter, schema: pa.Schema) -> ArrowWriter:
+    """A writer of ``schema`` at ``path`` that already holds what ``writer`` wrote, cast to it."""
+    writer.finalize()
+    narrow = path + ".narrow"
+    os.replace(path, narrow)
+    wider = ArrowWriter(path=path, features=features_of(schema))
+    with pa.memory_map(narrow) as source:
+        for batch in pa.ipc.open_stream(source):
+            wider.write_table(pa.Table.from_batches([batch]).cast(wider.schema))
+    os.remove(narrow)
+    return wider

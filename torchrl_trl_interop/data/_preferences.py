@@ -18,9 +18,10 @@ from torchrl.data import LazyStackStorage, ReplayBuffer
 
 from .._checks import as_names, check_real
 from .._conversation import split_prompt_completion
-from .._keys import HISTORY_KEY, REWARD_KEY, as_nested_key, get_entry
+from .._keys import HISTORY_KEY, REWARD_KEY, get_entry, key_parts
 from ._columns import row_values
 from ._rows import extend_with_rows
+from ._selection import as_column_key
 
 _OWNER = "build_preference_pairs"
 
@@ -40,7 +41,7 @@ def _read_messages(td: TensorDictBase, key: NestedKey, where: str) -> list:
     from torchrl.data.llm import History
 
     hint = "Pass history_key=... (TorchRL's LLM wrappers write ('history', 'full'))."
-    history = get_entry(td, key, "history_key", _OWNER, hint, where)
+    history = get_entry(td, key_parts(key), "history_key", _OWNER, hint, where)
     if not isinstance(history, History):
         raise TypeError(
             f"{_OWNER}: {where}[{key!r}] is a {type(history).__name__}, expected a "
@@ -54,7 +55,7 @@ def _read_rewards(td: TensorDictBase, key: NestedKey, where: str) -> list[float]
         "Score the rollouts first (e.g. with HFRewardModelWrapper or TRLRewardFuncWrapper) or "
         "pass reward_key=...."
     )
-    reward = get_entry(td, key, "reward_key", _OWNER, hint, where)
+    reward = get_entry(td, key_parts(key), "reward_key", _OWNER, hint, where)
     if not isinstance(reward, torch.Tensor):
         raise TypeError(
             f"{_OWNER}: {where}[{key!r}] is a {type(reward).__name__}, expected a "
@@ -78,7 +79,9 @@ def _read_rewards(td: TensorDictBase, key: NestedKey, where: str) -> list[float]
 
 
 def _read_group_ids(td: TensorDictBase, key: NestedKey, where: str) -> list[Hashable]:
-    get_entry(td, key, "group_key", _OWNER, "Pass group_key=... naming the group ids.", where)
+    get_entry(
+        td, key_parts(key), "group_key", _OWNER, "Pass group_key=... naming the group ids.", where
+    )
     return [_hashable(v) for v in row_values(td, key, "group_key", _OWNER)]
 
 
@@ -267,15 +270,15 @@ def build_preference_pairs(
             f"{type(replay_buffer).__name__}."
         )
     completion_roles = as_names(completion_roles, "completion_roles", _OWNER)
-    history_key = as_nested_key(history_key, "history_key")
-    reward_key = as_nested_key(reward_key, "reward_key")
-    group_key = None if group_key is None else as_nested_key(group_key, "group_key")
-    rename = {"chosen": as_nested_key(chosen_key, "chosen_key")}
-    rename["rejected"] = as_nested_key(rejected_key, "rejected_key")
+    history_key = as_column_key(history_key, "history_key", _OWNER)
+    reward_key = as_column_key(reward_key, "reward_key", _OWNER)
+    group_key = None if group_key is None else as_column_key(group_key, "group_key", _OWNER)
+    rename = {"chosen": as_column_key(chosen_key, "chosen_key", _OWNER)}
+    rename["rejected"] = as_column_key(rejected_key, "rejected_key", _OWNER)
     if prompt_key is not None:
-        rename["prompt"] = as_nested_key(prompt_key, "prompt_key")
+        rename["prompt"] = as_column_key(prompt_key, "prompt_key", _OWNER)
     if margin_key is not None:
-        rename["margin"] = as_nested_key(margin_key, "margin_key")
+        rename["margin"] = as_column_key(margin_key, "margin_key", _OWNER)
 
     # 1. Flat records (group id, prompt, completion, reward), in rollout order.
     with set_list_to_stack(True):  # reading History needs it; scoped, never global

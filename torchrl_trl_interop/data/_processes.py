@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 from tensordict import TensorDictBase
+from tensordict.utils import NestedKey
 from torchrl.data import (
     LazyMemmapStorage,
     ListStorage,
@@ -22,12 +23,14 @@ from torchrl.data import (
     SamplerWithoutReplacement,
 )
 
-from .._keys import Key, key_to_str
-from ._columns import column_keys, non_tensor_columns
+from .._keys import key_to_str
 from ._committed import CommittedWriter
+from ._selection import column_keys, non_tensor_columns
 
 __all__ = [
-    "check_one_dim_storage",
+    "check_buffer",
+    "check_remote_seed",
+    "check_sample_size",
     "check_overwrites",
     "check_picklable_for_workers",
     "check_reader",
@@ -142,7 +145,7 @@ def check_picklable_for_workers(replay_buffer: Any) -> None:
 
 
 def check_storage_columns(
-    replay_buffer: Any, batch: TensorDictBase, columns: Sequence[Key], sep: str
+    replay_buffer: Any, batch: TensorDictBase, columns: Sequence[NestedKey], sep: str, owner: str
 ) -> None:
     """Refuses per-row strings/History from a ``LazyMemmapStorage`` (it keeps one per key)."""
     if is_remote(replay_buffer) or not isinstance(replay_buffer.storage, LazyMemmapStorage):
@@ -150,7 +153,7 @@ def check_storage_columns(
     strings = non_tensor_columns(batch, columns)
     if strings:
         raise ValueError(
-            "TorchRLBufferDataset: the buffer uses LazyMemmapStorage, which keeps a single "
+            f"{owner}: the buffer uses LazyMemmapStorage, which keeps a single "
             "value per non-tensor key instead of one per row, so the strings/History under "
             f"{[key_to_str(k, sep) for k in strings]} would come back wrong. Store them "
             "in LazyTensorStorage, LazyStackStorage or ListStorage, or leave them out with "
@@ -158,11 +161,11 @@ def check_storage_columns(
         )
 
 
-def check_sampler_copies(replay_buffer: Any, copies: int) -> None:
+def check_sampler_copies(replay_buffer: Any, copies: int, owner: str) -> None:
     """Refuses a ``SamplerWithoutReplacement`` copied into several readers."""
     if copies > 1 and isinstance(replay_buffer.sampler, SamplerWithoutReplacement):
         raise RuntimeError(
-            "TorchRLBufferDataset: the buffer samples without replacement, but "
+            f"{owner}: the buffer samples without replacement, but "
             f"{copies} readers (DataLoader workers x ranks) each hold their own sampler "
             "copy, so every reader would yield the whole epoch. Pass epoch=True (every "
             "stored row exactly once, split across readers) or use num_workers=0."
@@ -175,8 +178,9 @@ def check_reader(
     in_worker: bool,
     streaming: bool,
     sampling: bool,
-    columns: Sequence[Key] | None,
+    columns: Sequence[NestedKey] | None,
     sep: str,
+    owner: str,
 ) -> bool:
     """Refuses reads that would yield stale or half-written rows; ``True``: use the seqlock.
 
@@ -190,7 +194,7 @@ def check_reader(
     if isinstance(storage, ListStorage):
         if streaming:
             raise RuntimeError(
-                f"TorchRLBufferDataset: an online stream (num_batches=None) from a "
+                f"{owner}: an online stream (num_batches=None) from a "
                 f"{type(storage).__name__} in a DataLoader worker reads a private copy of the "
                 "buffer taken when the worker started: rows written later are never seen. "
                 "Use num_workers=0, or a LazyTensorStorage with "
@@ -200,7 +204,7 @@ def check_reader(
     committed = isinstance(replay_buffer.writer, CommittedWriter)
     if streaming and not committed:
         raise RuntimeError(
-            "TorchRLBufferDataset: streaming (num_batches=None) into DataLoader workers while "
+            f"{owner}: streaming (num_batches=None) into DataLoader workers while "
             "the buffer is being extended needs to know which rows are fully written: "
             "torchrl's storages publish the new length before writing the rows, so workers "
             "would read unwritten rows. Build the buffer with "
@@ -210,7 +214,7 @@ def check_reader(
         return False  # a finite read of a buffer nobody writes to: the copy is exact
     if sampling and type(replay_buffer.sampler) is not RandomSampler:
         raise RuntimeError(
-            "TorchRLBufferDataset: DataLoader workers read a CommittedWriter buffer by "
+            f"{owner}: DataLoader workers read a CommittedWriter buffer by "
             "sampling committed rows uniformly, but the buffer uses "
             f"{type(replay_buffer.sampler).__name__}, whose state lives in the main process. Use "
             "RandomSampler (the default), epoch=True, or num_workers=0."
@@ -222,7 +226,7 @@ def check_reader(
         )
         if not shared:
             raise RuntimeError(
-                "TorchRLBufferDataset: the storage is not in shared memory in this worker (a "
+                f"{owner}: the storage is not in shared memory in this worker (a "
                 "'fork' DataLoader gets a private copy), so new rows would never arrive. Use "
                 "the 'spawn' start method (torchrl's default) or call "
                 "replay_buffer.storage._storage.share_memory_() before starting the workers."
@@ -231,7 +235,7 @@ def check_reader(
         strings = [key_to_str(k, sep) for k in non_tensor_columns(stored, columns)]
         if strings:
             raise RuntimeError(
-                f"TorchRLBufferDataset: the columns {strings} hold strings/History, which live "
+                f"{owner}: the columns {strings} hold strings/History, which live "
                 "in the writer's process and reach DataLoader workers only as a copy taken "
                 "when they started: rows written later would come with stale strings. Read "
                 "them with num_workers=0, or leave them out with keys=[...]."
@@ -239,20 +243,58 @@ def check_reader(
     return True
 
 
-def check_one_dim_storage(replay_buffer: Any) -> None:
-    """Refuses storages with more than one batch dimension (``LazyTensorStorage(n, ndim=2)``).
+def check_buffer(replay_buffer: Any, owner: str) -> None:
+    """Refuses anything but a torchrl buffer (or a Ray buffer's client) with one batch dimension.
 
+    Storages with more than one (``LazyTensorStorage(n, ndim=2)``) are refused:
     torchrl indexes them along their first dimension, not by stored element, so "every stored
     row once" has no meaning the dataset could keep (sampling draws elements, a storage read
     gives a ``[k, ...]`` block of them).
     """
-    ndim = 1 if is_remote(replay_buffer) else getattr(replay_buffer.storage, "ndim", 1)
+    remote = is_remote(replay_buffer)
+    if not isinstance(replay_buffer, ReplayBuffer) and not remote:
+        raise TypeError(
+            f"{owner}: replay_buffer must be a torchrl ReplayBuffer (ReplayBuffer, "
+            f"TensorDictReplayBuffer, RayReplayBuffer, ...), got {type(replay_buffer).__name__}."
+        )
+    ndim = 1 if remote else getattr(replay_buffer.storage, "ndim", 1)
     if ndim != 1:
         raise ValueError(
-            f"TorchRLBufferDataset: the buffer's {type(replay_buffer.storage).__name__} has "
+            f"{owner}: the buffer's {type(replay_buffer.storage).__name__} has "
             f"ndim={ndim}; the dataset reads storages with one batch dimension (ndim=1), one row "
             "per stored element. Store the rows flat: extend a storage built with ndim=1 with "
             "data.reshape(-1) (e.g. [time, envs] -> [time * envs])."
+        )
+
+
+def check_remote_seed(replay_buffer: Any, mode: Any, owner: str) -> None:
+    """Refuses ``seed=`` when sampling a Ray buffer: its actor samples for every reader."""
+    if is_remote(replay_buffer) and mode.seed is not None and not mode.epoch:
+        raise ValueError(
+            f"{owner}: seed={mode.seed!r} cannot seed a {type(replay_buffer).__name__}: its actor "
+            "samples for every reader (readers get distinct rows without seeds). Drop seed=, or "
+            "pass epoch=True (the seed then orders each epoch)."
+        )
+
+
+def check_sample_size(replay_buffer: Any, batch_size: int, owner: str) -> None:
+    """Refuses sampling batches larger than the storage can hold, before anything is allocated.
+
+    A sampled batch of more rows than the storage's capacity (``max_size``) could only repeat
+    rows, and asks torch's allocator for ``batch_size`` indices at once (``10**12``: 8 TB).
+    Storage reads (epoch mode, :meth:`~torchrl_trl_interop.TorchRLBufferDataset.iter_storage`,
+    the Hugging Face map view) read at most the stored rows whatever ``batch_size`` is.
+    """
+    if is_remote(replay_buffer):
+        return
+    capacity = getattr(replay_buffer.storage, "max_size", None)
+    if isinstance(capacity, int) and batch_size > capacity:
+        raise ValueError(
+            f"{owner}: batch_size={batch_size} rows per sampled batch is more than the "
+            f"buffer's {type(replay_buffer.storage).__name__} can ever hold (max_size="
+            f"{capacity}): the batch could only repeat rows, and drawing it would allocate "
+            f"{batch_size} indices at once. Pass batch_size <= {capacity}, or epoch=True "
+            "(each read then takes at most the stored rows)."
         )
 
 
@@ -268,7 +310,9 @@ def write_mark(replay_buffer: Any) -> tuple[int, int] | None:
     return int(writer._write_count), int(writer._cursor)
 
 
-def check_overwrites(replay_buffer: Any, since: tuple[int, int] | None, read: torch.Tensor) -> None:
+def check_overwrites(
+    replay_buffer: Any, since: tuple[int, int] | None, read: torch.Tensor, owner: str
+) -> None:
     """Raises if writes since ``since`` (a :func:`write_mark`) replaced any row in ``read``.
 
     Round-robin writes go to consecutive slots from the cursor, so the replaced slots are known;
@@ -289,7 +333,7 @@ def check_overwrites(replay_buffer: Any, since: tuple[int, int] | None, read: to
         replaced = read
     if replaced.numel():
         raise RuntimeError(
-            f"TorchRLBufferDataset: {replaced.numel()} row(s) of this epoch pass (storage "
+            f"{owner}: {replaced.numel()} row(s) of this pass (storage "
             f"indices {replaced[:8].tolist()}) were overwritten by the buffer's writer before the "
             "pass read them, so the pass cannot yield the rows stored when it began (epoch mode "
             "reads each of those exactly once). Pause writing during an epoch pass, give the "

@@ -1,22 +1,24 @@
-"""Reading a replay buffer into named rows: :class:`BufferReader`, the one row path of every view.
+"""Reading a replay buffer into named rows: :class:`BufferReader`, one path for every view.
 
-A reader reads batches (by storage index or by sampling) through the buffer's transforms and
-splits each one into columns once (:func:`~torchrl_trl_interop.split_columns`), under the
-output names of its ``_columns.Schema``. It does not decide who reads
-what: :class:`~torchrl_trl_interop.TorchRLBufferDataset` does.
+A reader reads batches (by storage index or by sampling) through the buffer's transforms, walks
+each one once (``_columns.walk_columns``) under its ``_selection.Schema``, and hands the walked
+columns to the form its :class:`View` asks for: per-row tensors (the torch view), Python values
+(the streaming Hugging Face view) or an Arrow table (the map-style one). It does not decide who
+reads what: :class:`~torchrl_trl_interop.TorchRLBufferDataset` does.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from tensordict import TensorDictBase, set_list_to_stack
+from tensordict.utils import NestedKey
 
-from .._keys import Key
-from ._arrow import arrow_table, pack_columns, python_columns
-from ._columns import Schema, Selection, split_columns
+from ._arrow import arrow_table, declared_schema, python_columns
+from ._columns import Column, walk_columns
 from ._committed import committed_length, read_committed, read_committed_rows
 from ._processes import (
     check_overwrites,
@@ -27,8 +29,29 @@ from ._processes import (
     spawn_safe_buffer,
     write_mark,
 )
+from ._selection import Schema, Selection
 
-__all__ = ["BufferReader"]
+__all__ = ["TORCH_VIEW", "BufferReader", "View"]
+
+OWNER = "TorchRLBufferDataset"
+
+
+@dataclass(frozen=True)
+class View:
+    """What a read is for: ``owner``, the public call that signs its errors, and the rows' form.
+
+    ``python=False``: per-row tensors, ``str`` and message lists (the torch view);
+    ``python=True``: plain Python values (the Hugging Face views), of the types ``declared``
+    (a ``pyarrow.Schema`` a streaming view fixed when it was built; ``None``: each batch's own).
+    """
+
+    owner: str = OWNER
+    python: bool = False
+    declared: Any = None
+
+
+#: The torch view's reads, signed by the dataset itself.
+TORCH_VIEW = View()
 
 
 class BufferReader:
@@ -46,7 +69,7 @@ class BufferReader:
     Examples:
         >>> import torch
         >>> from torchrl_trl_interop.testing import toy_buffer
-        >>> reader = BufferReader(toy_buffer(4), 2, selection=Selection(rename={("x",): "id"}))
+        >>> reader = BufferReader(toy_buffer(4), 2, selection=Selection(rename={"x": "id"}))
         >>> [row["id"].item() for row in reader.epoch_rows(torch.tensor([3, 1, 2]))]
         [3, 1, 2]
     """
@@ -69,27 +92,29 @@ class BufferReader:
         return len(self.replay_buffer)
 
     @property
-    def known_columns(self) -> list[Key] | None:
+    def known_columns(self) -> list[NestedKey] | None:
         """The stored columns read, once a batch was seen (``None`` before)."""
         return None if self._schema is None else self._schema.columns
 
-    def schema(self, batch: TensorDictBase | None = None) -> Schema:
+    def schema(self, batch: TensorDictBase | None = None, owner: str = OWNER) -> Schema:
         """The columns and output names, resolved from the first batch read (or row 0)."""
         if self._schema is None:
             if batch is None:
-                self.check_not_empty()
+                self.check_not_empty(owner)
                 batch = self.read(torch.arange(1))
-            schema = self.selection.resolve(batch)
-            check_storage_columns(self.replay_buffer, batch, schema.columns, self.selection.sep)
+            schema = self.selection.resolve(batch, owner)
+            check_storage_columns(
+                self.replay_buffer, batch, schema.columns, self.selection.sep, owner
+            )
             self._schema = schema
         return self._schema
 
-    def check_not_empty(self) -> None:
+    def check_not_empty(self, owner: str = OWNER) -> None:
         """Raises a :class:`RuntimeError` if the buffer holds no row."""
         if len(self.replay_buffer) == 0:
             raise RuntimeError(
-                "TorchRLBufferDataset: the replay buffer is empty (len(replay_buffer) == 0), so "
-                "there is nothing to sample. Extend it (e.g. run the collector) before iterating."
+                f"{owner}: the replay buffer is empty (len(replay_buffer) == 0), so there is "
+                "nothing to read. Extend it (e.g. run the collector) first."
             )
 
     def read(self, index: torch.Tensor, *, committed: bool = False) -> TensorDictBase:
@@ -114,81 +139,76 @@ class BufferReader:
                 return read_committed(self.replay_buffer, self.batch_size, generator)
             return sample(self.replay_buffer, self.batch_size, generator)
 
-    def columns(self, batch: TensorDictBase) -> dict[str, list]:
-        """``{output name: per-row values}`` of a batch: the one row path of every view."""
-        schema = self.schema(batch)
-        columns = split_columns(
-            batch,
-            keys=schema.columns,
-            attention_mask_key=self.selection.attention_mask_key,
-            device=self.device,
-        )
-        return dict(zip(schema.names, columns.values()))
+    def walk(self, batch: TensorDictBase, owner: str = OWNER) -> tuple[list[str], list[Column]]:
+        """The output names and the walked columns of a batch: the one walk of every view."""
+        schema = self.schema(batch, owner)
+        mask_key = self.selection.attention_mask_key
+        return schema.names, walk_columns(batch, schema.columns, mask_key, owner)
 
-    def rows(self, batch: TensorDictBase) -> list[dict[str, Any]]:
-        """The rows of a batch, one dict each."""
-        columns = self.columns(batch)
-        names = list(columns)
-        return [dict(zip(names, values)) for values in zip(*columns.values())]
+    def rows(self, batch: TensorDictBase, view: View = TORCH_VIEW) -> list[dict[str, Any]]:
+        """The rows of a batch, one dict each, in the form ``view`` asks for (converted once
+        per column, not once per row)."""
+        names, columns = self.walk(batch, view.owner)
+        if view.python:
+            values = python_columns(columns, names, view.declared, view.owner)
+        else:
+            values = [column.rows(self.device) for column in columns]
+        return [dict(zip(names, row)) for row in zip(*values)]
 
-    def python_rows(self, batch: TensorDictBase) -> list[dict[str, Any]]:
-        """The rows of a batch with plain Python values (what ``datasets`` rows hold), converted
-        once per column (``_arrow``), not once per row."""
-        schema = self.schema(batch)
-        packed = pack_columns(batch, schema.columns, self.selection.attention_mask_key)
-        names = schema.names
-        return [dict(zip(names, values)) for values in zip(*python_columns(packed))]
+    def arrow_table(self, batch: TensorDictBase, owner: str = OWNER) -> Any:
+        """The rows of a batch as a ``pyarrow.Table``, each column typed from all its rows."""
+        names, columns = self.walk(batch, owner)
+        return arrow_table(columns, names, owner)
 
-    def arrow_table(self, batch: TensorDictBase, features: Any) -> Any:
-        """The rows of a batch as a ``pyarrow.Table`` with ``features``' schema, column by column."""
-        schema = self.schema(batch)
-        packed = pack_columns(batch, schema.columns, self.selection.attention_mask_key)
-        return arrow_table(packed, schema.names, features)
+    def declared_schema(self, owner: str = OWNER) -> Any:
+        """The ``pyarrow.Schema`` of the first ``batch_size`` stored rows (``None`` when a message
+        column holds tool calls): the types a streaming view declares."""
+        self.check_not_empty(owner)
+        n = min(self.batch_size, len(self.replay_buffer))
+        names, columns = self.walk(self.read(torch.arange(n)), owner)
+        return declared_schema(columns, names, owner)
 
     def epoch_rows(
         self,
         indices: torch.Tensor,
         committed: bool = False,
         since: tuple[int, int] | None = None,
-        python: bool = False,
+        view: View = TORCH_VIEW,
     ) -> Iterator[dict[str, Any]]:
         """The rows at storage ``indices``, in that order, ``batch_size`` indices per read.
 
-        ``since`` (a ``_processes.write_mark`` taken when the pass chose
-        its rows): a row overwritten before it was read raises instead of being replaced.
-        ``python``: rows of Python values (:meth:`python_rows`) instead of tensors.
+        ``since`` (a ``_processes.write_mark`` taken when the pass chose its rows): a row
+        overwritten before it was read raises instead of being replaced.
         """
         if indices.numel() == 0:  # torch splits an empty tensor into one empty chunk
             return
-        rows = self.python_rows if python else self.rows
         for chunk in indices.split(self.batch_size):
             batch = self.read(chunk, committed=committed)
-            check_overwrites(self.replay_buffer, since, chunk)
-            yield from rows(batch)
+            check_overwrites(self.replay_buffer, since, chunk, view.owner)
+            yield from self.rows(batch, view)
 
     def sampled_rows(
         self,
         generator: torch.Generator | None,
         num_batches: int | None,
         committed: bool = False,
-        python: bool = False,
+        view: View = TORCH_VIEW,
     ) -> Iterator[dict[str, Any]]:
         """The rows of ``num_batches`` sampled batches (``None``: forever)."""
-        rows = self.python_rows if python else self.rows
         done = 0
         while num_batches is None or done < num_batches:
-            yield from rows(self.sample(generator, committed))
+            yield from self.rows(self.sample(generator, committed), view)
             done += 1
 
-    def storage_batches(self, chunk_size: int) -> Iterator[TensorDictBase]:
+    def storage_batches(self, chunk_size: int, owner: str = OWNER) -> Iterator[TensorDictBase]:
         """Every stored row once, in storage order, ``chunk_size`` rows per read."""
-        self.check_not_empty()
+        self.check_not_empty(owner)
         since = write_mark(self.replay_buffer)
         n = len(self.replay_buffer)
         for start in range(0, n, chunk_size):
             index = torch.arange(start, min(start + chunk_size, n))
             batch = self.read(index)
-            check_overwrites(self.replay_buffer, since, index)
+            check_overwrites(self.replay_buffer, since, index, owner)
             yield batch
 
     def __getstate__(self) -> dict[str, Any]:
