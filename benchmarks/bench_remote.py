@@ -52,7 +52,7 @@ from torchrl_trl_interop.testing import (
     toy_tokenizer,
     toy_trainer_args,
 )
-from torchrl_trl_interop.weights._sync import model_weights
+from torchrl_trl_interop.weights._tensors import model_weights
 
 
 def grpo_trainer_steps(remote: bool, steps: int, out_dir: str) -> float:
