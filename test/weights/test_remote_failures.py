@@ -118,22 +118,20 @@ def test_a_generator_dying_during_a_push_is_noticed(remote):
 
 
 PARENT = """
-import sys, threading, time
+import threading, time
 from functools import partial
 from torchrl_trl_interop import RemotePolicy
 from torchrl_trl_interop.testing import toy_causal_lm, toy_generator_policy
 
-def start():
+def start(name):
     policy = RemotePolicy(partial(toy_generator_policy), num_threads=1, timeout=120)
     policy.update_policy_weights_(toy_causal_lm(), policy_version=0)
-    print(policy._process.pid, flush=True)
+    print(name, policy._process.pid, flush=True)
     time.sleep(600)
 
-if sys.argv[1] == "main":
-    start()
-else:  # a thread that stays alive: no parent-death signal, the generator's polling must see it
-    threading.Thread(target=start, daemon=True).start()
-    time.sleep(600)
+# from a thread that stays alive: no parent-death signal, the generator's own polling must notice
+threading.Thread(target=start, args=("thread",), daemon=True).start()
+start("main")  # from the main thread: the kernel's parent-death signal applies
 """
 
 
@@ -147,25 +145,28 @@ def _gone(pid: int) -> bool:
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
-@pytest.mark.parametrize("started_from", ["main", "thread"])
-def test_the_generator_exits_when_its_trainer_is_killed(started_from, tmp_path):
+def test_generators_exit_when_their_trainer_is_killed(tmp_path):
     parent = subprocess.Popen(
-        [sys.executable, "-c", textwrap.dedent(PARENT), started_from],
+        [sys.executable, "-c", textwrap.dedent(PARENT)],
         stdout=subprocess.PIPE,
         text=True,
         cwd=tmp_path,
     )
-    child = None
+    children: dict[str, int] = {}
     try:
-        child = int(parent.stdout.readline())
-        assert not _gone(child)
+        for _ in range(2):
+            name, pid = parent.stdout.readline().split()
+            children[name] = int(pid)
+        assert not any(_gone(pid) for pid in children.values())
         parent.kill()  # SIGKILL: no finalizer, no atexit in the trainer
         parent.wait(timeout=30)
         deadline = time.monotonic() + 10
-        while not _gone(child) and time.monotonic() < deadline:
+        while not all(_gone(pid) for pid in children.values()) and time.monotonic() < deadline:
             time.sleep(0.1)
-        assert _gone(child), f"the generator (pid {child}) outlived its killed trainer"
+        alive = {name: pid for name, pid in children.items() if not _gone(pid)}
+        assert not alive, f"generators outlived their killed trainer (started from: {alive})"
     finally:
         parent.kill()
-        if child is not None and not _gone(child):
-            os.kill(child, signal.SIGKILL)
+        for pid in children.values():
+            if not _gone(pid):
+                os.kill(pid, signal.SIGKILL)
