@@ -12,9 +12,9 @@ Three figures, each measured in one run (the machines are shared: compare within
   trains on it; (b) overlapped: the same collector runs in a Ray actor (``ToyGenerator``), writing
   into a ``RayReplayBuffer`` that a ``TorchRLRolloutWorker`` drains, while the trainer trains; it
   pushes its weights after every step (``max_staleness=1``). Steps/s and the ratio.
-* **The cost of one weight sync** for a ~10M-parameter Llama: into a ``RemotePolicy`` (torchrl's
-  ``MultiProcessWeightSyncScheme``, then the commit), into a policy in this process, and into a
-  Ray actor's collector.
+* **The cost of one weight sync** for a ~10M-parameter Llama, and its throughput in GB/s: into a
+  ``RemotePolicy`` (torchrl's ``MultiProcessWeightSyncScheme``, then the commit), into a policy
+  in this process, and into a Ray actor's collector.
 
 Run with ``python benchmarks/bench_remote.py``.
 """
@@ -52,7 +52,7 @@ from torchrl_trl_interop.testing import (
     toy_tokenizer,
     toy_trainer_args,
 )
-from torchrl_trl_interop.weights._sync import model_weights
+from torchrl_trl_interop.weights._tensors import model_weights
 
 
 def grpo_trainer_steps(remote: bool, steps: int, out_dir: str) -> float:
@@ -174,6 +174,8 @@ def sync_cost(ray, repeats: int) -> dict[str, float]:
 
     model = ten_million_llama()
     results = {"parameters": float(sum(p.numel() for p in model.parameters()))}
+    tensors = model_weights(model).values(include_nested=True, leaves_only=True)
+    results["bytes"] = float(sum(t.numel() * t.element_size() for t in tensors))
     remote = RemotePolicy(ten_million_llama, num_threads=1)
     local = TransformersWrapper(
         ten_million_llama(), tokenizer=toy_tokenizer(padding_side="left"), input_mode="history"
@@ -245,9 +247,13 @@ def main() -> None:
         costs = sync_cost(ray, args.sync_repeats)
     finally:
         ray.shutdown()
-    print(f"\nOne weight sync, {costs.pop('parameters') / 1e6:.1f}M parameters (median)")
+    size = costs.pop("bytes")
+    print(
+        f"\nOne weight sync, {costs.pop('parameters') / 1e6:.1f}M parameters, "
+        f"{size / 1e6:.0f} MB (median)"
+    )
     for name, seconds in costs.items():
-        print(f"  {name}: {1000 * seconds:.0f} ms")
+        print(f"  {name}: {1000 * seconds:.0f} ms ({size / seconds / 1e9:.2f} GB/s)")
 
 
 if __name__ == "__main__":

@@ -9,6 +9,13 @@ import textwrap
 import torchrl_trl_interop
 
 HEAVY = ("transformers", "trl", "datasets")
+# names whose module defines a ``transformers.TrainerCallback`` subclass: touching one imports
+# transformers (issue 19, item 3); every other name stays light
+CALLBACK_MODULE_NAMES = (
+    "WeightSyncCallback",
+    "BufferCheckpointCallback",
+    "last_complete_checkpoint",
+)
 
 
 def run(code: str) -> subprocess.CompletedProcess:
@@ -24,7 +31,8 @@ def test_every_public_name_is_lazy_and_light():
         import torchrl_trl_interop as pkg
         assert not any(m in sys.modules for m in {HEAVY!r}), "heavy import at package import"
         for name in pkg.__all__:
-            getattr(pkg, name)
+            if name not in {CALLBACK_MODULE_NAMES!r}:
+                getattr(pkg, name)
         loaded = [m for m in {HEAVY!r} if m in sys.modules]
         assert not loaded, f"touching the public names imported {{loaded}}"
         print("ok")
@@ -32,6 +40,44 @@ def test_every_public_name_is_lazy_and_light():
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip().splitlines()[-1] == "ok"
+
+
+def test_the_dataset_leaves_transformers_out():
+    """Touching TorchRLBufferDataset does not import a callback module, hence no transformers."""
+    result = run(
+        """
+        import sys
+        import torchrl_trl_interop
+        torchrl_trl_interop.TorchRLBufferDataset
+        assert "transformers" not in sys.modules, "TorchRLBufferDataset imported transformers"
+        assert "torchrl_trl_interop.data._checkpoint" not in sys.modules
+        print("ok")
+        """
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip().splitlines()[-1] == "ok"
+
+
+def test_callbacks_are_trainer_callbacks(tmp_path):
+    """``isinstance(cb, TrainerCallback)`` and ``trainer.pop_callback(cls)`` work (issue 19)."""
+    import torch
+    from transformers import Trainer, TrainerCallback, TrainingArguments
+
+    from torchrl_trl_interop import BufferCheckpointCallback, WeightSyncCallback
+    from torchrl_trl_interop.testing import toy_buffer, toy_causal_lm, toy_trainer_args
+
+    sync = WeightSyncCallback(torch.nn.Linear(2, 2))
+    checkpoint = BufferCheckpointCallback(toy_buffer(4))
+    assert isinstance(sync, TrainerCallback) and isinstance(checkpoint, TrainerCallback)
+    trainer = Trainer(
+        model=toy_causal_lm(),
+        args=TrainingArguments(**toy_trainer_args(tmp_path)),
+        callbacks=[sync, checkpoint],
+    )
+    assert trainer.pop_callback(WeightSyncCallback) is sync
+    assert trainer.pop_callback(BufferCheckpointCallback) is checkpoint
+    kinds = [type(cb) for cb in trainer.callback_handler.callbacks]
+    assert WeightSyncCallback not in kinds and BufferCheckpointCallback not in kinds
 
 
 def test_features_import_hf_only_when_used():

@@ -98,7 +98,6 @@ def test_imports_run_down_the_layers(module):
             raise AssertionError(f"the ground helper {module} imports {target}")
 
 
-@pytest.mark.xfail(strict=True, reason="weights._sync <-> weights._remote_policy (issue 19)")
 def test_no_import_cycle():
     state: dict[str, int] = {}
 

@@ -45,8 +45,8 @@ _EXPORTS: dict[str, str] = {
     "RewardTransform": "rewards._env_transform",
     "as_reward_transform": "rewards._env_transform",
     # weights/: trainer weights -> generators, policy versions
-    "WeightSyncCallback": "weights._sync",
-    "weights_checksum": "weights._sync",
+    "WeightSyncCallback": "weights._callback",
+    "weights_checksum": "weights._tensors",
     "RemotePolicy": "weights._remote_policy",
     "StaleRolloutError": "weights._staleness",
     # rollouts/: TorchRL generation feeding TRL's trainers

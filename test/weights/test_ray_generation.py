@@ -47,7 +47,7 @@ def test_trainer_reads_a_ray_collectors_buffer(ray_session):
         toy_grpo_step,
         toy_tokenizer,
     )
-    from torchrl_trl_interop.weights._sync import model_weights
+    from torchrl_trl_interop.weights._tensors import model_weights
 
     ray = ray_session
     rb = RayReplayBuffer(

@@ -224,7 +224,7 @@ def test_callback_sends_through_a_torchrl_scheme():
     from torch import multiprocessing as mp
     from torchrl.weight_update import MultiProcessWeightSyncScheme
 
-    from torchrl_trl_interop.weights._sync import model_weights
+    from torchrl_trl_interop.weights._tensors import model_weights
 
     trainer_model = torch.nn.Linear(4, 4)
     scheme = MultiProcessWeightSyncScheme()

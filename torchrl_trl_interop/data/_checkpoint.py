@@ -3,6 +3,9 @@
 The buffer goes into each ``checkpoint-N`` directory (``save_replay_buffer``: atomic, text
 included) and comes back on resume, with the DataLoader's state when the
 DataLoader is stateful; :func:`last_complete_checkpoint` finds the checkpoint to resume from.
+
+This module imports ``transformers`` (the callback's base class); the package imports it only
+when one of its names is touched.
 """
 
 from __future__ import annotations
@@ -17,6 +20,11 @@ import torch
 from torchrl.data import ReplayBuffer
 
 from ._buffer_files import check_checkpointable, is_complete, load_replay_buffer, save_replay_buffer
+
+try:
+    from transformers import TrainerCallback
+except ImportError:  # no transformers, no trainer to call it
+    TrainerCallback = object
 
 __all__ = [
     "BufferCheckpointCallback",
@@ -53,11 +61,7 @@ def last_complete_checkpoint(
     return str(max(steps)[1]) if steps else None
 
 
-def _noop(*args: Any, **kwargs: Any) -> None:
-    return None
-
-
-class BufferCheckpointCallback:
+class BufferCheckpointCallback(TrainerCallback):
     """A transformers ``TrainerCallback`` that saves a replay buffer with every trainer checkpoint.
 
     When the trainer is about to save ``output_dir/checkpoint-N``, the buffer is saved into
@@ -78,8 +82,8 @@ class BufferCheckpointCallback:
     of letting the trainer skip batches, which repeats and loses rows past the first epoch of a
     dataset without a length (``docs/scale.rst``, "Resuming", has the figures).
 
-    It is a ``TrainerCallback`` by protocol (every ``on_*`` event), not by inheritance, so
-    that ``torchrl_trl_interop`` imports without ``transformers``.
+    It subclasses ``transformers.TrainerCallback``; the package imports ``transformers`` only
+    when this name is touched.
 
     Args:
         replay_buffer (ReplayBuffer): the buffer to save and restore (any local torchrl buffer;
@@ -135,11 +139,6 @@ class BufferCheckpointCallback:
             f"{type(self).__name__}(replay_buffer={type(self.replay_buffer).__name__}(...), "
             f"dirname={self.dirname!r})"
         )
-
-    def __getattr__(self, name: str) -> Any:
-        if name.startswith("on_"):  # every other TrainerCallback event: nothing to do
-            return _noop
-        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     # -- saving ------------------------------------------------------------------------------
 

@@ -160,7 +160,7 @@ class TorchRLRolloutWorker:
             and policy is not None
             and not isinstance(policy, TrainerModelPolicy)
         ):
-            from ..weights._sync import policy_model
+            from ..weights._tensors import policy_model
 
             model = policy_model(policy)
             score_model = model if model is not policy else None

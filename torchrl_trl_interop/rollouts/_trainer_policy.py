@@ -102,7 +102,7 @@ def trainer_tokenizer(trainer: Any) -> Any:
     return getattr(tokenizer, "tokenizer", tokenizer)
 
 
-def trainer_generation_config(trainer: Any, tokenizer: Any) -> Any:
+def trainer_generation_config(trainer: Any, tokenizer: Any, *, model: Any = None) -> Any:
     """A copy of the ``GenerationConfig`` a TRL trainer generates with, pad suppressed.
 
     ``GRPOTrainer`` builds it from ``max_completion_length``, ``temperature``, ``top_p``,
@@ -110,31 +110,59 @@ def trainer_generation_config(trainer: Any, tokenizer: Any) -> Any:
     ``generation_kwargs`` (vLLM trainers build none: it is made from the same arguments). The pad
     token is added to ``suppress_tokens`` when it is not an eos token: torchrl's wrapper strips
     every pad id from responses and token prompts, so a sampled pad token would vanish.
-    """
-    from transformers import GenerationConfig
 
-    config = getattr(trainer, "generation_config", None)
-    if config is not None:
-        config = copy.deepcopy(config)
+    ``trainer`` may also be the trainer's ``GRPOConfig``, before the trainer exists (a generator
+    in another process is built before the trainer whose rollout function uses it): the config is
+    then made as ``GRPOTrainer`` makes it for a text model, the eos ids being the tokenizer's and
+    those ``model.generation_config`` declares.
+
+    Examples:
+        >>> from trl import GRPOConfig
+        >>> from torchrl_trl_interop.testing import toy_tokenizer
+        >>> args = GRPOConfig("out", max_completion_length=8, temperature=0.7, bf16=False)
+        >>> config = trainer_generation_config(args, toy_tokenizer())
+        >>> config.max_new_tokens, config.temperature, config.suppress_tokens
+        (8, 0.7, [0])
+    """
+    from transformers import TrainingArguments
+
+    if isinstance(trainer, TrainingArguments):
+        eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+        eos = [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
+        if tokenizer.eos_token_id not in eos:
+            eos = [tokenizer.eos_token_id, *eos]
+        config = _generation_config(trainer, tokenizer, eos)
+    elif getattr(trainer, "generation_config", None) is not None:
+        config = copy.deepcopy(trainer.generation_config)
     else:
-        config = GenerationConfig(
-            max_new_tokens=trainer.max_completion_length,
-            do_sample=True,
-            temperature=trainer.temperature,
-            top_p=trainer.top_p,
-            top_k=trainer.top_k,
-            min_p=trainer.min_p,
-            repetition_penalty=trainer.repetition_penalty,
-            pad_token_id=tokenizer.pad_token_id,
-            eos_token_id=list(trainer.eos_token_ids),
-            **(trainer.args.generation_kwargs or {}),
-        )
+        config = _generation_config(trainer.args, tokenizer, list(trainer.eos_token_ids))
     eos = config.eos_token_id
     eos = set(eos if isinstance(eos, (list, tuple)) else [eos])
     pad = tokenizer.pad_token_id
     if pad is not None and pad not in eos:
         config.suppress_tokens = sorted(set(config.suppress_tokens or []) | {pad})
     return config
+
+
+def _generation_config(args: Any, tokenizer: Any, eos_token_ids: list[int]) -> Any:
+    """``GRPOTrainer``'s ``GenerationConfig`` for a text model (TRL 1.16, ``__init__``)."""
+    from transformers import GenerationConfig
+
+    kwargs = {
+        "max_new_tokens": args.max_completion_length,
+        "do_sample": True,
+        "pad_token_id": tokenizer.pad_token_id,
+        "bos_token_id": tokenizer.bos_token_id,
+        "eos_token_id": eos_token_ids,
+        "temperature": args.temperature,
+        "top_p": args.top_p,
+        "top_k": args.top_k,
+        "min_p": args.min_p,
+        "repetition_penalty": args.repetition_penalty,
+        "cache_implementation": args.cache_implementation,
+        **(args.generation_kwargs or {}),
+    }
+    return GenerationConfig(**kwargs, disable_compile=True)
 
 
 def check_same_tokenizer(policy_tokenizer: Any, trainer_tokenizer: Any, owner: str) -> None:

@@ -2,43 +2,41 @@
 
 :class:`TorchRLWeightTransfer` implements ``WeightTransferProtocol``
 (``trl.experimental.async_grpo``): the ``(name, tensor)`` stream the trainer sends becomes a
-TensorDict that torchrl's ``WeightStrategy`` applies to the policy's model, or that a
-:class:`~torchrl_trl_interop.RemotePolicy` receives through torchrl's multiprocess scheme.
+TensorDict, pushed with the package's one weight push (``weights._push``), as
+:class:`~torchrl_trl_interop.WeightSyncCallback` pushes.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-import torch
 from tensordict import TensorDict
 
+from ..weights._push import push, target_kind
 from ._async_grpo import TorchRLRolloutWorker
 
 __all__ = ["TorchRLWeightTransfer"]
 
-
-def _policy_model(target: Any) -> Any:
-    """The module whose parameters carry the HF names TRL streams (``model.layers.0...``)."""
-    from ..weights._sync import policy_model
-
-    return policy_model(getattr(target, "policy", target))  # a collector's policy, or itself
+_OWNER = "TorchRLWeightTransfer"
 
 
 class TorchRLWeightTransfer:
     """TRL's ``WeightTransferProtocol`` onto a TorchRL policy.
 
     ``send_weights`` gathers the ``(name, tensor)`` pairs TRL streams (Hugging Face parameter
-    names, frozen ones left out) into a TensorDict and hands it to the target: a
-    :class:`~torchrl_trl_interop.RemotePolicy` (torchrl's multiprocess scheme; the version is the
-    number of transfers so far, TRL's ``model_version``), or, in this process, the weights are
-    copied in place into a torchrl LLM wrapper's model (a collector's policy, a
-    ``TransformersWrapper``, an ``nn.Module``) with torchrl's ``WeightStrategy``.
+    names, frozen ones left out) into a TensorDict and pushes it to the target as
+    :class:`~torchrl_trl_interop.WeightSyncCallback` does, with the number of transfers so far
+    (TRL's ``model_version``) as the version: a :class:`~torchrl_trl_interop.RemotePolicy`
+    (torchrl's multiprocess scheme), a torchrl collector (its own ``update_policy_weights_``; its
+    integer ``PolicyVersion`` is set), a torchrl ``WeightSyncScheme`` (``send``), or a torchrl LLM
+    wrapper or ``nn.Module`` in this process (copied in place). Names or shapes that do not fit
+    the receiving model raise before anything is sent.
     With ``worker=``, ``pause``/``resume`` hold the worker's lock, so no batch is collected or
     scored while the weights change.
 
     Args:
-        target: a ``RemotePolicy``, a torchrl collector, a torchrl LLM wrapper or an ``nn.Module``.
+        target: a ``RemotePolicy``, a torchrl collector, a torchrl ``WeightSyncScheme``, a torchrl
+            LLM wrapper or an ``nn.Module``.
 
     Keyword Args:
         worker (TorchRLRolloutWorker, optional): the worker collecting with ``target``.
@@ -48,6 +46,7 @@ class TorchRLWeightTransfer:
         sent_names (list of str): the names of the last transfer.
 
     Examples:
+        >>> import torch
         >>> model = torch.nn.Linear(2, 2)
         >>> transfer = TorchRLWeightTransfer(model)
         >>> transfer.init_weight_transfer(); transfer.pause()
@@ -58,15 +57,7 @@ class TorchRLWeightTransfer:
     """
 
     def __init__(self, target: Any, *, worker: TorchRLRolloutWorker | None = None) -> None:
-        from ..weights._remote_policy import RemotePolicy
-
-        self.remote = isinstance(target, RemotePolicy)
-        if not self.remote and not isinstance(_policy_model(target), torch.nn.Module):
-            raise TypeError(
-                f"TorchRLWeightTransfer: target={type(target).__name__} holds no module to "
-                "receive weights; pass a RemotePolicy, a collector, a torchrl LLM wrapper or "
-                "an nn.Module."
-            )
+        target_kind(target, _OWNER)  # a target that cannot receive weights raises here
         self.target = target
         self.worker = worker
         self.version = 0
@@ -74,7 +65,7 @@ class TorchRLWeightTransfer:
         self._paused = False
 
     def __repr__(self) -> str:
-        return f"TorchRLWeightTransfer(target={type(self.target).__name__}, version={self.version})"
+        return f"{_OWNER}(target={type(self.target).__name__}, version={self.version})"
 
     def init_weight_transfer(self) -> None:
         """Nothing to set up: torchrl's schemes connect on the first send."""
@@ -88,12 +79,7 @@ class TorchRLWeightTransfer:
         named = [(name, tensor.detach()) for name, tensor in iterator]
         self.sent_names = [name for name, _ in named]
         weights = TensorDict(dict(named), batch_size=[]).unflatten_keys(".")
-        if self.remote:
-            self.target.update_policy_weights_(weights, policy_version=self.version + 1)
-        else:
-            from ..weights._sync import copy_weights_into
-
-            copy_weights_into(getattr(self.target, "policy", self.target), weights)
+        push(self.target, weights, self.version + 1, owner=_OWNER, partial=True)
         self.version += 1
 
     def resume(self) -> None:

@@ -65,7 +65,7 @@ class ToyGenerator:
     Meant as a Ray actor (``ray.remote(max_concurrency=3)(ToyGenerator).remote(rb.client())``):
     :meth:`run` collects from :func:`toy_primed_chat_env` with :func:`toy_generator_policy`
     (rewarded by :func:`toy_answer_length`, versions stamped), :meth:`update_weights` pushes the
-    trainer's weights between two batches through :class:`~torchrl_trl_interop.WeightSyncCallback`.
+    trainer's weights between two batches through the package's one weight push.
     """
 
     def __init__(self, buffer_client, *, max_new_tokens: int = 6):
@@ -112,16 +112,16 @@ class ToyGenerator:
         return version
 
     def _apply_pending(self) -> None:
-        from ..weights._sync import WeightSyncCallback
+        from ..weights._push import push
 
         with self.lock:
             pending, self.pending = self.pending, None
         if pending is not None:
-            WeightSyncCallback(self.collector).push(*pending)
+            push(self.collector, *pending, owner="ToyGenerator")
 
     def checksum(self) -> tuple:
         """``(policy_version, weights checksum)`` of the live policy, staged weights applied."""
-        from ..weights._sync import weights_checksum
+        from ..weights._tensors import weights_checksum
 
         self._apply_pending()
         return self.collector.policy_version, weights_checksum(self.policy.model)

@@ -3,8 +3,11 @@
 The public names live at the top level (``from torchrl_trl_interop import WeightSyncCallback``);
 the modules here are private, one job each:
 
-* ``_sync``: the weights of a model, their checksum, and
-  :class:`~torchrl_trl_interop.WeightSyncCallback`;
+* ``_tensors``: the weights of a model, their checksum, and whether they fit a receiver;
+* ``_generator_process``: the process a :class:`~torchrl_trl_interop.RemotePolicy` runs;
 * ``_remote_policy``: :class:`~torchrl_trl_interop.RemotePolicy`, a policy in another process;
+* ``_push``: the one weight push, into any target, with its version;
+* ``_callback``: :class:`~torchrl_trl_interop.WeightSyncCallback`, a trainer callback that
+  pushes;
 * ``_staleness``: policy versions and the staleness bound.
 """

@@ -1,20 +1,25 @@
 """A TorchRL LLM policy served by another process, with weight sync and policy versions.
 
 :class:`RemotePolicy` is a TensorDict module in the trainer's process whose calls run a torchrl
-LLM policy (built by ``policy_factory``) in a spawned process. TensorDicts go out and come back
-pickled by value (no shared-memory file descriptors per call); every output carries the
-``"policy_version"`` of the weights that produced it. Weights arrive through torchrl's own
-``MultiProcessWeightSyncScheme`` (``torchrl.weight_update``) into a staging copy, and are
-committed to the live model, with their version, between two calls: a generation never sees
-half-updated weights, and its version is exact.
+LLM policy (built by ``policy_factory``) in a spawned process (``_generator_process``).
+TensorDicts go out and come back pickled by value (no shared-memory file descriptors per call);
+every output carries the ``"policy_version"`` of the weights that produced it. Weights arrive
+through torchrl's own ``MultiProcessWeightSyncScheme`` (``torchrl.weight_update``) into a staging
+copy, and are committed to the live model, with their version, between two calls: a generation
+never sees half-updated weights, and its version is exact.
+
+Nothing here waits without a bound: every wait polls the generator's liveness and ends at
+``timeout``, pushes are checked against the generator's own names and shapes before they are
+sent, and the generator exits when the trainer's process does.
 """
 
 from __future__ import annotations
 
+import os
 import pickle
 import queue
+import threading
 import time
-import traceback
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -23,57 +28,13 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 from tensordict.nn import TensorDictModuleBase
 
+from .._keys import POLICY_VERSION_KEY
+from ._generator_process import POLL_SECONDS, serve
+from ._tensors import check_weights_fit
+
 __all__ = ["RemotePolicy"]
 
 _OWNER = "RemotePolicy"
-#: written by :class:`RemotePolicy` on every output row: the version of the weights that produced it
-VERSION_KEY = "policy_version"
-
-
-def _serve(policy_factory, scheme, requests, replies, num_threads) -> None:
-    """The generator process: builds the policy, then serves calls and weight commits in order."""
-    from ._sync import policy_model, weights_checksum
-
-    if num_threads is not None:
-        torch.set_num_threads(num_threads)
-    try:
-        policy = policy_factory()
-        model = policy_model(policy)
-        live = TensorDict.from_module(model).data
-        staging = live.data.clone()  # torchrl's scheme writes here; commits copy it into `live`
-        scheme.init_on_receiver(model_id="policy", model=staging, worker_idx=0)
-        scheme.connect(worker_idx=0)  # the initial weights, received by value
-        staging.update(staging.data.clone())  # own memory, not the sender's shared tensors
-        keys = {k: list(getattr(policy, k, [])) for k in ("in_keys", "out_keys")}
-        replies.put(("ok", keys))
-    except BaseException:  # noqa: BLE001 - reported to the trainer's process
-        replies.put(("error", traceback.format_exc()))
-        return
-    version = None
-    while True:
-        kind, payload = requests.get()
-        if kind == "stop":
-            break
-        try:
-            if kind == "commit":
-                live.data.update_(staging)
-                version = int(payload)
-                reply = version
-            elif kind == "call":
-                td = pickle.loads(payload)
-                with torch.no_grad():
-                    out = policy(td)
-                stamp = -1 if version is None else version
-                out.set(VERSION_KEY, torch.full(out.batch_size, stamp, dtype=torch.int64))
-                reply = pickle.dumps(out)
-            elif kind == "checksum":
-                reply = (version, weights_checksum(live))
-            else:
-                raise ValueError(f"unknown request {kind!r}")
-            replies.put(("ok", reply))
-        except BaseException:  # noqa: BLE001
-            replies.put(("error", traceback.format_exc()))
-    scheme.shutdown()
 
 
 def _close(process: Any, requests: Any, scheme: Any) -> None:
@@ -87,6 +48,23 @@ def _close(process: Any, requests: Any, scheme: Any) -> None:
         scheme.shutdown()
 
 
+def _ack_queue(scheme: Any) -> Any:
+    """The queue torchrl's ``MultiProcessWeightSyncScheme`` acknowledges received weights on.
+
+    The one reach into torchrl's private attributes here: ``send`` (``sync=True``) waits for the
+    acknowledgement without a timeout and without noticing the receiver's death (torchrl 0.14.1
+    ``_wait_for_ack``), so the scheme runs with ``sync=False`` and :class:`RemotePolicy` waits
+    on this queue itself.
+    """
+    queues = getattr(scheme, "_ack_queues", None)
+    if not queues or 0 not in queues:
+        raise RuntimeError(
+            f"{_OWNER}: torchrl's MultiProcessWeightSyncScheme has no acknowledgement queue "
+            "(_ack_queues[0]); this torchrl version is not supported."
+        )
+    return queues[0]
+
+
 class RemotePolicy(TensorDictModuleBase):
     """A torchrl LLM policy running in another process, called like the policy itself.
 
@@ -97,12 +75,19 @@ class RemotePolicy(TensorDictModuleBase):
     row): the version of the weights that produced it.
 
     The process starts at the first :meth:`update_policy_weights_` (which
-    :class:`~torchrl_trl_interop.WeightSyncCallback` calls when training begins): torchrl's
-    ``MultiProcessWeightSyncScheme`` is set up with those weights as the initial ones, so the
-    generator starts from the trainer's weights. Each later push goes through the scheme's
-    ``send`` (blocking until the generator acknowledged) and is then committed, with its version,
-    between two calls. The generator keeps a staging copy of the weights for that (twice the
-    weights' memory in its process).
+    :class:`~torchrl_trl_interop.WeightSyncCallback` calls when training begins): the generator
+    reports the names and shapes of its model's weights, the pushed weights are checked against
+    them, and torchrl's ``MultiProcessWeightSyncScheme`` is set up with those weights as the
+    initial ones, so the generator starts from the trainer's weights. Each later push is checked
+    against the same names and shapes, goes through the scheme's ``send``, and is committed,
+    with its version, between two calls. The generator keeps a staging copy of the weights for
+    that (twice the weights' memory in its process).
+
+    No wait is unbounded: a call, a push or the start raises ``TimeoutError`` after
+    ``timeout`` seconds, and a ``RuntimeError`` naming the exit code within a second of the
+    generator's death. The generator exits when the process that started it dies, even by
+    SIGKILL (Linux: the kernel's parent-death signal when started from the main thread; on every
+    platform it checks its parent while it waits for requests).
 
     As a policy for :func:`~torchrl_trl_interop.as_trl_rollout_func`, every rollout row gets a
     ``policy_version``; the rollout function compares it with the trainer's step.
@@ -149,6 +134,7 @@ class RemotePolicy(TensorDictModuleBase):
         self.policy_version: int | None = None
         self._process = None
         self._requests = self._replies = self._scheme = None
+        self._layout: dict[str, tuple[int, ...]] = {}
         self._finalizer = None
 
     def __repr__(self) -> str:
@@ -163,52 +149,73 @@ class RemotePolicy(TensorDictModuleBase):
     def started(self) -> bool:
         return self._process is not None
 
-    def _ask(self, kind: str, payload: Any = None) -> Any:
+    # -- waiting on the generator ----------------------------------------------------------------
+
+    def _check_alive(self, what: str) -> None:
         if self._process is None:
             raise RuntimeError(
                 f"{_OWNER}: the generator process is not started; it starts with the first "
                 "weights: call update_policy_weights_(model_or_weights, policy_version=0) first "
                 "(WeightSyncCallback does so when training begins)."
             )
-        self._requests.put((kind, payload))
-        return self._reply(kind)
+        if not self._process.is_alive():
+            raise RuntimeError(
+                f"{_OWNER}: the generator process died (exit code {self._process.exitcode}) "
+                f"before {what}. Build a new RemotePolicy; the generator's own output says why "
+                "it died (exit code -9: killed, e.g. by the OOM killer)."
+            )
 
-    def _reply(self, kind: str) -> Any:
+    def _get(self, source: Any, what: str) -> Any:
+        """The next item of ``source``, polling the generator's liveness, within ``timeout``."""
         deadline = time.monotonic() + self.timeout
         while True:
             try:
-                status, reply = self._replies.get(timeout=1.0)
-                break
+                return source.get(timeout=max(min(POLL_SECONDS, deadline - time.monotonic()), 0))
             except queue.Empty:
                 if not self._process.is_alive():
                     raise RuntimeError(
                         f"{_OWNER}: the generator process died (exit code "
-                        f"{self._process.exitcode}) while serving {kind!r}."
+                        f"{self._process.exitcode}) while serving {what}."
                     ) from None
-                if time.monotonic() > deadline:
+                if time.monotonic() >= deadline:
                     raise TimeoutError(
-                        f"{_OWNER}: no reply to {kind!r} within timeout={self.timeout}s."
+                        f"{_OWNER}: no reply to {what} within timeout={self.timeout}s; the "
+                        "generator is alive but did not answer (raise timeout= for slow calls)."
                     ) from None
+
+    def _reply(self, what: str) -> Any:
+        status, reply = self._get(self._replies, what)
         if status == "error":
-            raise RuntimeError(f"{_OWNER}: the generator process failed on {kind!r}:\n{reply}")
+            raise RuntimeError(f"{_OWNER}: the generator process failed on {what}:\n{reply}")
         return reply
 
-    def _start(self, weights: TensorDictBase) -> None:
+    def _ask(self, kind: str, payload: Any = None) -> Any:
+        self._check_alive(repr(kind))
+        self._requests.put((kind, payload))
+        return self._reply(repr(kind))
+
+    # -- weights ---------------------------------------------------------------------------------
+
+    def _start(self, weights: TensorDictBase, partial: bool) -> None:
         from torch import multiprocessing as mp
         from torchrl.weight_update import MultiProcessWeightSyncScheme
 
         ctx = mp.get_context("spawn")
         self._requests, self._replies = ctx.Queue(), ctx.Queue()
-        self._scheme = MultiProcessWeightSyncScheme()
+        # sync=False: the acknowledgement is awaited here, with a timeout (see _ack_queue)
+        self._scheme = MultiProcessWeightSyncScheme(sync=False)
         self._scheme.init_on_sender(weights=weights, devices=[torch.device("cpu")], ctx=ctx)
+        kernel_signal = threading.current_thread() is threading.main_thread()
         self._process = ctx.Process(
-            target=_serve,
+            target=serve,
             args=(
                 self.policy_factory,
                 self._scheme,
                 self._requests,
                 self._replies,
                 self.num_threads,
+                os.getpid(),
+                kernel_signal,
             ),
             name="torchrl-remote-policy",
             daemon=True,
@@ -217,12 +224,24 @@ class RemotePolicy(TensorDictModuleBase):
         self._finalizer = weakref.finalize(
             self, _close, self._process, self._requests, self._scheme
         )
-        self._scheme.connect()  # sends the initial weights
-        keys = self._reply("start")
-        self.in_keys, self.out_keys = keys["in_keys"], keys["out_keys"] + [VERSION_KEY]
+        try:
+            info = self._reply("its start")
+            self._layout = info["layout"]
+            check_weights_fit(weights, self._layout, owner=_OWNER, partial=partial)
+            self._scheme.connect()  # sends the initial weights
+            self._ask("connect")
+        except BaseException:
+            self.close()
+            raise
+        self.in_keys = info["in_keys"]
+        self.out_keys = info["out_keys"] + [POLICY_VERSION_KEY]
 
     def update_policy_weights_(
-        self, weights: torch.nn.Module | TensorDictBase, *, policy_version: int
+        self,
+        weights: torch.nn.Module | TensorDictBase,
+        *,
+        policy_version: int,
+        partial: bool = False,
     ) -> None:
         """Sends ``weights`` to the generator and makes them live as ``policy_version``.
 
@@ -234,16 +253,30 @@ class RemotePolicy(TensorDictModuleBase):
 
         Keyword Args:
             policy_version (int): the version rollouts sampled from now on are stamped with.
+            partial (bool, optional): ``weights`` may hold a subset of the generator's tensors
+                (TRL streams trainable parameters only); the others keep their values.
+                Defaults to ``False``.
+
+        Raises:
+            KeyError: if names differ from the generator model's (e.g. a ``torch.compile`` or
+                PEFT prefix); nothing is sent.
+            ValueError: if shapes differ from the generator model's; nothing is sent.
+            RuntimeError: if the generator process died (its exit code is named).
+            TimeoutError: if the generator does not acknowledge within ``timeout``.
         """
         if isinstance(weights, torch.nn.Module):
             weights = TensorDict.from_module(weights).data
+        if self._process is not None:  # checked before the copy below, which can be large
+            self._check_alive(f"the weights of version {policy_version}")
+            check_weights_fit(weights, self._layout, owner=_OWNER, partial=partial)
         # a copy: sending moves a tensor's storage to shared memory, which must not happen to the
         # trainer's live parameters (copy.deepcopy of the model would then share them)
         weights = weights.apply(lambda t: t.detach().to("cpu", copy=True))
         if self._process is None:
-            self._start(weights)
+            self._start(weights, partial)
         else:
-            self._scheme.send(weights)  # torchrl: queue + instruction + ack, into staging
+            self._scheme.send(weights)  # torchrl: weights + instruction, into staging
+            self._get(_ack_queue(self._scheme), f"the weights of version {policy_version}")
         self.policy_version = self._ask("commit", int(policy_version))
 
     def weights_checksum(self) -> tuple[int | None, str]:

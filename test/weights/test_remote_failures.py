@@ -1,0 +1,172 @@
+"""A ``RemotePolicy`` never hangs and never outlives its trainer (issue 20, items 11 and 12).
+
+* A push whose weights do not fit the generator (another size, a ``torch.compile`` prefix)
+  raises before anything is sent, naming the parameter and both shapes, or the names.
+* A push into a generator that died raises at once, with its exit code.
+* A generator whose trainer process was SIGKILLed exits within seconds.
+
+Each test has a timeout: a hang is a failure.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from functools import partial
+
+import pytest
+import torch
+
+from torchrl_trl_interop import RemotePolicy, WeightSyncCallback, weights_checksum
+from torchrl_trl_interop.testing import toy_causal_lm, toy_generator_policy
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
+
+WIDER = {"intermediate_size": 128}
+
+
+def started():
+    """A started generator (the toy policy, version 0) and the trainer model it was started from."""
+    policy = RemotePolicy(partial(toy_generator_policy), num_threads=1, timeout=120)
+    trainer_model = toy_causal_lm(seed=1)
+    policy.update_policy_weights_(trainer_model, policy_version=0)
+    return policy, trainer_model
+
+
+@pytest.fixture(scope="module")
+def serving():
+    """One generator for the tests that leave it alive."""
+    policy, trainer_model = started()
+    yield policy, trainer_model
+    policy.close()
+
+
+@pytest.fixture
+def remote():
+    """A generator of its own, for a test that kills it."""
+    policy, trainer_model = started()
+    yield policy, trainer_model
+    policy.close()
+
+
+def test_weights_of_another_size_raise_and_the_generator_keeps_serving(serving):
+    policy, trainer_model = serving
+    version = policy.policy_version
+    start = time.monotonic()
+    with pytest.raises(ValueError) as info:
+        WeightSyncCallback(policy).push(toy_causal_lm(**WIDER), 1)
+    assert time.monotonic() - start < 10
+    assert (
+        "RemotePolicy: the weights do not fit the generator: parameter "
+        "'model.layers.0.mlp.gate_proj.weight': trainer [128, 32], generator [64, 32]"
+    ) in str(info.value)
+    # nothing was sent: the generator still serves the weights it had
+    assert policy.weights_checksum() == (version, weights_checksum(trainer_model))
+    with torch.no_grad():
+        trainer_model.lm_head.weight.add_(1.0)
+    WeightSyncCallback(policy).push(trainer_model, version + 2)
+    assert policy.weights_checksum() == (version + 2, weights_checksum(trainer_model))
+
+
+def test_prefixed_names_raise(serving):
+    policy, trainer_model = serving
+    version = policy.policy_version
+    with pytest.raises(KeyError, match=r"prefix '_orig_mod\.'.*model\._orig_mod"):
+        policy.update_policy_weights_(torch.compile(trainer_model), policy_version=version + 1)
+    assert policy.weights_checksum() == (version, weights_checksum(trainer_model))
+
+
+def test_the_first_push_is_checked_too():
+    policy = RemotePolicy(partial(toy_generator_policy), num_threads=1, timeout=120)
+    try:
+        with pytest.raises(ValueError, match=r"trainer \[128, 32\], generator \[64, 32\]"):
+            policy.update_policy_weights_(toy_causal_lm(**WIDER), policy_version=0)
+        assert not policy.started  # the generator was stopped
+    finally:
+        policy.close()
+
+
+def test_a_push_into_a_dead_generator_raises_with_its_exit_code(remote):
+    policy, trainer_model = remote
+    os.kill(policy._process.pid, signal.SIGKILL)
+    policy._process.join(timeout=30)
+    start = time.monotonic()
+    with pytest.raises(RuntimeError, match=r"the generator process died \(exit code -9\)"):
+        WeightSyncCallback(policy).push(trainer_model, 1)
+    assert time.monotonic() - start < 10
+
+
+def test_a_generator_dying_during_a_push_is_noticed(remote):
+    """Killed between the send and its acknowledgement: the wait notices within a second."""
+    policy, trainer_model = remote
+    ack = policy._scheme.send  # the weights go out, then the generator dies before it answers
+
+    def send_then_die(weights):
+        os.kill(policy._process.pid, signal.SIGKILL)
+        policy._process.join(timeout=30)
+        ack(weights)
+
+    policy._scheme.send = send_then_die
+    start = time.monotonic()
+    with pytest.raises(RuntimeError, match=r"died \(exit code -9\) while serving the weights"):
+        policy.update_policy_weights_(trainer_model, policy_version=1)
+    assert time.monotonic() - start < 10
+
+
+PARENT = """
+import threading, time
+from functools import partial
+from torchrl_trl_interop import RemotePolicy
+from torchrl_trl_interop.testing import toy_causal_lm, toy_generator_policy
+
+def start(name):
+    policy = RemotePolicy(partial(toy_generator_policy), num_threads=1, timeout=120)
+    policy.update_policy_weights_(toy_causal_lm(), policy_version=0)
+    print(name, policy._process.pid, flush=True)
+    time.sleep(600)
+
+# from a thread that stays alive: no parent-death signal, the generator's own polling must notice
+threading.Thread(target=start, args=("thread",), daemon=True).start()
+start("main")  # from the main thread: the kernel's parent-death signal applies
+"""
+
+
+def _gone(pid: int) -> bool:
+    """The process has exited (reaped, or a zombie nobody reaps in this container)."""
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            return handle.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_generators_exit_when_their_trainer_is_killed(tmp_path):
+    parent = subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(PARENT)],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=tmp_path,
+    )
+    children: dict[str, int] = {}
+    try:
+        for _ in range(2):
+            name, pid = parent.stdout.readline().split()
+            children[name] = int(pid)
+        assert not any(_gone(pid) for pid in children.values())
+        parent.kill()  # SIGKILL: no finalizer, no atexit in the trainer
+        parent.wait(timeout=30)
+        deadline = time.monotonic() + 10
+        while not all(_gone(pid) for pid in children.values()) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        alive = {name: pid for name, pid in children.items() if not _gone(pid)}
+        assert not alive, f"generators outlived their killed trainer (started from: {alive})"
+    finally:
+        parent.kill()
+        for pid in children.values():
+            if not _gone(pid):
+                os.kill(pid, signal.SIGKILL)

@@ -1,0 +1,118 @@
+"""The process a :class:`~torchrl_trl_interop.RemotePolicy` runs: it serves calls and weight commits,
+and it ends when the process that started it ends.
+
+Requests arrive in order on one queue, replies leave in order on another. Weights come through
+torchrl's ``MultiProcessWeightSyncScheme`` into a staging copy and go live at the next
+``"commit"``. The process exits when its parent is gone, however the parent died (a SIGKILL,
+the OOM killer): on Linux the kernel kills it (``prctl(PR_SET_PDEATHSIG)``), and everywhere it
+checks its parent's pid while it waits for a request.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import pickle
+import queue
+import signal
+import sys
+import traceback
+from typing import Any
+
+import torch
+from tensordict import TensorDict
+
+from .._keys import POLICY_VERSION_KEY
+from ._tensors import policy_model, weights_checksum, weights_layout
+
+__all__ = ["POLL_SECONDS", "exit_with_parent", "serve"]
+
+#: how often a waiting side checks that the other process is alive (seconds)
+POLL_SECONDS = 0.5
+_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+
+def exit_with_parent(parent_pid: int, *, kernel_signal: bool) -> None:
+    """Makes this process end with ``parent_pid``; exits now if that parent is already gone.
+
+    With ``kernel_signal`` (Linux only) the kernel sends this process SIGKILL when the thread
+    that started it ends: only ask for it when that thread is the parent's main thread. The
+    parent's pid is checked afterwards, which closes the race with a parent dying before.
+    """
+    if kernel_signal and sys.platform.startswith("linux"):
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+            raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
+    if os.getppid() != parent_pid:
+        os._exit(1)
+
+
+def _next_request(requests: Any, parent_pid: int) -> tuple[str, Any]:
+    """The next request; exits the process if the parent died while it waited."""
+    while True:
+        try:
+            return requests.get(timeout=POLL_SECONDS)
+        except queue.Empty:
+            if os.getppid() != parent_pid:  # reparented: the trainer is gone
+                os._exit(1)
+
+
+def serve(
+    policy_factory: Any,
+    scheme: Any,
+    requests: Any,
+    replies: Any,
+    num_threads: int | None,
+    parent_pid: int,
+    kernel_signal: bool,
+) -> None:
+    """The generator process: builds the policy, reports its weights' layout, receives the first
+    weights, then serves calls, commits and checksums in order, until ``"stop"``."""
+    exit_with_parent(parent_pid, kernel_signal=kernel_signal)
+    if num_threads is not None:
+        torch.set_num_threads(num_threads)
+    try:
+        policy = policy_factory()
+        model = policy_model(policy)
+        live = TensorDict.from_module(model).data
+        staging = live.clone()  # torchrl's scheme writes here; commits copy it into `live`
+        keys = {k: list(getattr(policy, k, [])) for k in ("in_keys", "out_keys")}
+        replies.put(("ok", {**keys, "layout": weights_layout(live)}))
+    except BaseException:  # noqa: BLE001 - reported to the trainer's process
+        replies.put(("error", traceback.format_exc()))
+        return
+    if _next_request(requests, parent_pid)[0] != "connect":  # the weights did not fit: stop
+        return
+    try:
+        scheme.init_on_receiver(model_id="policy", model=staging, worker_idx=0)
+        scheme.connect(worker_idx=0)  # the initial weights, received by value
+        staging.update(staging.data.clone())  # own memory, not the sender's shared tensors
+        replies.put(("ok", None))
+    except BaseException:  # noqa: BLE001
+        replies.put(("error", traceback.format_exc()))
+        return
+    version = None
+    while True:
+        kind, payload = _next_request(requests, parent_pid)
+        if kind == "stop":
+            break
+        try:
+            if kind == "commit":
+                live.data.update_(staging)
+                version = int(payload)
+                reply = version
+            elif kind == "call":
+                td = pickle.loads(payload)
+                with torch.no_grad():
+                    out = policy(td)
+                stamp = -1 if version is None else version
+                out.set(POLICY_VERSION_KEY, torch.full(out.batch_size, stamp, dtype=torch.int64))
+                reply = pickle.dumps(out)
+            elif kind == "checksum":
+                reply = (version, weights_checksum(live))
+            else:
+                raise ValueError(f"unknown request {kind!r}")
+            replies.put(("ok", reply))
+        except BaseException:  # noqa: BLE001
+            replies.put(("error", traceback.format_exc()))
+    scheme.shutdown()

@@ -1,0 +1,132 @@
+"""The one weight push: trainer weights into a TorchRL generator, whatever holds it, with a version.
+
+:class:`~torchrl_trl_interop.WeightSyncCallback` and
+:class:`~torchrl_trl_interop.TorchRLWeightTransfer` both push through :func:`push`; it sends the
+weights through the target's own machinery, checks first that they fit when the receiving
+model's names and shapes are known, and stamps the version once:
+
+============================================  ================================================
+target                                        push
+============================================  ================================================
+:class:`~torchrl_trl_interop.RemotePolicy`    ``update_policy_weights_(weights,
+                                              policy_version=version)``: torchrl's
+                                              ``MultiProcessWeightSyncScheme``, checked against
+                                              the generator's names and shapes, then committed
+                                              there with its version
+a torchrl collector (``LLMCollector``,        ``update_policy_weights_(weights)`` (its own
+``RayLLMCollector``, any ``Collector``)       weight-sync scheme); its ``PolicyVersion``
+                                              tracker, when local and integer, is set
+a ``torchrl.weight_update.WeightSyncScheme``  ``send(weights)`` (initialised on the sender
+                                              side and connected by the caller)
+an ``nn.Module`` in this process (a torchrl   copied in place, into a wrapper's ``.model``
+LLM wrapper, a model)
+============================================  ================================================
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from tensordict import TensorDict, TensorDictBase
+from torchrl.weight_update import WeightStrategy, WeightSyncScheme
+
+from ._remote_policy import RemotePolicy
+from ._tensors import check_weights_fit, policy_model, weights_layout
+
+__all__ = ["push", "set_policy_version", "target_kind"]
+
+
+def target_kind(target: Any, owner: str) -> str:
+    """``"remote"``, ``"collector"``, ``"scheme"`` or ``"module"``: how :func:`push` sends.
+
+    Raises:
+        TypeError: if ``target`` is none of them; the message names ``owner``.
+
+    Examples:
+        >>> target_kind(torch.nn.Linear(2, 2), "f")
+        'module'
+    """
+    if isinstance(target, RemotePolicy):
+        return "remote"
+    if isinstance(target, WeightSyncScheme):
+        return "scheme"
+    if callable(getattr(target, "update_policy_weights_", None)):
+        return "collector"
+    if isinstance(target, torch.nn.Module):
+        return "module"
+    raise TypeError(
+        f"{owner}: target={type(target).__name__} cannot receive weights: it holds no module and "
+        "is no torchrl collector or weight-sync scheme. Pass a RemotePolicy, a torchrl collector "
+        "(with update_policy_weights_), a torchrl WeightSyncScheme initialised on the sender "
+        "side, or an nn.Module (a policy in this process: a torchrl LLM wrapper, a model)."
+    )
+
+
+def set_policy_version(tracker: Any, version: int) -> None:
+    """Sets an integer torchrl ``PolicyVersion`` to ``version`` (others are left to their owner)."""
+    if tracker is not None and getattr(tracker, "version_type", None) in (int, "int"):
+        tracker.version = int(version)
+
+
+def push(
+    target: Any,
+    weights: TensorDictBase,
+    version: int,
+    *,
+    owner: str,
+    partial: bool = False,
+    policy_version: Any = None,
+) -> None:
+    """Sends ``weights`` to ``target`` (see the module's table) as policy version ``version``.
+
+    Args:
+        target: a :class:`~torchrl_trl_interop.RemotePolicy`, a torchrl collector, a torchrl
+            ``WeightSyncScheme`` or an ``nn.Module``.
+        weights (TensorDictBase): the trainer model's weights, keyed as its parameters.
+        version (int): the policy version rollouts sampled with these weights carry.
+
+    Keyword Args:
+        owner (str): the public call, named in errors.
+        partial (bool, optional): ``weights`` may hold a subset of the receiver's tensors (TRL
+            streams trainable parameters only). Defaults to ``False``.
+        policy_version (PolicyVersion, optional): one more integer torchrl ``PolicyVersion`` to
+            set to ``version``. Defaults to ``None``.
+
+    Raises:
+        KeyError: if the names differ from the receiving model's (when known).
+        ValueError: if the shapes differ from the receiving model's (when known).
+
+    Examples:
+        >>> policy = torch.nn.Linear(2, 2)
+        >>> push(policy, TensorDict.from_module(torch.nn.Linear(2, 2)).data.zero_(), 1, owner="f")
+        >>> policy.weight.abs().sum().item()
+        0.0
+        >>> push(policy, TensorDict.from_module(torch.nn.Linear(3, 2)).data, 2, owner="f")
+        Traceback (most recent call last):
+        ...
+        ValueError: f: the weights do not fit the policy: parameter 'weight': trainer [2, 3], policy [2, 2] (1 of 2 tensors differ). ...
+    """
+    kind = target_kind(target, owner)
+    if kind == "remote":
+        target.update_policy_weights_(weights, policy_version=version, partial=partial)
+    elif kind == "collector":
+        policy = getattr(target, "policy", None)
+        model = policy_model(policy)
+        if isinstance(model, torch.nn.Module):  # a local collector: its policy is here
+            check_weights_fit(
+                weights, weights_layout(model), owner=owner, receiver_name="policy", partial=partial
+            )
+            if model is not policy:  # a torchrl LLM wrapper keeps its model under "model"
+                weights = TensorDict({"model": weights}, batch_size=[])
+        target.update_policy_weights_(weights)
+        set_policy_version(getattr(target, "policy_version_tracker", None), version)
+    elif kind == "scheme":
+        target.send(weights)
+    else:
+        model = policy_model(target)
+        check_weights_fit(
+            weights, weights_layout(model), owner=owner, receiver_name="policy", partial=partial
+        )
+        WeightStrategy("tensordict").apply_weights(model, weights, inplace=True)
+    set_policy_version(policy_version, version)
