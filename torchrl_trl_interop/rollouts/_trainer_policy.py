@@ -12,11 +12,17 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
+from tensordict import TensorDictBase, lazy_stack
 from torchrl.modules.llm import TransformersWrapper
+
+from .._padding import pad_rows, position_mask
+from ._episodes import NO_TURN
+from ._policy_output import PolicyKeys
 
 __all__ = [
     "TrainerModelPolicy",
     "check_same_tokenizer",
+    "completion_lengths",
     "score_tokens",
     "trainer_generation_config",
     "trainer_tokenizer",
@@ -26,18 +32,27 @@ __all__ = [
 class TrainerModelPolicy(TransformersWrapper):
     """A history-mode ``TransformersWrapper`` that samples as a TRL trainer does and scores right.
 
-    Two changes to torchrl 0.14.1's wrapper, both in its generate path:
+    Its generate path is its own; torchrl 0.14.1's differs in four ways, all fixed here:
 
-    * log-probs: the wrapper writes 0.0 for the first response token (``_log_probs_generate``
-      sets ``[:, 0] = 0``) and scores the raw logits; here every token is scored, on
-      ``logits / temperature``, as ``GRPOTrainer`` scores it.
+    * real tokens: torchrl's wrapper tells real tokens from padding by comparing ids with the pad
+      id, so with ``pad_token == eos_token`` (GPT-2, Llama-3, Mistral...) it drops the eos token
+      the model generated, and from the second turn of a conversation every earlier eos too.
+      Here a prompt is its rows' own tokens (padded and masked by their lengths) and a response
+      ends at its first eos token, included, as ``GRPOTrainer`` cuts its own completions;
+    * log-probs: the wrapper writes 0.0 for the first response token and scores the raw logits;
+      here every token is scored, on ``logits / temperature``, as ``GRPOTrainer`` scores it;
     * generation: the wrapper keeps only the generation arguments it knows (``min_p``,
       ``suppress_tokens``, ``cache_implementation``... are dropped silently); here the whole
-      ``generation_config`` reaches ``model.generate``.
+      ``generation_config`` reaches ``model.generate``;
+    * conversations of different lengths in one batch (e.g. some with a system message): the
+      wrapper fails to extend them (``zip() argument ... is shorter``); here each row is extended
+      on its own.
 
     The model object is wrapped, not copied: the policy always samples with its current weights.
-    It reads ``("tokens", "prompt")`` when present (``prefer_tokens=True``) to continue a
-    multi-turn rollout from exactly its tokens.
+    It reads ``("tokens", "prompt")`` when present (``prefer_tokens=True``: a list, a nested
+    tensor or a ragged stack of rows; a padded tensor loses its leading pad ids) to continue a
+    multi-turn rollout from exactly its tokens; otherwise it renders the History with the chat
+    template. Its output has torchrl's layout, unpadded (``pad_output=False``).
 
     Args:
         model (PreTrainedModel): the causal LM (for a trainer:
@@ -45,7 +60,7 @@ class TrainerModelPolicy(TransformersWrapper):
         tokenizer (PreTrainedTokenizerBase): its tokenizer.
         generation_config (GenerationConfig): how to sample (for a trainer:
             :func:`trainer_generation_config`). Written with ``output_logits=True`` and
-            ``return_dict_in_generate=True``, which the wrapper needs.
+            ``return_dict_in_generate=True``, which the scoring needs.
         temperature (float): the logits are divided by it before scoring.
 
     Examples:
@@ -53,12 +68,15 @@ class TrainerModelPolicy(TransformersWrapper):
         >>> from tensordict import TensorDict
         >>> from transformers import GenerationConfig
         >>> from torchrl.envs.llm import ChatEnv
-        >>> from torchrl_trl_interop.testing import toy_causal_lm, toy_tokenizer
-        >>> tok = toy_tokenizer()
-        >>> config = GenerationConfig(max_new_tokens=4, do_sample=True, pad_token_id=0, eos_token_id=2)
+        >>> from torchrl_trl_interop.testing import IM_END, toy_causal_lm, toy_tokenizer
+        >>> tok = toy_tokenizer(pad_token=IM_END)  # pad == eos
+        >>> config = GenerationConfig(max_new_tokens=3, do_sample=True, pad_token_id=2,
+        ...                           eos_token_id=2, forced_eos_token_id=2)  # the last is eos
         >>> policy = TrainerModelPolicy(toy_causal_lm(tokenizer=tok), tok, config, temperature=1.0)
         >>> env = ChatEnv(batch_size=(1,), tokenizer=tok, input_mode="history")
         >>> td = policy(env.reset(TensorDict({"query": ["Hi"]}, batch_size=[1])))
+        >>> td.get(("tokens", "response"), as_list=True)[0][-1].item()  # torchrl's wrapper drops it
+        2
         >>> log_probs = td.get(("log_probs", "response"), as_list=True)[0]
         >>> bool(log_probs[0] < 0)  # torchrl 0.14.1's own wrapper writes 0.0 here
         True
@@ -82,18 +100,106 @@ class TrainerModelPolicy(TransformersWrapper):
         generation_config.return_dict_in_generate = True
         self.generate_kwargs = {"generation_config": generation_config}
 
-    def _log_probs_generate(self, tokens, logits, pad_val=-100, pad: bool = True):
-        if pad:
-            tokens = torch.nn.utils.rnn.pad_sequence(
-                tokens, padding_value=pad_val, batch_first=True, padding_side="left"
-            )
-            logits = torch.nn.utils.rnn.pad_sequence(
-                logits, padding_value=0.0, batch_first=True, padding_side="left"
-            )
-        scaled = logits.float() / self.temperature
-        index = tokens.clamp_min(0).unsqueeze(-1)
-        log_probs = scaled.log_softmax(-1).gather(-1, index).squeeze(-1)
-        return log_probs.masked_fill(tokens == -100, 0.0), logits
+    def _prompt_rows(self, td: TensorDictBase, history: Any) -> list[torch.Tensor]:
+        """The prompt of every row: its given tokens, or its History rendered and tokenized."""
+        key = PolicyKeys.of(self).prompt_tokens
+        given = td.get(key, None, as_list=True) if self.prefer_tokens else None
+        if isinstance(given, torch.Tensor) and not given.is_nested:
+            # one padded tensor: its rows are left-padded (torchrl's layout for prompts)
+            real = (given != self.padding_value).int().cummax(-1).values.bool()
+            return [row[keep] for row, keep in zip(given, real)]
+        if given is not None:  # a list, a nested tensor or a ragged stack: the rows as they are
+            rows = given.unbind(0) if isinstance(given, torch.Tensor) else given
+            return [torch.as_tensor(row) for row in rows]
+        names = ("chat_template_name", "chat_template")
+        kwargs = {n: getattr(self, n) for n in names if getattr(self, n, None) is not None}
+        texts = history.apply_chat_template(
+            tokenizer=self.tokenizer, add_generation_prompt=True, **kwargs
+        )
+        ids = self.tokenizer(texts, add_special_tokens=False)["input_ids"]
+        return [torch.tensor(row, dtype=torch.long) for row in ids]
+
+    def _from_transformers_generate_history(self, td, cfg, out):
+        from torchrl.data.llm import History
+        from torchrl.modules.llm import ChatHistory, LogProbs, Masks, Text, Tokens
+
+        history = td.get(self.input_key)
+        prompts = self._prompt_rows(td, history)
+        config = self.generate_kwargs["generation_config"]
+        if cfg is not None:  # call-time generation arguments (``policy(td, max_new_tokens=...)``)
+            config = copy.deepcopy(config)
+            config.update(**cfg.to_diff_dict())
+        lengths = torch.tensor([len(p) for p in prompts])
+        width = int(lengths.max())
+        ids = pad_rows(prompts, self.padding_value, padding_side="left").to(self._device)
+        mask = position_mask(lengths, width, "left").long().to(self._device)
+        generated = self.model.generate(
+            input_ids=ids, attention_mask=mask, generation_config=config
+        )
+        response = generated.sequences[:, width:]
+        logits = torch.stack(list(generated.logits), 1).float() / self.temperature
+        log_probs = logits.log_softmax(-1).gather(-1, response[..., None]).squeeze(-1)
+        ends = completion_lengths(response, config.eos_token_id).tolist()
+        responses = [r[:n].cpu() for r, n in zip(response, ends)]
+        full = [torch.cat([p, r]) for p, r in zip(prompts, responses)]
+
+        tokens = Tokens._from_tensordict(out.empty())
+        tokens.prompt, tokens.response, tokens.full = prompts, responses, full
+        out.set(self.tokens_key, tokens)
+        masks = Masks._from_tensordict(out.empty())
+        masks.all_attention_mask = [torch.ones(len(f), dtype=torch.bool) for f in full]
+        out.set(self.masks_key, masks)
+        scores = LogProbs._from_tensordict(out.empty())
+        scores.response = [lp[:n].cpu() for lp, n in zip(log_probs, ends)]
+        out.set(self.log_probs_key, scores)
+
+        text_full = self.tokenizer.batch_decode(full, skip_special_tokens=False)
+        text_prompt = self.tokenizer.batch_decode(prompts, skip_special_tokens=False)
+        text = Text._from_tensordict(out.empty())
+        text.prompt, text.full = text_prompt, text_full
+        text.response = [f[len(p) :] for f, p in zip(text_full, text_prompt)]
+        out.set(self.text_key, text)
+
+        # the answer parsed from the text, each row extended on its own (rows may differ in length)
+        parsed = History.from_text(
+            text_full, chat_template_name=self.chat_template_name, tokenizer=self.tokenizer
+        )
+        prompt_rows = list(history.unbind(0))
+        answers = []
+        for prompt, row in zip(prompt_rows, parsed.unbind(0)):
+            turns = sum(role != NO_TURN["role"] for role in prompt.role)  # text has none of them
+            answer = row[turns:]
+            if answer.shape[0] == 0:  # nothing parsed: an empty assistant turn, as torchrl writes
+                answer = History(role=["assistant"], content=[""], batch_size=(1,))
+            answers.append(answer)
+        chat = ChatHistory._from_tensordict(out.empty())
+        chat.prompt = history
+        chat.response = lazy_stack(answers)
+        chat.full = lazy_stack(
+            [p.extend(a, inplace=False, dim=0) for p, a in zip(prompt_rows, answers)]
+        )
+        out.set(self.history_key, chat)
+        return out
+
+
+def completion_lengths(
+    response: torch.Tensor, eos_token_id: int | Sequence[int] | None
+) -> torch.Tensor:
+    """Per row of ``model.generate``'s new tokens, how many it generated: up to its first eos, included.
+
+    What ``GRPOTrainer`` keeps of its own generations; the rest is padding, whatever its id (with
+    ``pad_token == eos_token`` the padding is eos ids too). A row without eos keeps every token.
+
+    Examples:
+        >>> import torch
+        >>> completion_lengths(torch.tensor([[5, 2, 2, 2], [5, 6, 7, 8], [2, 2, 2, 2]]), 2)
+        tensor([2, 4, 1])
+    """
+    eos = [] if eos_token_id is None else eos_token_id
+    eos = torch.tensor([eos] if isinstance(eos, int) else list(eos), device=response.device)
+    is_eos = torch.isin(response, eos)
+    first = is_eos.int().argmax(-1)
+    return torch.where(is_eos.any(-1), first + 1, response.shape[-1]).cpu()
 
 
 def trainer_tokenizer(trainer: Any) -> Any:
