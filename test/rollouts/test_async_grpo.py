@@ -91,6 +91,19 @@ def sync(transfer, worker, trainer_model, trainer_version):
     return trainer_version + 1
 
 
+def take_samples(worker, n, timeout=120):
+    """``n`` RolloutSamples from the worker's queue, checking its health while waiting."""
+    samples, deadline = [], time.monotonic() + timeout
+    while len(samples) < n and time.monotonic() < deadline:
+        worker.check_health(stale_after_s=timeout)
+        try:
+            samples.append(worker.rollout_buffer.get(timeout=1))
+        except Exception:  # noqa: BLE001 - queue.Empty
+            continue
+    assert len(samples) == n
+    return samples
+
+
 def test_protocols_are_implemented():
     from trl.experimental.async_grpo.async_grpo_trainer import (
         RolloutWorkerProtocol,
@@ -127,26 +140,14 @@ def test_worker_over_a_collector(collector_setup):
     snapshots = {1: snapshot(trainer_model)}
     worker.start()
 
-    def take(n):
-        samples = []
-        deadline = time.monotonic() + 120
-        while len(samples) < n and time.monotonic() < deadline:
-            worker.check_health(stale_after_s=120)
-            try:
-                samples.append(worker.rollout_buffer.get(timeout=1))
-            except Exception:  # noqa: BLE001 - queue.Empty
-                continue
-        assert len(samples) == n
-        return samples
-
-    first = take(4)
+    first = take_samples(worker, 4)
     # one optimizer step on the trainer's model, then the second sync (version 2)
     with torch.no_grad():
         for p in trainer_model.parameters():
             p.add_(0.05 * torch.randn_like(p))
     version = sync(transfer, worker, trainer_model, version)
     snapshots[2] = snapshot(trainer_model)
-    later = take(12)
+    later = take_samples(worker, 12)
     worker.stop()
     assert worker.metrics_queue.get_nowait() == {"rollout/groups_total": 1.0}
 
@@ -214,19 +215,6 @@ def test_check_health_reports_a_failed_thread():
         TorchRLWeightTransfer("a policy")
     with pytest.raises(ValueError, match="num_generations must be a positive int"):
         TorchRLRolloutWorker(Broken(), num_generations=0)
-
-
-def take_samples(worker, n, timeout=120):
-    """``n`` RolloutSamples from the worker's queue, checking its health while waiting."""
-    samples, deadline = [], time.monotonic() + timeout
-    while len(samples) < n and time.monotonic() < deadline:
-        worker.check_health(stale_after_s=timeout)
-        try:
-            samples.append(worker.rollout_buffer.get(timeout=1))
-        except Exception:  # noqa: BLE001 - queue.Empty
-            continue
-    assert len(samples) == n
-    return samples
 
 
 def test_worker_over_a_padded_policy():

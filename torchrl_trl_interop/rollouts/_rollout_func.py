@@ -19,7 +19,6 @@ from tensordict.utils import NestedKey
 from torchrl.modules.llm import TransformersWrapper
 
 from .._checks import check_bool, require
-from .._conversation import is_message_list
 from .._keys import NEXT_DONE_KEY, NEXT_REWARD_KEY, POLICY_VERSION_KEY, as_nested_key
 from ..weights._staleness import check_max_staleness, check_staleness
 from ._episodes import RolloutRow, find_env_problem, run_episodes
@@ -31,7 +30,10 @@ from ._final_answer import (
 )
 from ._trainer_policy import (
     TrainerModelPolicy,
+    check_pad_is_not_eos,
     check_same_tokenizer,
+    check_same_turn_counts,
+    is_torchrl_transformers_wrapper,
     score_tokens,
     trainer_generation_config,
     trainer_tokenizer,
@@ -44,46 +46,6 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = ["as_trl_rollout_func"]
 
 _OWNER = "as_trl_rollout_func"
-
-
-def _is_torchrl_transformers_wrapper(policy: Any) -> bool:
-    """torchrl 0.14.1's own ``TransformersWrapper`` (not ours, whose generate path differs)."""
-    return isinstance(policy, TransformersWrapper) and not isinstance(policy, TrainerModelPolicy)
-
-
-def _check_pad_is_not_eos(policy: Any) -> None:
-    """torchrl's ``TransformersWrapper`` drops every pad-id token: with pad == eos, the eos."""
-    tokenizer = getattr(policy, "tokenizer", None)
-    pad = getattr(tokenizer, "pad_token_id", None)
-    config_eos = getattr(getattr(policy.model, "generation_config", None), "eos_token_id", None)
-    eos = config_eos if isinstance(config_eos, (list, tuple)) else [config_eos]
-    eos = sorted({getattr(tokenizer, "eos_token_id", None), *eos} - {None})
-    if pad is not None and pad in eos:
-        raise ValueError(
-            f"{_OWNER}: the policy is torchrl's TransformersWrapper and its tokenizer's pad token "
-            f"is an eos token (pad_token_id={pad}, eos ids {eos}). torchrl 0.14.1's wrapper tells "
-            "padding from tokens by comparing ids with the pad id, so it drops the eos token an "
-            "answer ends with: TRL would see every completion as truncated and the policy would "
-            "never learn to stop. Leave policy=None (the trainer's model, cut by lengths), use "
-            "a vLLMWrapper, or give the tokenizer a pad token that is not an eos token."
-        )
-
-
-def _check_same_turn_counts(policy: Any, prompts: list, start: int) -> None:
-    """torchrl's ``TransformersWrapper`` cannot extend conversations of different lengths."""
-    if not _is_torchrl_transformers_wrapper(policy) or not is_message_list(prompts[0]):
-        return
-    sizes = [len(p) for p in prompts]
-    other = next((i for i, n in enumerate(sizes) if n != sizes[0]), None)
-    if other is not None:
-        raise ValueError(
-            f"{_OWNER}: prompts {start} and {start + other} share an env batch but have "
-            f"{sizes[0]} and {sizes[other]} messages. torchrl 0.14.1's TransformersWrapper "
-            "cannot answer conversations of different lengths in one batch (it fails with "
-            "'zip() argument ... is shorter'). Leave policy=None (the trainer's model answers "
-            "each row on its own), use a vLLMWrapper, or make the env's batch_size a divisor of "
-            "num_generations (each env batch then holds one prompt's copies)."
-        )
 
 
 class _EnvRolloutFunc:
@@ -175,7 +137,7 @@ class _EnvRolloutFunc:
         rows: list[RolloutRow] = []
         for start in range(0, len(prompts), size):
             batch = list(prompts[start : start + size])
-            _check_same_turn_counts(policy, batch, start)
+            check_same_turn_counts(policy, batch, start, _OWNER)
             rows.extend(
                 run_episodes(
                     self.env,
@@ -411,8 +373,8 @@ def as_trl_rollout_func(
                 "answers per prompt; GRPOTrainer already repeats each prompt num_generations "
                 "times, so build it with num_samples=None."
             )
-        if _is_torchrl_transformers_wrapper(policy):
-            _check_pad_is_not_eos(policy)
+        if is_torchrl_transformers_wrapper(policy):
+            check_pad_is_not_eos(policy, _OWNER)
     check_max_staleness(max_staleness, _OWNER)
     return _EnvRolloutFunc(
         env, policy, max_turns, recompute_logprobs, reward_key, done_key, max_staleness

@@ -15,14 +15,18 @@ import torch
 from tensordict import TensorDictBase, lazy_stack
 from torchrl.modules.llm import TransformersWrapper
 
+from .._conversation import is_message_list
 from .._padding import pad_rows, position_mask
 from ._episodes import NO_TURN
 from ._policy_output import PolicyKeys
 
 __all__ = [
     "TrainerModelPolicy",
+    "check_pad_is_not_eos",
     "check_same_tokenizer",
+    "check_same_turn_counts",
     "completion_lengths",
+    "is_torchrl_transformers_wrapper",
     "score_tokens",
     "trainer_generation_config",
     "trainer_tokenizer",
@@ -264,6 +268,46 @@ def check_same_tokenizer(policy_tokenizer: Any, trainer_tokenizer: Any, owner: s
             + "; ".join(mismatch)
             + "). The trainer scores the policy's token ids with its own model, so both must "
             "use one tokenizer: build the policy with tokenizer=trainer.processing_class."
+        )
+
+
+def is_torchrl_transformers_wrapper(policy: Any) -> bool:
+    """torchrl 0.14.1's own ``TransformersWrapper`` (not ours, whose generate path differs)."""
+    return isinstance(policy, TransformersWrapper) and not isinstance(policy, TrainerModelPolicy)
+
+
+def check_pad_is_not_eos(policy: Any, owner: str) -> None:
+    """torchrl's ``TransformersWrapper`` drops every pad-id token: with pad == eos, the eos."""
+    tokenizer = getattr(policy, "tokenizer", None)
+    pad = getattr(tokenizer, "pad_token_id", None)
+    config_eos = getattr(getattr(policy.model, "generation_config", None), "eos_token_id", None)
+    eos = config_eos if isinstance(config_eos, (list, tuple)) else [config_eos]
+    eos = sorted({getattr(tokenizer, "eos_token_id", None), *eos} - {None})
+    if pad is not None and pad in eos:
+        raise ValueError(
+            f"{owner}: the policy is torchrl's TransformersWrapper and its tokenizer's pad token "
+            f"is an eos token (pad_token_id={pad}, eos ids {eos}). torchrl 0.14.1's wrapper tells "
+            "padding from tokens by comparing ids with the pad id, so it drops the eos token an "
+            "answer ends with: TRL would see every completion as truncated and the policy would "
+            "never learn to stop. Leave policy=None (the trainer's model, cut by lengths), use "
+            "a vLLMWrapper, or give the tokenizer a pad token that is not an eos token."
+        )
+
+
+def check_same_turn_counts(policy: Any, prompts: list, start: int, owner: str) -> None:
+    """torchrl's ``TransformersWrapper`` cannot extend conversations of different lengths."""
+    if not is_torchrl_transformers_wrapper(policy) or not is_message_list(prompts[0]):
+        return
+    sizes = [len(p) for p in prompts]
+    other = next((i for i, n in enumerate(sizes) if n != sizes[0]), None)
+    if other is not None:
+        raise ValueError(
+            f"{owner}: prompts {start} and {start + other} share an env batch but have "
+            f"{sizes[0]} and {sizes[other]} messages. torchrl 0.14.1's TransformersWrapper "
+            "cannot answer conversations of different lengths in one batch (it fails with "
+            "'zip() argument ... is shorter'). Leave policy=None (the trainer's model answers "
+            "each row on its own), use a vLLMWrapper, or make the env's batch_size a divisor of "
+            "num_generations (each env batch then holds one prompt's copies)."
         )
 
 
