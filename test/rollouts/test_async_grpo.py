@@ -9,6 +9,7 @@ the Hub for its tree attention), so these tests drive the two objects the way it
 from __future__ import annotations
 
 import inspect
+import queue
 import time
 from collections import defaultdict
 
@@ -92,14 +93,14 @@ def sync(transfer, worker, trainer_model, trainer_version):
 
 
 def take_samples(worker, n, timeout=120):
-    """``n`` RolloutSamples from the worker's queue, checking its health while waiting."""
+    """``n`` RolloutSamples from the worker's queue, checking its health when the queue is empty
+    (as ``AsyncGRPOTrainer``'s ``RolloutQueueDataset`` does)."""
     samples, deadline = [], time.monotonic() + timeout
     while len(samples) < n and time.monotonic() < deadline:
-        worker.check_health(stale_after_s=timeout)
         try:
             samples.append(worker.rollout_buffer.get(timeout=1))
-        except Exception:  # noqa: BLE001 - queue.Empty
-            continue
+        except queue.Empty:
+            worker.check_health(stale_after_s=timeout)
     assert len(samples) == n
     return samples
 

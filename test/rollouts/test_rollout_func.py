@@ -491,6 +491,26 @@ class TestUserPolicy:
                 stopped += ids[-1] == tok.eos_token_id and len(ids) < 6
         assert len(prompt_lengths) > 1 and stopped  # padding on both sides was cut
 
+    @pytest.mark.parametrize("pad_output", [False, True])
+    def test_multi_turn_continues_from_the_rollouts_tokens(self, real_trainer, pad_output):
+        trainer, _ = real_trainer
+        tok = trainer.processing_class
+        env = toy_chat_env(tok, batch_size=4, reply=True, max_steps=2)
+        banned = [[tok.pad_token_id], [tok.convert_tokens_to_ids(IM_START)]]
+        policy = self.policy(
+            trainer,
+            pad_output=pad_output,
+            prefer_tokens=True,
+            generate_kwargs={"max_new_tokens": 4, "do_sample": True, "bad_words_ids": banned},
+        )
+        prompts = [[{"role": "user", "content": p}] for p in toy_prompts(8)[::4] for _ in range(2)]
+        out = as_trl_rollout_func(env, policy=policy, max_turns=2)(prompts, trainer)
+        for i, prompt in enumerate(prompts):
+            rendered = tok.apply_chat_template(prompt, add_generation_prompt=True)
+            assert out["prompt_ids"][i] == list(rendered["input_ids"])
+            assert [v for v, _, _ in runs(out["env_mask"][i])] == [1, 0, 1]
+            assert tok.pad_token_id not in out["completion_ids"][i]
+
     def test_tokenizer_mismatch(self, real_trainer):
         trainer, env = real_trainer
         policy = self.policy(trainer, tokenizer=toy_tokenizer(vocab_size=300))

@@ -232,7 +232,11 @@ class TorchRLRolloutWorker:
             tracker.version = self.model_version
 
     def check_health(self, stale_after_s: float) -> None:
-        """Raises if the thread failed or ended, or produced nothing for ``stale_after_s`` seconds."""
+        """Raises if the thread failed or ended, or produced nothing for ``stale_after_s`` seconds.
+
+        ``AsyncGRPOTrainer`` calls it when :attr:`rollout_buffer` is empty; rollouts queued before
+        the thread ended stay there to be read.
+        """
         if self._error is not None:
             raise RuntimeError(f"{_OWNER}: the rollout thread failed.") from self._error
         if self._ended is not None:

@@ -24,6 +24,7 @@ from tensordict.utils import NestedKey
 
 from .._conversation import history_to_messages, is_message_list, messages_to_history
 from .._keys import POLICY_VERSION_KEY
+from .._padding import pad_rows, position_mask
 from ._policy_output import PolicyKeys, read_policy_rows
 
 __all__ = ["NO_TURN", "RolloutRow", "find_env_problem", "run_episodes"]
@@ -178,13 +179,14 @@ class _Episodes:
 
     def policy_step(self, td: Any, rows: list[RolloutRow], turn: int) -> Any:
         if turn > 0:  # token-first: the policy continues from exactly the rollout's tokens
-            # one row each, unpadded: a padded tensor would make the policy tell its real tokens
-            # by comparing them with the pad id, which may be the eos id the rows hold
             sequences = [torch.tensor(r.prompt_ids + r.completion_ids) for r in rows]
-            td.set(
-                self.keys.prompt_tokens,
-                torch.nested.as_nested_tensor(sequences, layout=torch.jagged),
-            )
+            lengths = torch.tensor([len(s) for s in sequences])
+            pad = getattr(self.policy, "padding_value", None)
+            pad = self.tokenizer.pad_token_id if pad is None else pad
+            # left-padded, as torchrl's wrappers read prompts, with the mask that tells the real
+            # tokens (the pad id may be the eos id the rows hold; TrainerModelPolicy reads it)
+            td.set(self.keys.prompt_tokens, pad_rows(sequences, pad, padding_side="left"))
+            td.set(self.keys.attention_mask, position_mask(lengths, int(lengths.max()), "left"))
         td = self.policy(td)
         out = read_policy_rows(td, self.keys, log_probs=self.read_logprobs, owner=self.owner)
         full = td.get(self.keys.full_history)
@@ -207,7 +209,10 @@ class _Episodes:
                     f"{self.owner}: at turn {turn} the policy conditioned on {len(ids)} tokens "
                     f"for rollout {i}, the rollout holds {len(expected)} (first difference at "
                     f"{at}). Multi-turn rollouts need a token-first policy (prefer_tokens=True) "
-                    f"that continues from the {self.keys.prompt_tokens!r} it is given, as they are."
+                    f"that continues from the {self.keys.prompt_tokens!r} it is given, as they "
+                    "are. torchrl 0.14.1's own wrappers strip every pad id from that prompt: with "
+                    "them, the pad token must not be an eos token (the default policy reads the "
+                    f"{self.keys.attention_mask!r} given beside the tokens instead)."
                 )
             row.extend(out.responses[i], None if out.log_probs is None else out.log_probs[i], False)
             row.history = _to_messages(full[i])  # now: tool transforms extend it in place
@@ -270,9 +275,9 @@ def run_episodes(
 
     Raises:
         KeyError: if ``read_logprobs`` and the policy writes no ``("log_probs", "response")``.
-        ValueError: if the policy's attention mask does not span a row's prompt and response.
         RuntimeError: if, from the second turn, the policy did not continue from the given tokens.
-        ValueError: if the chat template does not render the next prompt as an extension of the
+        ValueError: if the policy's attention mask does not span a row's prompt and response, or
+            the chat template does not render the next prompt as an extension of the
             conversation so far.
     """
     episodes = _Episodes(env, policy, tokenizer, read_logprobs, owner)

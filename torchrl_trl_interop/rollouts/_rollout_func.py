@@ -252,17 +252,19 @@ def as_trl_rollout_func(
     Token ids are read by the lengths and masks the policy writes, never by comparing them with
     the pad id: a completion ends with the eos token the policy sampled, as in TRL's own
     generation, also when the tokenizer's pad token is its eos token (GPT-2, Llama-3, Mistral),
-    for one turn or several. A policy with ``pad_output=True`` has its padding cut by its
-    ``("masks", "all_attention_mask")``. Prompts of one environment batch may differ in their
-    number of messages (e.g. some with a system message).
+    for one turn or several with the default policy. A policy with ``pad_output=True`` has its
+    padding cut by its ``("masks", "all_attention_mask")``. Prompts of one environment batch may
+    differ in their number of messages (e.g. some with a system message).
 
-    The default policy is a torchrl ``TransformersWrapper(input_mode="history")`` around the
-    trainer's own model object (``trainer.accelerator.unwrap_model(trainer.model)``, never a copy,
-    so it always samples with the current weights), generating with the trainer's
-    ``GenerationConfig`` (``max_completion_length``, ``temperature``, ``top_p``, ``top_k``,
-    ``min_p``, ``repetition_penalty``, ``generation_kwargs``), the pad token suppressed when it is not
-    an eos token. Its log-probs are those ``GRPOTrainer`` computes (``logits / temperature``,
-    every token: torchrl 0.14.1's wrapper writes 0.0 for the first one).
+    The default policy is a :class:`~torchrl_trl_interop.TrainerModelPolicy` (a torchrl
+    ``TransformersWrapper(input_mode="history")``) around the trainer's own model object
+    (``trainer.accelerator.unwrap_model(trainer.model)``, never a copy, so it always samples with
+    the current weights), generating with the trainer's ``GenerationConfig``
+    (``max_completion_length``, ``temperature``, ``top_p``, ``top_k``, ``min_p``,
+    ``repetition_penalty``, ``generation_kwargs``), the pad token suppressed when it is not an eos
+    token, and cutting each answer after its first eos token as ``GRPOTrainer`` does. Its log-probs
+    are those ``GRPOTrainer`` computes (``logits / temperature``, every token: torchrl 0.14.1's
+    wrapper writes 0.0 for the first one).
 
     Each turn generates up to ``max_completion_length`` tokens, so a multi-turn completion can be
     up to ``max_turns`` times longer (plus environment tokens): nothing is cut.

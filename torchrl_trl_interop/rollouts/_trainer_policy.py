@@ -53,10 +53,11 @@ class TrainerModelPolicy(TransformersWrapper):
       on its own.
 
     The model object is wrapped, not copied: the policy always samples with its current weights.
-    It reads ``("tokens", "prompt")`` when present (``prefer_tokens=True``: a list, a nested
-    tensor or a ragged stack of rows; a padded tensor loses its leading pad ids) to continue a
-    multi-turn rollout from exactly its tokens; otherwise it renders the History with the chat
-    template. Its output has torchrl's layout, unpadded (``pad_output=False``).
+    It reads ``("tokens", "prompt")`` when present (``prefer_tokens=True``) to continue a
+    multi-turn rollout from exactly its tokens: each row cut by the ``("masks",
+    "all_attention_mask")`` given beside it when that mask has the tokens' shape, otherwise
+    stripped of its leading pad ids (left padding). Without tokens it renders the History with the
+    chat template. Its output has torchrl's layout, unpadded (``pad_output=False``).
 
     Args:
         model (PreTrainedModel): the causal LM (for a trainer:
@@ -106,15 +107,16 @@ class TrainerModelPolicy(TransformersWrapper):
 
     def _prompt_rows(self, td: TensorDictBase, history: Any) -> list[torch.Tensor]:
         """The prompt of every row: its given tokens, or its History rendered and tokenized."""
-        key = PolicyKeys.of(self).prompt_tokens
-        given = td.get(key, None, as_list=True) if self.prefer_tokens else None
-        if isinstance(given, torch.Tensor) and not given.is_nested:
-            # one padded tensor: its rows are left-padded (torchrl's layout for prompts)
-            real = (given != self.padding_value).int().cummax(-1).values.bool()
-            return [row[keep] for row, keep in zip(given, real)]
-        if given is not None:  # a list, a nested tensor or a ragged stack: the rows as they are
-            rows = given.unbind(0) if isinstance(given, torch.Tensor) else given
-            return [torch.as_tensor(row) for row in rows]
+        keys = PolicyKeys.of(self)
+        given = td.get(keys.prompt_tokens, None, as_list=True) if self.prefer_tokens else None
+        if given is not None:
+            rows = [torch.as_tensor(r) for r in _unbind(given)]
+            masks = td.get(keys.attention_mask, None, as_list=True)
+            masks = None if masks is None else [torch.as_tensor(m) for m in _unbind(masks)]
+            if masks is not None and [m.shape for m in masks] == [r.shape for r in rows]:
+                return [r[m.bool()] for r, m in zip(rows, masks)]  # cut by the mask beside them
+            # no mask: left padding, the leading pad ids (a prompt does not start with one)
+            return [r[(r != self.padding_value).int().cummax(0).values.bool()] for r in rows]
         names = ("chat_template_name", "chat_template")
         kwargs = {n: getattr(self, n) for n in names if getattr(self, n, None) is not None}
         texts = history.apply_chat_template(
@@ -186,6 +188,11 @@ class TrainerModelPolicy(TransformersWrapper):
         return out
 
 
+def _unbind(value: Any) -> Any:
+    """The rows of a tensor (padded or nested), or ``value`` itself (a list of rows)."""
+    return value.unbind(0) if isinstance(value, torch.Tensor) else value
+
+
 def completion_lengths(
     response: torch.Tensor, eos_token_id: int | Sequence[int] | None
 ) -> torch.Tensor:
@@ -218,8 +225,8 @@ def trainer_generation_config(trainer: Any, tokenizer: Any) -> Any:
     ``GRPOTrainer`` builds it from ``max_completion_length``, ``temperature``, ``top_p``,
     ``top_k``, ``min_p``, ``repetition_penalty``, ``cache_implementation`` and
     ``generation_kwargs`` (vLLM trainers build none: it is made from the same arguments). The pad
-    token is added to ``suppress_tokens`` when it is not an eos token: torchrl's wrapper strips
-    every pad id from responses and token prompts, so a sampled pad token would vanish.
+    token is added to ``suppress_tokens`` when it is not an eos token: torchrl's own wrappers and
+    masks tell padding by the pad id, so a sampled pad token would pass for padding downstream.
     """
     from transformers import GenerationConfig
 
@@ -289,8 +296,9 @@ def check_pad_is_not_eos(policy: Any, owner: str) -> None:
             f"is an eos token (pad_token_id={pad}, eos ids {eos}). torchrl 0.14.1's wrapper tells "
             "padding from tokens by comparing ids with the pad id, so it drops the eos token an "
             "answer ends with: TRL would see every completion as truncated and the policy would "
-            "never learn to stop. Leave policy=None (the trainer's model, cut by lengths), use "
-            "a vLLMWrapper, or give the tokenizer a pad token that is not an eos token."
+            "never learn to stop. Leave policy=None (the trainer's model, cut by lengths and "
+            "masks), or give the tokenizer a pad token that is not an eos token (a vLLMWrapper "
+            "keeps the eos too, for single-turn rollouts)."
         )
 
 
