@@ -409,6 +409,8 @@ class TestFinalAnswer:
         kwargs = {"completions": ["a tool said 5"], "completion_ids": [[5, 6, 7]]}
         answer = {"final_answer": ["5"], "final_answer_ids": [[7]]}
         assert score_final_answer(length)(prompts=["p"], **kwargs, **answer) == [1.0]
+        positional = (["p"], kwargs["completions"], kwargs["completion_ids"])  # TRL's signature
+        assert score_final_answer(length)(*positional, **answer) == [1.0]
         scored = score_final_answer(async_length)
         assert inspect.iscoroutinefunction(scored) and scored.__name__ == "async_length"
         assert asyncio.run(scored(prompts=["p"], **kwargs, **answer)) == [1.0]

@@ -183,10 +183,12 @@ class _Episodes:
             lengths = torch.tensor([len(s) for s in sequences])
             pad = getattr(self.policy, "padding_value", None)
             pad = self.tokenizer.pad_token_id if pad is None else pad
-            # left-padded, as torchrl's wrappers read prompts, with the mask that tells the real
-            # tokens (the pad id may be the eos id the rows hold; TrainerModelPolicy reads it)
+            # left-padded, as torchrl's wrappers read prompts; a policy that reads it also gets
+            # the mask that tells the real tokens (the pad id may be an eos id the rows hold)
             td.set(self.keys.prompt_tokens, pad_rows(sequences, pad, padding_side="left"))
-            td.set(self.keys.attention_mask, position_mask(lengths, int(lengths.max()), "left"))
+            if getattr(self.policy, "reads_prompt_mask", False):
+                mask = position_mask(lengths, int(lengths.max()), "left")
+                td.set(self.keys.attention_mask, mask)
         td = self.policy(td)
         out = read_policy_rows(td, self.keys, log_probs=self.read_logprobs, owner=self.owner)
         full = td.get(self.keys.full_history)

@@ -110,7 +110,9 @@ def score_final_answer(reward_func: Callable) -> Callable:
     if inspect.iscoroutinefunction(reward_func):
 
         @functools.wraps(reward_func)
-        async def scored_async(prompts: list, completions: list, **kwargs: Any) -> list:
+        async def scored_async(
+            prompts: list, completions: list, completion_ids: Any = None, **kwargs: Any
+        ) -> list:
             return await reward_func(
                 prompts=prompts, **_final_answer_kwargs(owner, completions, kwargs)
             )
@@ -119,7 +121,8 @@ def score_final_answer(reward_func: Callable) -> Callable:
         return scored_async
 
     @functools.wraps(reward_func)
-    def scored(prompts: list, completions: list, **kwargs: Any) -> list:
+    def scored(prompts: list, completions: list, completion_ids: Any = None, **kwargs: Any) -> list:
+        # the whole completion's ids are replaced by the last turn's (final_answer_ids)
         return reward_func(prompts=prompts, **_final_answer_kwargs(owner, completions, kwargs))
 
     setattr(scored, _MARK, True)

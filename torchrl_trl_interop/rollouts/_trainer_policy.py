@@ -87,6 +87,9 @@ class TrainerModelPolicy(TransformersWrapper):
         True
     """
 
+    #: from the second turn of a rollout, ``run_episodes`` gives it the prompt's mask too
+    reads_prompt_mask = True
+
     def __init__(
         self, model: Any, tokenizer: Any, generation_config: Any, temperature: float
     ) -> None:
