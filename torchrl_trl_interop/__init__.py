@@ -51,6 +51,7 @@ _EXPORTS: dict[str, str] = {
     "StaleRolloutError": "weights._staleness",
     # rollouts/: TorchRL generation feeding TRL's trainers
     "as_trl_rollout_func": "rollouts._rollout_func",
+    "score_final_answer": "rollouts._final_answer",
     "TrainerModelPolicy": "rollouts._trainer_policy",
     "trainer_generation_config": "rollouts._trainer_policy",
     "TorchRLRolloutWorker": "rollouts._async_grpo",

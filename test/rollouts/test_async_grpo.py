@@ -9,6 +9,7 @@ the Hub for its tree attention), so these tests drive the two objects the way it
 from __future__ import annotations
 
 import inspect
+import queue
 import time
 from collections import defaultdict
 
@@ -17,7 +18,13 @@ import pytest
 import torch
 
 from torchrl_trl_interop import TorchRLRolloutWorker, TorchRLWeightTransfer, as_reward_transform
-from torchrl_trl_interop.testing import toy_causal_lm, toy_primed_chat_env, toy_tokenizer
+from torchrl_trl_interop.testing import (
+    IM_START,
+    toy_buffer,
+    toy_causal_lm,
+    toy_primed_chat_env,
+    toy_tokenizer,
+)
 
 pytestmark = pytest.mark.filterwarnings("ignore:You are importing from 'trl.experimental'")
 
@@ -85,6 +92,19 @@ def sync(transfer, worker, trainer_model, trainer_version):
     return trainer_version + 1
 
 
+def take_samples(worker, n, timeout=120):
+    """``n`` RolloutSamples from the worker's queue, checking its health when the queue is empty
+    (as ``AsyncGRPOTrainer``'s ``RolloutQueueDataset`` does)."""
+    samples, deadline = [], time.monotonic() + timeout
+    while len(samples) < n and time.monotonic() < deadline:
+        try:
+            samples.append(worker.rollout_buffer.get(timeout=1))
+        except queue.Empty:
+            worker.check_health(stale_after_s=timeout)
+    assert len(samples) == n
+    return samples
+
+
 def test_protocols_are_implemented():
     from trl.experimental.async_grpo.async_grpo_trainer import (
         RolloutWorkerProtocol,
@@ -121,26 +141,14 @@ def test_worker_over_a_collector(collector_setup):
     snapshots = {1: snapshot(trainer_model)}
     worker.start()
 
-    def take(n):
-        samples = []
-        deadline = time.monotonic() + 120
-        while len(samples) < n and time.monotonic() < deadline:
-            worker.check_health(stale_after_s=120)
-            try:
-                samples.append(worker.rollout_buffer.get(timeout=1))
-            except Exception:  # noqa: BLE001 - queue.Empty
-                continue
-        assert len(samples) == n
-        return samples
-
-    first = take(4)
+    first = take_samples(worker, 4)
     # one optimizer step on the trainer's model, then the second sync (version 2)
     with torch.no_grad():
         for p in trainer_model.parameters():
             p.add_(0.05 * torch.randn_like(p))
     version = sync(transfer, worker, trainer_model, version)
     snapshots[2] = snapshot(trainer_model)
-    later = take(12)
+    later = take_samples(worker, 12)
     worker.stop()
     assert worker.metrics_queue.get_nowait() == {"rollout/groups_total": 1.0}
 
@@ -208,3 +216,73 @@ def test_check_health_reports_a_failed_thread():
         TorchRLWeightTransfer("a policy")
     with pytest.raises(ValueError, match="num_generations must be a positive int"):
         TorchRLRolloutWorker(Broken(), num_generations=0)
+
+
+def test_worker_over_a_padded_policy():
+    """A ``pad_output=True`` policy: the padding of prompts and answers is cut by its masks."""
+    from torchrl.collectors.llm import LLMCollector
+    from torchrl.modules.llm import TransformersWrapper
+
+    tok = toy_tokenizer(padding_side="left")
+    # two prompts per batch (different lengths: left padding), answers that stop early
+    prompts = ["Hi", "What is two plus two?", "Hello world!", "The quick brown fox jumps."]
+    env = toy_primed_chat_env(tok, prompts=prompts, repeats=2, batch_size=4)
+    banned = [[tok.pad_token_id], [tok.convert_tokens_to_ids(IM_START)]]
+    model = toy_causal_lm(tokenizer=tok, seed=1, eos_bias=4.0)
+    policy = TransformersWrapper(
+        model,
+        tokenizer=tok,
+        input_mode="history",
+        generate=True,
+        pad_output=True,
+        return_log_probs=True,
+        generate_kwargs={"max_new_tokens": 6, "do_sample": True, "bad_words_ids": banned},
+    )
+    collector = LLMCollector(env, policy=policy, dialog_turns_per_batch=4, total_dialog_turns=8)
+    worker = TorchRLRolloutWorker(collector, num_generations=2)
+    worker.start()
+    try:
+        samples = take_samples(worker, 8)
+    finally:
+        worker.stop()
+        collector.shutdown()
+
+    prompt_lengths, stopped = set(), 0
+    for s in samples:
+        n_prompt = int((s.completion_mask == 0).sum())
+        prompt, completion = s.input_ids[:n_prompt].tolist(), s.input_ids[n_prompt:].tolist()
+        rendered = tok.apply_chat_template(s.prompt, add_generation_prompt=True)
+        assert prompt == list(rendered["input_ids"])  # no left padding
+        assert tok.pad_token_id not in completion and tok.eos_token_id not in completion[:-1]
+        own = own_logprobs(model, s.input_ids, s.completion_mask)  # rescored, padding cut
+        torch.testing.assert_close(torch.from_numpy(s.old_log_probs), own, atol=TOL, rtol=0)
+        prompt_lengths.add(n_prompt)
+        stopped += completion[-1] == tok.eos_token_id and len(completion) < 6
+    assert len(prompt_lengths) > 1 and stopped  # padding on both sides was cut
+
+
+def test_check_health_says_why_the_thread_ended():
+    from torchrl.collectors.llm import LLMCollector
+
+    from torchrl_trl_interop.testing import toy_generator_policy
+
+    collector = LLMCollector(
+        toy_primed_chat_env(),
+        policy=toy_generator_policy(),
+        dialog_turns_per_batch=2,
+        total_dialog_turns=4,
+    )
+    worker = TorchRLRolloutWorker(collector, num_generations=2)
+    worker.start()
+    worker._thread.join(timeout=120)
+    with pytest.raises(RuntimeError, match=r"finished after 2 batches \(its total_dialog_turns=4"):
+        worker.check_health(10)
+    assert worker.rollout_buffer.qsize() == 4  # every rollout reached the queue first
+    collector.shutdown()
+
+    waiting = TorchRLRolloutWorker(toy_buffer(0), num_generations=2)  # a buffer: waits for rows
+    waiting.start()
+    waiting.check_health(10)
+    waiting.stop()
+    with pytest.raises(RuntimeError, match=r"stop\(\) was called"):
+        waiting.check_health(10)

@@ -17,9 +17,11 @@ from torchrl.envs.llm import ChatEnv
 from torchrl.envs.llm.transforms.dataloading import DataLoadingPrimer
 from torchrl.modules.llm import TransformersWrapper
 
-from torchrl_trl_interop import as_reward_transform, as_trl_rollout_func
+from torchrl_trl_interop import as_reward_transform, as_trl_rollout_func, score_final_answer
 from torchrl_trl_interop.testing import (
+    IM_END,
     IM_START,
+    PAD_TOKEN,
     toy_causal_lm,
     toy_chat_env,
     toy_prompts,
@@ -85,7 +87,9 @@ def conversational_dataset(n=8):
     return Dataset.from_dict({"prompt": [[{"role": "user", "content": p}] for p in toy_prompts(n)]})
 
 
-def grpo_trainer(tmp_path, tokenizer, rollout_func, reward_func, **overrides):
+def grpo_trainer(
+    tmp_path, tokenizer, rollout_func, reward_func, *, model=None, dataset=None, **overrides
+):
     from trl import GRPOConfig, GRPOTrainer
 
     args = {
@@ -99,10 +103,10 @@ def grpo_trainer(tmp_path, tokenizer, rollout_func, reward_func, **overrides):
     }
     args.update(overrides)
     return GRPOTrainer(
-        model=toy_causal_lm(tokenizer=tokenizer),
+        model=model if model is not None else toy_causal_lm(tokenizer=tokenizer),
         reward_funcs=reward_func,
         args=GRPOConfig(**args),
-        train_dataset=conversational_dataset(),
+        train_dataset=dataset if dataset is not None else conversational_dataset(),
         processing_class=tokenizer,
         rollout_func=rollout_func,
     )
@@ -183,8 +187,14 @@ class TestSingleTurn:
 
 
 class TestMultiTurn:
-    def test_env_tokens_are_masked(self, tmp_path):
-        tok = toy_tokenizer()
+    @pytest.mark.parametrize(
+        "pad_token, eos_bias",
+        # pad == eos (GPT-2, Llama-3, Mistral), with a model that stops: its eos stays mid-rollout
+        [(PAD_TOKEN, 0.0), (IM_END, 4.0)],
+        ids=["pad_is_not_eos", "pad_is_eos"],
+    )
+    def test_env_tokens_are_masked(self, tmp_path, pad_token, eos_bias):
+        tok = toy_tokenizer(pad_token=pad_token)
         # the env answers every turn with a tool message and ends the episode after 2 turns
         env = toy_chat_env(
             tok,
@@ -194,7 +204,8 @@ class TestMultiTurn:
             transforms=[as_reward_transform(answer_length)],
         )
         recorder, rewards = RolloutRecorder(as_trl_rollout_func(env, max_turns=3)), RewardRecorder()
-        trainer = grpo_trainer(tmp_path, tok, recorder, rewards)
+        model = toy_causal_lm(tokenizer=tok, eos_bias=eos_bias)
+        trainer = grpo_trainer(tmp_path, tok, recorder, rewards, model=model)
         before = weights_of(trainer.model)
         trainer.train()
 
@@ -204,6 +215,7 @@ class TestMultiTurn:
         env_text = re.compile(
             r"(<\|im_end\|>)?\n<\|im_start\|>tool\n(\d+) characters<\|im_end\|>\n<\|im_start\|>assistant\n"
         )
+        stopped = 0
         for _, out, own in recorder.calls:
             for i, history in enumerate(out["history"]):
                 ids, mask = out["completion_ids"][i], out["env_mask"][i]
@@ -216,6 +228,7 @@ class TestMultiTurn:
                 assert match is not None
                 # the env closes the assistant turn only when the policy did not (no eos)
                 assert (match.group(1) is None) == (first[-1] == tok.eos_token_id)
+                stopped += first[-1] == tok.eos_token_id
                 assert history[2]["content"] == f"{match.group(2)} characters"
                 for tokens, message in ((first, history[1]), (second, history[3])):
                     decoded = tok.decode(tokens, skip_special_tokens=True)
@@ -226,6 +239,185 @@ class TestMultiTurn:
                 assert torch.all(logprobs[~policy] == 0.0)
                 answers = [m["content"] for m in history if m["role"] == "assistant"]
                 assert out["env_reward"][i] == float(sum(len(a) for a in answers))
+        if eos_bias:
+            assert stopped  # the policy's eos was kept (and continued from) in some rollouts
+
+
+class CompletionRecorder:
+    """A stock-style GRPO reward function (0.0, reads ``completions``) that records its inputs."""
+
+    def __init__(self, name="completion_recorder"):
+        self.__name__ = name
+        self.calls = []
+
+    def __call__(self, prompts, completions, completion_ids, **kwargs):
+        self.calls.append({"completions": completions, "completion_ids": completion_ids, **kwargs})
+        return [0.0] * len(completions)
+
+
+def clipped_ratios(trainer):
+    return [h["completions/clipped_ratio"] for h in trainer.state.log_history if "loss" in h]
+
+
+class TestPadIsEos:
+    """Tokenizers whose pad token is the eos token (GPT-2, Llama-3, Mistral...)."""
+
+    def test_completions_keep_the_eos_as_trl_generation_does(self, tmp_path):
+        tok = toy_tokenizer(pad_token=IM_END)
+        assert tok.pad_token_id == tok.eos_token_id
+        runs = {}
+        # TRL's own generation, then the env rollout: same model, same seed, same settings
+        for name, rollout_func in (("trl", None), ("env", toy_chat_env(tok, batch_size=4))):
+            if rollout_func is not None:
+                rollout_func = as_trl_rollout_func(rollout_func)
+            scored = CompletionRecorder()
+            trainer = grpo_trainer(
+                tmp_path / name,
+                tok,
+                rollout_func,
+                scored,
+                model=toy_causal_lm(tokenizer=tok, eos_bias=4.0),
+                max_steps=2,
+            )
+            trainer.train()
+            runs[name] = (scored.calls, clipped_ratios(trainer))
+
+        (trl_calls, trl_clipped), (env_calls, env_clipped) = runs["trl"], runs["env"]
+        ids = [c["completion_ids"] for c in env_calls]
+        assert ids == [c["completion_ids"] for c in trl_calls]
+        stopped = [row for step in ids for row in step if row[-1] == tok.eos_token_id]
+        assert stopped and all(tok.eos_token_id not in row[:-1] for row in stopped)
+        assert env_clipped == trl_clipped and min(env_clipped) < 1.0
+        for call in env_calls:  # one turn: the final answer is the whole completion
+            assert call["final_answer_ids"] == call["completion_ids"]
+            texts = [c[0]["content"] for c in call["completions"]]
+            assert call["final_answer"] == texts
+
+    def test_torchrl_transformers_wrapper_is_refused(self, real_trainer):
+        trainer, env = real_trainer
+        tok = toy_tokenizer(pad_token=IM_END)
+        policy = TransformersWrapper(
+            toy_causal_lm(tokenizer=tok), tokenizer=tok, input_mode="history", generate=True
+        )
+        with pytest.raises(ValueError, match=r"pad token is an eos token \(pad_token_id=2"):
+            as_trl_rollout_func(env, policy=policy)
+
+
+class TestRaggedPrompts:
+    """Conversations with different numbers of messages (some with a system message) in one batch."""
+
+    @staticmethod
+    def dataset():
+        from datasets import Dataset
+
+        short = [[{"role": "user", "content": p}] for p in toy_prompts(4)]
+        long = [
+            [
+                {"role": "system", "content": "Be brief."},
+                {"role": "user", "content": "Hello"},
+                {"role": "assistant", "content": "Yes?"},
+                {"role": "user", "content": p},
+            ]
+            for p in toy_prompts(4)
+        ]
+        return Dataset.from_dict({"prompt": [m for pair in zip(short, long) for m in pair]})
+
+    @pytest.mark.parametrize("max_turns", [1, 2])
+    def test_trains(self, tmp_path, max_turns):
+        tok = toy_tokenizer()
+        env = toy_chat_env(
+            tok,
+            batch_size=4,
+            reply=max_turns > 1,
+            max_steps=max_turns,
+            transforms=[as_reward_transform(answer_length)],
+        )
+        recorder, rewards = (
+            RolloutRecorder(as_trl_rollout_func(env, max_turns=max_turns)),
+            RewardRecorder(),
+        )
+        trainer = grpo_trainer(
+            tmp_path, tok, recorder, rewards, dataset=self.dataset(), shuffle_dataset=False
+        )
+        trainer.train()
+
+        assert trainer.state.global_step == 3
+        check_rows_and_rewards(recorder, rewards, group=2)
+        for prompts, out, own in recorder.calls:
+            assert len({len(p) for p in prompts}) == 2  # both kinds share every env batch
+            for i, prompt in enumerate(prompts):
+                rendered = tok.apply_chat_template(prompt, add_generation_prompt=True)
+                assert out["prompt_ids"][i] == list(rendered["input_ids"])
+                assert [m["role"] for m in out["history"][i][len(prompt) :]] == (
+                    ["assistant", "tool", "assistant"] if max_turns > 1 else ["assistant"]
+                )
+                mask = torch.tensor(out["env_mask"][i], dtype=torch.bool)
+                logprobs = torch.tensor(out["logprobs"][i])
+                torch.testing.assert_close(logprobs[mask], own[i][mask], atol=TOL, rtol=0)
+
+    def test_torchrl_transformers_wrapper_names_the_prompts(self, real_trainer):
+        trainer, env = real_trainer
+        policy = TestUserPolicy().policy(trainer)
+        prompts = self.dataset()["prompt"][:2]
+        prompts = [p for p in prompts for _ in range(2)]
+        with pytest.raises(ValueError, match="prompts 0 and 2 share an env batch but have 1 and 4"):
+            as_trl_rollout_func(env, policy=policy)(prompts, trainer)
+
+
+class TestFinalAnswer:
+    """Multi-turn: TRL's ``completions`` hold the environment's text; the final answer does not."""
+
+    def test_stock_rewards_score_the_policys_last_turn(self, tmp_path):
+        from trl.rewards import think_format_reward
+
+        tok = toy_tokenizer()
+        env = toy_chat_env(tok, batch_size=4, reply=True, max_steps=2)
+        recorder = RolloutRecorder(as_trl_rollout_func(env, max_turns=2))
+        stock, whole = CompletionRecorder("stock"), CompletionRecorder("whole_completion")
+        reward_funcs = [score_final_answer(stock), score_final_answer(think_format_reward), whole]
+        trainer = grpo_trainer(tmp_path, tok, recorder, reward_funcs)
+        with pytest.warns(UserWarning, match=r"functions \['whole_completion'\] read only") as seen:
+            trainer.train()
+        assert sum("read only that" in str(w.message) for w in seen) == 1  # warned once
+
+        assert trainer.state.global_step == 3
+        assert len(stock.calls) == len(whole.calls) == len(recorder.calls)
+        for (prompts, out, _), got, raw in zip(recorder.calls, stock.calls, whole.calls):
+            for i in range(len(prompts)):
+                (*_, (value, start, stop)) = runs(out["env_mask"][i])
+                last = out["completion_ids"][i][start:stop]
+                assert value == 1 and out["final_answer_ids"][i] == last
+                assert got["completion_ids"][i] == last
+                answer = tok.decode(last, skip_special_tokens=True)
+                assert got["completions"][i] == [{"role": "assistant", "content": answer}]
+                assert out["final_answer"][i] == answer
+                assert out["history"][i][-1]["content"].strip() == answer.strip()
+                # unwrapped, a reward function gets the tool's reply as the policy's text
+                assert "characters" in raw["completions"][i][0]["content"]
+                assert "characters" not in answer
+
+    def test_score_final_answer(self):
+        import asyncio
+        import inspect
+
+        def length(completions, completion_ids, **kwargs):
+            return [float(len(c)) for c in completion_ids]
+
+        async def async_length(completions, completion_ids, **kwargs):
+            return length(completions, completion_ids)
+
+        kwargs = {"completions": ["a tool said 5"], "completion_ids": [[5, 6, 7]]}
+        answer = {"final_answer": ["5"], "final_answer_ids": [[7]]}
+        assert score_final_answer(length)(prompts=["p"], **kwargs, **answer) == [1.0]
+        positional = (["p"], kwargs["completions"], kwargs["completion_ids"])  # TRL's signature
+        assert score_final_answer(length)(*positional, **answer) == [1.0]
+        scored = score_final_answer(async_length)
+        assert inspect.iscoroutinefunction(scored) and scored.__name__ == "async_length"
+        assert asyncio.run(scored(prompts=["p"], **kwargs, **answer)) == [1.0]
+        with pytest.raises(KeyError, match="got no 'final_answer'.*as_trl_rollout_func"):
+            score_final_answer(length)(prompts=["p"], **kwargs)
+        with pytest.raises(TypeError, match="must be a TRL reward function"):
+            score_final_answer("length")
 
 
 @pytest.fixture(scope="module")
@@ -265,6 +457,61 @@ class TestUserPolicy:
         # without the recompute: torchrl 0.14.1's wrapper writes 0.0 for the first token
         raw = as_trl_rollout_func(env, policy=policy, recompute_logprobs=False)(prompts, trainer)
         assert [lp[0] for lp in raw["logprobs"]] == [0.0] * 4
+
+    def test_pad_output_is_cut_by_its_masks(self, tmp_path):
+        tok = toy_tokenizer()
+        model = toy_causal_lm(tokenizer=tok, eos_bias=4.0)  # answers that stop early
+        banned = [[tok.pad_token_id], [tok.convert_tokens_to_ids(IM_START)]]
+        policy = TransformersWrapper(
+            model,
+            tokenizer=tok,
+            input_mode="history",
+            generate=True,
+            pad_output=True,  # prompts left-padded, answers right-padded, in one batch
+            return_log_probs=True,
+            generate_kwargs={"max_new_tokens": 6, "do_sample": True, "bad_words_ids": banned},
+        )
+        env = toy_chat_env(tok, batch_size=4, transforms=[as_reward_transform(answer_length)])
+        rollout_func = as_trl_rollout_func(env, policy=policy, recompute_logprobs=False)
+        recorder, rewards = RolloutRecorder(rollout_func), RewardRecorder()
+        trainer = grpo_trainer(tmp_path, tok, recorder, rewards, model=model)
+        trainer.train()
+
+        assert trainer.state.global_step == 3
+        check_rows_and_rewards(recorder, rewards, group=2)
+        prompt_lengths, stopped = set(), 0
+        for prompts, out, own in recorder.calls:
+            for i, prompt in enumerate(prompts):
+                rendered = tok.apply_chat_template(prompt, add_generation_prompt=True)
+                assert out["prompt_ids"][i] == list(rendered["input_ids"])  # no left padding
+                ids = out["completion_ids"][i]
+                assert tok.pad_token_id not in ids and tok.eos_token_id not in ids[:-1]
+                assert out["env_mask"][i] == [1] * len(ids)
+                logprobs = torch.tensor(out["logprobs"][i])  # the policy's own, padding cut
+                torch.testing.assert_close(logprobs[1:], own[i][1:], atol=TOL, rtol=0)
+                prompt_lengths.add(len(out["prompt_ids"][i]))
+                stopped += ids[-1] == tok.eos_token_id and len(ids) < 6
+        assert len(prompt_lengths) > 1 and stopped  # padding on both sides was cut
+
+    @pytest.mark.parametrize("pad_output", [False, True])
+    def test_multi_turn_continues_from_the_rollouts_tokens(self, real_trainer, pad_output):
+        trainer, _ = real_trainer
+        tok = trainer.processing_class
+        env = toy_chat_env(tok, batch_size=4, reply=True, max_steps=2)
+        banned = [[tok.pad_token_id], [tok.convert_tokens_to_ids(IM_START)]]
+        policy = self.policy(
+            trainer,
+            pad_output=pad_output,
+            prefer_tokens=True,
+            generate_kwargs={"max_new_tokens": 4, "do_sample": True, "bad_words_ids": banned},
+        )
+        prompts = [[{"role": "user", "content": p}] for p in toy_prompts(8)[::4] for _ in range(2)]
+        out = as_trl_rollout_func(env, policy=policy, max_turns=2)(prompts, trainer)
+        for i, prompt in enumerate(prompts):
+            rendered = tok.apply_chat_template(prompt, add_generation_prompt=True)
+            assert out["prompt_ids"][i] == list(rendered["input_ids"])
+            assert [v for v, _, _ in runs(out["env_mask"][i])] == [1, 0, 1]
+            assert tok.pad_token_id not in out["completion_ids"][i]
 
     def test_tokenizer_mismatch(self, real_trainer):
         trainer, env = real_trainer

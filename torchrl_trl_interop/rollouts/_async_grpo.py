@@ -21,14 +21,14 @@ from tensordict.utils import NestedKey
 
 from .._checks import check_positive_int
 from .._conversation import history_to_messages
-from .._keys import as_key
+from .._keys import NEXT_POLICY_VERSION_KEY, NEXT_REWARD_KEY, POLICY_VERSION_KEY, as_nested_key
 from ..weights._staleness import check_max_staleness
+from ._policy_output import PolicyKeys, read_policy_rows
 from ._trainer_policy import TrainerModelPolicy, score_tokens
 
 __all__ = ["TorchRLRolloutWorker", "group_advantages"]
 
 _OWNER = "TorchRLRolloutWorker"
-_VERSION_KEY = "policy_version"
 
 
 def _rollout_sample_cls():
@@ -139,7 +139,7 @@ class TorchRLRolloutWorker:
         source: Any,
         *,
         num_generations: int,
-        reward_key: NestedKey = ("next", "reward"),
+        reward_key: NestedKey = NEXT_REWARD_KEY,
         max_staleness: int | None = None,
         score_model: Any = None,
         temperature: float | None = None,
@@ -149,12 +149,13 @@ class TorchRLRolloutWorker:
         check_max_staleness(max_staleness, _OWNER)
         self.source = source
         self.num_generations = num_generations
-        self.reward_key = as_key(reward_key, "reward_key")
+        self.reward_key = as_nested_key(reward_key, "reward_key")
         self.max_staleness = max_staleness
         self.is_collector = hasattr(source, "update_policy_weights_") and hasattr(
             source, "__iter__"
         )
         policy = getattr(source, "policy", None) if self.is_collector else None
+        self.keys = PolicyKeys.of(policy)
         if (
             score_model is None
             and policy is not None
@@ -177,6 +178,8 @@ class TorchRLRolloutWorker:
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
         self._heartbeat = time.time()
+        self._batches = 0  # batches drained
+        self._ended: str | None = None  # why the thread ended without an error
         self._pending: dict[tuple, list[dict]] = {}
         self._group_id = 0
 
@@ -204,7 +207,22 @@ class TorchRLRolloutWorker:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=60)
+            self._ended = self._ended or "stop() was called; build a new worker to collect more."
         self._thread = None
+
+    def _collector_finished(self) -> str:
+        """Why a collector's iteration ended, and what to do."""
+        total = getattr(self.source, "total_dialog_turns", None)
+        reached = (
+            f"its total_dialog_turns={total} was reached"
+            if isinstance(total, int) and total > 0
+            else "its iteration ended"
+        )
+        return (
+            f"the collector finished after {self._batches} batches ({reached}); no more rollouts "
+            "will come. Build it with a larger total_dialog_turns (-1: no end) for a longer run, "
+            "or stop training at that many rollouts (max_steps)."
+        )
 
     def update_model_version(self, model_version: int) -> None:
         """Records the live version and stamps it on the collector's ``PolicyVersion``."""
@@ -214,9 +232,15 @@ class TorchRLRolloutWorker:
             tracker.version = self.model_version
 
     def check_health(self, stale_after_s: float) -> None:
-        """Raises if the thread failed, or produced nothing for ``stale_after_s`` seconds."""
+        """Raises if the thread failed or ended, or produced nothing for ``stale_after_s`` seconds.
+
+        ``AsyncGRPOTrainer`` calls it when :attr:`rollout_buffer` is empty; rollouts queued before
+        the thread ended stay there to be read.
+        """
         if self._error is not None:
             raise RuntimeError(f"{_OWNER}: the rollout thread failed.") from self._error
+        if self._ended is not None:
+            raise RuntimeError(f"{_OWNER}: the rollout thread ended: {self._ended}")
         if self._thread is None or not self._thread.is_alive():
             raise RuntimeError(f"{_OWNER}: the rollout thread is not running (start() it).")
         age = time.time() - self._heartbeat
@@ -240,10 +264,12 @@ class TorchRLRolloutWorker:
                         batch, start = reader.next_rows()
                     rows = [] if batch is None else self._rows(batch, version, start)
                 if batch is None:
-                    if batches is not None:
-                        return  # the collector is exhausted
+                    if batches is not None:  # the collector is exhausted
+                        self._ended = self._collector_finished()
+                        return
                     time.sleep(0.01)
                     continue
+                self._batches += 1
                 for row in rows:
                     self._add(row)
                 self._heartbeat = time.time()
@@ -254,26 +280,25 @@ class TorchRLRolloutWorker:
         """One dict per collected row; rescored by ``score_model`` (under the lock)."""
         batch = batch.reshape(-1)
         with set_list_to_stack(True):
-            prompts = batch.get(("tokens", "prompt"), as_list=True)
-            responses = batch.get(("tokens", "response"), as_list=True)
-            logprobs = batch.get(("log_probs", "response"), None, as_list=True)
-            history = batch.get(("history", "prompt"), None)
+            # real tokens only: a pad_output=True policy's padding is cut by its masks
+            tokens = read_policy_rows(
+                batch, self.keys, log_probs=self.score_model is None, owner=_OWNER
+            )
+            prompts, responses = tokens.prompts, tokens.responses
+            history = batch.get(self.keys.prompt_history, None)
             reward = batch.get(self.reward_key, None)
             # stamped after the step, so after the action (the root one dates from the reset,
             # which a collector may have run before the last weight update)
-            versions = batch.get(("next", _VERSION_KEY), batch.get(_VERSION_KEY, None))
-        if logprobs is None and self.score_model is None:
-            raise KeyError(
-                f"{_OWNER}: the rows have no ('log_probs', 'response'); collect with "
-                "return_log_probs=True or pass score_model= to score them."
-            )
+            versions = batch.get(NEXT_POLICY_VERSION_KEY, batch.get(POLICY_VERSION_KEY, None))
+        logprobs = tokens.log_probs
         if self.score_model is not None:
-            logprobs = score_tokens(
+            scores = score_tokens(
                 self.score_model,
-                [p.tolist() + r.tolist() for p, r in zip(prompts, responses)],
+                [p + r for p, r in zip(prompts, responses)],
                 [len(p) for p in prompts],
                 temperature=self.temperature,
             )
+            logprobs = [s.tolist() for s in scores]
         rewards = (
             [float("nan")] * len(prompts)
             if reward is None
@@ -285,13 +310,13 @@ class TorchRLRolloutWorker:
             else versions.reshape(len(prompts), -1)[:, 0].tolist()
         )
         messages = history_to_messages(history) if history is not None else [[]] * len(prompts)
-        full = batch.get(("history", "full"), None)
+        full = batch.get(self.keys.full_history, None)
         full = history_to_messages(full) if full is not None else [[]] * len(prompts)
         return [
             {
-                "prompt_ids": prompts[i].tolist(),
-                "completion_ids": responses[i].tolist(),
-                "logprobs": logprobs[i].tolist(),
+                "prompt_ids": prompts[i],
+                "completion_ids": responses[i],
+                "logprobs": logprobs[i],
                 "reward": rewards[i],
                 "version": int(versions[i]),
                 "prompt": messages[i],

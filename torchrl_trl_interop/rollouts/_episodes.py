@@ -23,14 +23,15 @@ from tensordict import NonTensorStack, TensorDict, set_list_to_stack
 from tensordict.utils import NestedKey
 
 from .._conversation import history_to_messages, is_message_list, messages_to_history
+from .._keys import POLICY_VERSION_KEY
+from .._padding import pad_rows, position_mask
+from ._policy_output import PolicyKeys, read_policy_rows
 
-__all__ = ["RolloutRow", "find_env_problem", "run_episodes"]
+__all__ = ["NO_TURN", "RolloutRow", "find_env_problem", "run_episodes"]
 
-_TOKENS_KEY = "tokens"
-_LOG_PROBS_KEY = "log_probs"
-_HISTORY_KEY = "history"
-_VERSION_KEY = "policy_version"
 _PROBE = "\x00torchrl_trl_interop\x00"
+#: torchrl's placeholder turn, which fills a batch of conversations to one length
+NO_TURN = {"role": "<none>", "content": ""}
 
 
 @dataclass
@@ -139,7 +140,22 @@ def _to_messages(history: Any) -> list[dict[str, Any]]:
         >>> _to_messages(history)[0]["tool_calls"]
         [{'type': 'function', 'function': {'name': 'add', 'arguments': {'a': 2, 'b': 2}}}]
     """
-    return [m for m in history_to_messages(history) if m["role"] != "<none>"]
+    return [m for m in history_to_messages(history) if m["role"] != NO_TURN["role"]]
+
+
+def _same_length(conversations: list[list[dict]]) -> list[list[dict]]:
+    """Conversations filled to one length with torchrl's placeholder turn (``"<none>"``).
+
+    torchrl's tool transforms extend a batch of conversations along the turn dimension, which a
+    ragged batch cannot do; chat templates and :func:`_to_messages` skip the placeholder.
+
+    Examples:
+        >>> _same_length([[{"role": "user", "content": "Hi"}], [{"role": "system", "content": "S"},
+        ...               {"role": "user", "content": "Ho"}]])[0]
+        [{'role': 'user', 'content': 'Hi'}, {'role': '<none>', 'content': ''}]
+    """
+    width = max(len(c) for c in conversations)
+    return [list(c) + [dict(NO_TURN) for _ in range(width - len(c))] for c in conversations]
 
 
 class _Episodes:
@@ -151,43 +167,32 @@ class _Episodes:
         self.tokenizer = tokenizer
         self.read_logprobs = read_logprobs
         self.owner = owner
-        self.tokens_key = getattr(policy, "tokens_key", _TOKENS_KEY)
-        self.history_key = getattr(policy, "history_key", _HISTORY_KEY)
-        self.log_probs_key = getattr(policy, "log_probs_key", _LOG_PROBS_KEY)
+        self.keys = PolicyKeys.of(policy)
 
     def reset(self, prompts: list) -> Any:
         base = getattr(self.env, "base_env", self.env)
-        query = (
-            messages_to_history(prompts)
-            if is_message_list(prompts[0])
-            else NonTensorStack(*prompts)
-        )
+        if is_message_list(prompts[0]):
+            query = messages_to_history(_same_length(prompts))
+        else:
+            query = NonTensorStack(*prompts)
         return self.env.reset(TensorDict({base.data_key: query}, batch_size=self.env.batch_size))
 
     def policy_step(self, td: Any, rows: list[RolloutRow], turn: int) -> Any:
         if turn > 0:  # token-first: the policy continues from exactly the rollout's tokens
-            pad = getattr(self.policy, "padding_value", self.tokenizer.pad_token_id)
             sequences = [torch.tensor(r.prompt_ids + r.completion_ids) for r in rows]
-            padded = torch.nn.utils.rnn.pad_sequence(
-                sequences, batch_first=True, padding_value=pad, padding_side="left"
-            )
-            td.set((self.tokens_key, "prompt"), padded)
+            lengths = torch.tensor([len(s) for s in sequences])
+            pad = getattr(self.policy, "padding_value", None)
+            pad = self.tokenizer.pad_token_id if pad is None else pad
+            # left-padded, as torchrl's wrappers read prompts; a policy that reads it also gets
+            # the mask that tells the real tokens (the pad id may be an eos id the rows hold)
+            td.set(self.keys.prompt_tokens, pad_rows(sequences, pad, padding_side="left"))
+            if getattr(self.policy, "reads_prompt_mask", False):
+                mask = position_mask(lengths, int(lengths.max()), "left")
+                td.set(self.keys.attention_mask, mask)
         td = self.policy(td)
-        prompt = td.get((self.tokens_key, "prompt"), as_list=True)
-        response = td.get((self.tokens_key, "response"), as_list=True)
-        logprobs = None
-        if self.read_logprobs:
-            logprobs = td.get((self.log_probs_key, "response"), None, as_list=True)
-            if logprobs is None:
-                raise KeyError(
-                    f"{self.owner}: the policy {type(self.policy).__name__} wrote no log-probs at "
-                    f"{(self.log_probs_key, 'response')!r} (keys: "
-                    f"{sorted(map(str, td.keys(True, True)))}). Build it with "
-                    "return_log_probs=True, or pass recompute_logprobs=True to score the tokens "
-                    "with the trainer's model."
-                )
-        full = td.get((self.history_key, "full"))
-        versions = td.get(_VERSION_KEY, None)
+        out = read_policy_rows(td, self.keys, log_probs=self.read_logprobs, owner=self.owner)
+        full = td.get(self.keys.full_history)
+        versions = td.get(POLICY_VERSION_KEY, None)
         if isinstance(versions, torch.Tensor):
             versions = versions.reshape(len(rows), -1)[:, 0].tolist()
         for i, row in enumerate(rows):
@@ -196,7 +201,7 @@ class _Episodes:
             if versions is not None:
                 seen = row.policy_version
                 row.policy_version = int(versions[i]) if seen is None else min(seen, versions[i])
-            ids = prompt[i].tolist()
+            ids = out.prompts[i]
             expected = row.prompt_ids + row.completion_ids
             if turn == 0:
                 row.prompt_ids = ids
@@ -205,13 +210,13 @@ class _Episodes:
                 raise RuntimeError(
                     f"{self.owner}: at turn {turn} the policy conditioned on {len(ids)} tokens "
                     f"for rollout {i}, the rollout holds {len(expected)} (first difference at "
-                    f"{at}). Multi-turn rollouts need a token-first policy (prefer_tokens=True); "
-                    "torchrl 0.14.1's TransformersWrapper strips every pad-token id from a token "
-                    "prompt, so the pad token must differ from eos."
+                    f"{at}). Multi-turn rollouts need a token-first policy (prefer_tokens=True) "
+                    f"that continues from the {self.keys.prompt_tokens!r} it is given, as they "
+                    "are. torchrl 0.14.1's own wrappers strip every pad id from that prompt: with "
+                    "them, the pad token must not be an eos token (the default policy reads the "
+                    f"{self.keys.attention_mask!r} given beside the tokens instead)."
                 )
-            row.extend(
-                response[i].tolist(), None if logprobs is None else logprobs[i].tolist(), False
-            )
+            row.extend(out.responses[i], None if out.log_probs is None else out.log_probs[i], False)
             row.history = _to_messages(full[i])  # now: tool transforms extend it in place
         return td
 
@@ -223,7 +228,7 @@ class _Episodes:
         sampled text: torchrl strips whitespace from them.
         """
         texts = _render(
-            td.get((self.history_key, "prompt")),
+            td.get(self.keys.prompt_history),
             self.policy,
             self.tokenizer,
             add_generation_prompt=True,
@@ -273,7 +278,8 @@ def run_episodes(
     Raises:
         KeyError: if ``read_logprobs`` and the policy writes no ``("log_probs", "response")``.
         RuntimeError: if, from the second turn, the policy did not continue from the given tokens.
-        ValueError: if the chat template does not render the next prompt as an extension of the
+        ValueError: if the policy's attention mask does not span a row's prompt and response, or
+            the chat template does not render the next prompt as an extension of the
             conversation so far.
     """
     episodes = _Episodes(env, policy, tokenizer, read_logprobs, owner)
@@ -284,7 +290,7 @@ def run_episodes(
             td = episodes.policy_step(td, rows, turn)
             last_turn = turn == max_turns - 1
             if not last_turn:
-                full = td.get((episodes.history_key, "full"))
+                full = td.get(episodes.keys.full_history)
                 answered = _render(full, policy, tokenizer, add_generation_prompt=False)
             td = env.step(td)
             reward = td.get(reward_key, None)

@@ -6,23 +6,34 @@
 environment replies), a torchrl LLM policy answers, and the environment is stepped for up to
 ``max_turns`` turns (``_episodes``). Every rollout becomes one row of token
 ids, log-probs and an environment mask, plus its conversation (``history``) and the reward the
-environment computed (``env_reward``), which reach the reward functions as keyword arguments.
+environment computed (``env_reward``), and the policy's last turn (``final_answer``,
+``final_answer_ids``: ``_final_answer``), which reach the reward functions as keyword arguments.
 """
 
 from __future__ import annotations
 
+import warnings
 from typing import TYPE_CHECKING, Any
 
-from tensordict.utils import NestedKey, unravel_key
+from tensordict.utils import NestedKey
 from torchrl.modules.llm import TransformersWrapper
 
 from .._checks import check_bool, require
-from .._keys import as_key, public_key
+from .._keys import NEXT_DONE_KEY, NEXT_REWARD_KEY, POLICY_VERSION_KEY, as_nested_key
 from ..weights._staleness import check_max_staleness, check_staleness
 from ._episodes import RolloutRow, find_env_problem, run_episodes
+from ._final_answer import (
+    FINAL_ANSWER,
+    FINAL_ANSWER_IDS,
+    completions_only_rewards,
+    final_answer_ids,
+)
 from ._trainer_policy import (
     TrainerModelPolicy,
+    check_pad_is_not_eos,
     check_same_tokenizer,
+    check_same_turn_counts,
+    is_torchrl_transformers_wrapper,
     score_tokens,
     trainer_generation_config,
     trainer_tokenizer,
@@ -35,8 +46,6 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = ["as_trl_rollout_func"]
 
 _OWNER = "as_trl_rollout_func"
-_REWARD_KEY = ("next", "reward")
-_DONE_KEY = ("next", "done")
 
 
 class _EnvRolloutFunc:
@@ -57,11 +66,12 @@ class _EnvRolloutFunc:
         self.policy = policy
         self.max_turns = max_turns
         self.recompute_logprobs = recompute_logprobs
-        self.reward_key = unravel_key(reward_key)
-        self.done_key = unravel_key(done_key)
+        self.reward_key = reward_key
+        self.done_key = done_key
         self.__name__ = "torchrl_env_rollout"
         self._default: tuple[int, Any] | None = None  # (id of the model, policy built around it)
         self._checked: set[int] = set()
+        self._warned = False
 
     def __repr__(self) -> str:
         policy = "trainer model" if self.policy is None else type(self.policy).__name__
@@ -126,11 +136,13 @@ class _EnvRolloutFunc:
         size = self.env.batch_size[0]
         rows: list[RolloutRow] = []
         for start in range(0, len(prompts), size):
+            batch = list(prompts[start : start + size])
+            check_same_turn_counts(policy, batch, start, _OWNER)
             rows.extend(
                 run_episodes(
                     self.env,
                     policy,
-                    list(prompts[start : start + size]),
+                    batch,
                     tokenizer,
                     max_turns=self.max_turns,
                     read_logprobs=not recompute,
@@ -141,6 +153,7 @@ class _EnvRolloutFunc:
             )
         if recompute:
             self._rescore(trainer, tokenizer, rows)
+        answer_ids = [final_answer_ids(r.completion_ids, r.env_mask) for r in rows]
         out = {
             "prompt_ids": [r.prompt_ids for r in rows],
             "completion_ids": [r.completion_ids for r in rows],
@@ -148,12 +161,34 @@ class _EnvRolloutFunc:
             "env_mask": [r.env_mask for r in rows],
             "history": [r.history for r in rows],
             "env_reward": [r.env_reward for r in rows],
+            FINAL_ANSWER: tokenizer.batch_decode(answer_ids, skip_special_tokens=True),
+            FINAL_ANSWER_IDS: answer_ids,
         }
         versions = [r.policy_version for r in rows]
         if any(v is not None for v in versions):
-            out["policy_version"] = versions
+            out[POLICY_VERSION_KEY] = versions
             check_staleness(versions, trainer, self.max_staleness, _OWNER)
+        self._warn_completions_only(trainer)
         return out
+
+    def _warn_completions_only(self, trainer: Any) -> None:
+        """Warns once when multi-turn rollouts meet reward functions that read only completions."""
+        if self.max_turns == 1 or self._warned:
+            return
+        self._warned = True
+        names = completions_only_rewards(getattr(trainer, "reward_funcs", None) or [])
+        if names:
+            warnings.warn(
+                f"{_OWNER}(max_turns={self.max_turns}): GRPOTrainer decodes each rollout's whole "
+                "completion (the policy's turns and the environment's tokens between them: tool "
+                "results, replies, chat markup) into one message, `completions`, and the reward "
+                f"functions {names} read only that: they score the environment's text as the "
+                "policy's. Wrap a stock TRL reward function with score_final_answer(f) to score "
+                f"the policy's last turn, or read the {FINAL_ANSWER!r}, 'history' or "
+                "'env_reward' keyword.",
+                UserWarning,
+                stacklevel=3,
+            )
 
     @staticmethod
     def _rescore(trainer: Any, tokenizer: Any, rows: list[RolloutRow]) -> None:
@@ -176,8 +211,8 @@ def as_trl_rollout_func(
     policy: TensorDictModuleBase | None = None,
     max_turns: int = 1,
     recompute_logprobs: bool | None = None,
-    reward_key: NestedKey = _REWARD_KEY,
-    done_key: NestedKey = _DONE_KEY,
+    reward_key: NestedKey = NEXT_REWARD_KEY,
+    done_key: NestedKey = NEXT_DONE_KEY,
     max_staleness: int | None = None,
 ):
     """Turns a TorchRL LLM environment into ``GRPOTrainer``'s rollout engine (``rollout_func=``).
@@ -189,32 +224,47 @@ def as_trl_rollout_func(
     lets the policy answer, steps the environment, and repeats until every rollout is done or
     ``max_turns`` policy turns were taken. It returns one row per prompt entry, in order:
 
-    ================== ==========================================================================
-    key                value per row
-    ================== ==========================================================================
-    ``prompt_ids``     the token ids the policy was prompted with at the first turn
-    ``completion_ids`` every later token: the policy's turns as sampled, and between two turns
-                       the tokens the environment added (tool results, replies, chat markup)
-    ``logprobs``       per completion token, the policy's log-prob (0.0 on environment tokens)
-    ``env_mask``       per completion token, 1 for a policy token and 0 for an environment token
-                       (TRL's tool mask: environment tokens are kept out of the loss)
-    ``history``        the whole conversation as TRL messages (tool calls kept), up to the last
-                       policy turn
-    ``env_reward``     the sum of the environment's rewards (``reward_key``) over the rollout's
-                       turns, ``None`` when the environment writes no reward
-    ================== ==========================================================================
+    ==================== ========================================================================
+    key                  value per row
+    ==================== ========================================================================
+    ``prompt_ids``       the token ids the policy was prompted with at the first turn
+    ``completion_ids``   every later token: the policy's turns as sampled, and between two turns
+                         the tokens the environment added (tool results, replies, chat markup)
+    ``logprobs``         per completion token, the policy's log-prob (0.0 on environment tokens)
+    ``env_mask``         per completion token, 1 for a policy token and 0 for an environment token
+                         (TRL's tool mask: environment tokens are kept out of the loss)
+    ``history``          the whole conversation as TRL messages (tool calls kept), up to the last
+                         policy turn
+    ``env_reward``       the sum of the environment's rewards (``reward_key``) over the rollout's
+                         turns, ``None`` when the environment writes no reward
+    ``final_answer``     the policy's last turn, decoded as TRL decodes completions (special tokens
+                         skipped); for one turn, the completion's text
+    ``final_answer_ids`` that turn's token ids (the last run of policy tokens)
+    ==================== ========================================================================
 
-    ``history`` and ``env_reward`` reach every reward function as keyword arguments, so
-    ``def env_reward(completions, env_reward, **kw): return env_reward`` trains on the
-    environment's reward alone.
+    ``history``, ``env_reward``, ``final_answer`` and ``final_answer_ids`` reach every reward
+    function as keyword arguments: ``def env_reward(completions, env_reward, **kw): return
+    env_reward`` trains on the environment's reward alone. With ``max_turns > 1``, TRL's ``completions`` is the *whole*
+    completion decoded, the environment's text included: wrap stock TRL reward functions with
+    :func:`~torchrl_trl_interop.score_final_answer` so they score ``final_answer``; the first
+    call warns about reward functions that read only ``completions``.
 
-    The default policy is a torchrl ``TransformersWrapper(input_mode="history")`` around the
-    trainer's own model object (``trainer.accelerator.unwrap_model(trainer.model)``, never a copy,
-    so it always samples with the current weights), generating with the trainer's
-    ``GenerationConfig`` (``max_completion_length``, ``temperature``, ``top_p``, ``top_k``,
-    ``min_p``, ``repetition_penalty``, ``generation_kwargs``), the pad token suppressed when it is not
-    an eos token. Its log-probs are those ``GRPOTrainer`` computes (``logits / temperature``,
-    every token: torchrl 0.14.1's wrapper writes 0.0 for the first one).
+    Token ids are read by the lengths and masks the policy writes, never by comparing them with
+    the pad id: a completion ends with the eos token the policy sampled, as in TRL's own
+    generation, also when the tokenizer's pad token is its eos token (GPT-2, Llama-3, Mistral),
+    for one turn or several with the default policy. A policy with ``pad_output=True`` has its
+    padding cut by its ``("masks", "all_attention_mask")``. Prompts of one environment batch may
+    differ in their number of messages (e.g. some with a system message).
+
+    The default policy is a :class:`~torchrl_trl_interop.TrainerModelPolicy` (a torchrl
+    ``TransformersWrapper(input_mode="history")``) around the trainer's own model object
+    (``trainer.accelerator.unwrap_model(trainer.model)``, never a copy, so it always samples with
+    the current weights), generating with the trainer's ``GenerationConfig``
+    (``max_completion_length``, ``temperature``, ``top_p``, ``top_k``, ``min_p``,
+    ``repetition_penalty``, ``generation_kwargs``), the pad token suppressed when it is not an eos
+    token, and cutting each answer after its first eos token as ``GRPOTrainer`` does. Its log-probs
+    are those ``GRPOTrainer`` computes (``logits / temperature``, every token: torchrl 0.14.1's
+    wrapper writes 0.0 for the first one).
 
     Each turn generates up to ``max_completion_length`` tokens, so a multi-turn completion can be
     up to ``max_turns`` times longer (plus environment tokens): nothing is cut.
@@ -255,9 +305,11 @@ def as_trl_rollout_func(
         a callable ``rollout_func(prompts, trainer) -> dict`` for
         ``GRPOTrainer(rollout_func=...)``. Calling it raises ``ValueError`` if the prompt count is
         not a multiple of ``num_generations`` (or of the env's batch size), the prompts are not
-        grouped, or the policy's tokenizer is not the trainer's; ``KeyError`` if the policy
-        writes no log-probs (and they are not recomputed); ``RuntimeError`` if a multi-turn policy
-        does not continue from the tokens it is given.
+        grouped, the policy's tokenizer is not the trainer's, or a torchrl
+        ``TransformersWrapper`` policy gets conversations of different lengths in one env batch
+        (torchrl 0.14.1 cannot extend them); ``KeyError`` if the policy writes no log-probs (and
+        they are not recomputed); ``RuntimeError`` if a multi-turn policy does not continue from
+        the tokens it is given.
 
     Raises:
         TypeError: if ``env`` cannot receive a prompt at reset (not a ChatEnv), ``policy`` is
@@ -266,8 +318,9 @@ def as_trl_rollout_func(
         ValueError: if ``env`` is not in history mode, has more than one batch dimension or holds
             a ``DataLoadingPrimer``; if ``max_turns`` is not a positive int; if ``policy``
             returns no log-probs (``return_log_probs=False``) and ``recompute_logprobs=False``,
-            samples several answers per prompt (``num_samples``), or has ``prefer_tokens=False``
-            with ``max_turns > 1``.
+            samples several answers per prompt (``num_samples``), has ``prefer_tokens=False``
+            with ``max_turns > 1``, or is torchrl's ``TransformersWrapper`` with a tokenizer whose
+            pad token is an eos token (torchrl 0.14.1 drops that token from its answers).
 
     Examples:
         >>> from torchrl.envs.llm import ChatEnv
@@ -289,8 +342,8 @@ def as_trl_rollout_func(
         raise ValueError(
             f"as_trl_rollout_func: max_turns must be a positive int, got {max_turns!r}."
         )
-    reward_key = public_key(as_key(reward_key, "reward_key"))
-    done_key = public_key(as_key(done_key, "done_key"))
+    reward_key = as_nested_key(reward_key, "reward_key")
+    done_key = as_nested_key(done_key, "done_key")
     if recompute_logprobs is not None:
         check_bool(recompute_logprobs, "recompute_logprobs", _OWNER)
     if policy is not None:
@@ -322,6 +375,8 @@ def as_trl_rollout_func(
                 "answers per prompt; GRPOTrainer already repeats each prompt num_generations "
                 "times, so build it with num_samples=None."
             )
+        if is_torchrl_transformers_wrapper(policy):
+            check_pad_is_not_eos(policy, _OWNER)
     check_max_staleness(max_staleness, _OWNER)
     return _EnvRolloutFunc(
         env, policy, max_turns, recompute_logprobs, reward_key, done_key, max_staleness

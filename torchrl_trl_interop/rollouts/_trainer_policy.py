@@ -12,11 +12,21 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
+from tensordict import TensorDictBase, lazy_stack
 from torchrl.modules.llm import TransformersWrapper
+
+from .._conversation import is_message_list
+from .._padding import pad_rows, position_mask
+from ._episodes import NO_TURN
+from ._policy_output import PolicyKeys
 
 __all__ = [
     "TrainerModelPolicy",
+    "check_pad_is_not_eos",
     "check_same_tokenizer",
+    "check_same_turn_counts",
+    "completion_lengths",
+    "is_torchrl_transformers_wrapper",
     "score_tokens",
     "trainer_generation_config",
     "trainer_tokenizer",
@@ -26,18 +36,28 @@ __all__ = [
 class TrainerModelPolicy(TransformersWrapper):
     """A history-mode ``TransformersWrapper`` that samples as a TRL trainer does and scores right.
 
-    Two changes to torchrl 0.14.1's wrapper, both in its generate path:
+    Its generate path is its own; torchrl 0.14.1's differs in four ways, all fixed here:
 
-    * log-probs: the wrapper writes 0.0 for the first response token (``_log_probs_generate``
-      sets ``[:, 0] = 0``) and scores the raw logits; here every token is scored, on
-      ``logits / temperature``, as ``GRPOTrainer`` scores it.
+    * real tokens: torchrl's wrapper tells real tokens from padding by comparing ids with the pad
+      id, so with ``pad_token == eos_token`` (GPT-2, Llama-3, Mistral...) it drops the eos token
+      the model generated, and from the second turn of a conversation every earlier eos too.
+      Here a prompt is its rows' own tokens (padded and masked by their lengths) and a response
+      ends at its first eos token, included, as ``GRPOTrainer`` cuts its own completions;
+    * log-probs: the wrapper writes 0.0 for the first response token and scores the raw logits;
+      here every token is scored, on ``logits / temperature``, as ``GRPOTrainer`` scores it;
     * generation: the wrapper keeps only the generation arguments it knows (``min_p``,
       ``suppress_tokens``, ``cache_implementation``... are dropped silently); here the whole
-      ``generation_config`` reaches ``model.generate``.
+      ``generation_config`` reaches ``model.generate``;
+    * conversations of different lengths in one batch (e.g. some with a system message): the
+      wrapper fails to extend them (``zip() argument ... is shorter``); here each row is extended
+      on its own.
 
     The model object is wrapped, not copied: the policy always samples with its current weights.
     It reads ``("tokens", "prompt")`` when present (``prefer_tokens=True``) to continue a
-    multi-turn rollout from exactly its tokens.
+    multi-turn rollout from exactly its tokens: each row cut by the ``("masks",
+    "all_attention_mask")`` given beside it when that mask has the tokens' shape, otherwise
+    stripped of its leading pad ids (left padding). Without tokens it renders the History with the
+    chat template. Its output has torchrl's layout, unpadded (``pad_output=False``).
 
     Args:
         model (PreTrainedModel): the causal LM (for a trainer:
@@ -45,7 +65,7 @@ class TrainerModelPolicy(TransformersWrapper):
         tokenizer (PreTrainedTokenizerBase): its tokenizer.
         generation_config (GenerationConfig): how to sample (for a trainer:
             :func:`trainer_generation_config`). Written with ``output_logits=True`` and
-            ``return_dict_in_generate=True``, which the wrapper needs.
+            ``return_dict_in_generate=True``, which the scoring needs.
         temperature (float): the logits are divided by it before scoring.
 
     Examples:
@@ -53,16 +73,22 @@ class TrainerModelPolicy(TransformersWrapper):
         >>> from tensordict import TensorDict
         >>> from transformers import GenerationConfig
         >>> from torchrl.envs.llm import ChatEnv
-        >>> from torchrl_trl_interop.testing import toy_causal_lm, toy_tokenizer
-        >>> tok = toy_tokenizer()
-        >>> config = GenerationConfig(max_new_tokens=4, do_sample=True, pad_token_id=0, eos_token_id=2)
+        >>> from torchrl_trl_interop.testing import IM_END, toy_causal_lm, toy_tokenizer
+        >>> tok = toy_tokenizer(pad_token=IM_END)  # pad == eos
+        >>> config = GenerationConfig(max_new_tokens=3, do_sample=True, pad_token_id=2,
+        ...                           eos_token_id=2, forced_eos_token_id=2)  # the last is eos
         >>> policy = TrainerModelPolicy(toy_causal_lm(tokenizer=tok), tok, config, temperature=1.0)
         >>> env = ChatEnv(batch_size=(1,), tokenizer=tok, input_mode="history")
         >>> td = policy(env.reset(TensorDict({"query": ["Hi"]}, batch_size=[1])))
+        >>> td.get(("tokens", "response"), as_list=True)[0][-1].item()  # torchrl's wrapper drops it
+        2
         >>> log_probs = td.get(("log_probs", "response"), as_list=True)[0]
         >>> bool(log_probs[0] < 0)  # torchrl 0.14.1's own wrapper writes 0.0 here
         True
     """
+
+    #: from the second turn of a rollout, ``run_episodes`` gives it the prompt's mask too
+    reads_prompt_mask = True
 
     def __init__(
         self, model: Any, tokenizer: Any, generation_config: Any, temperature: float
@@ -82,18 +108,112 @@ class TrainerModelPolicy(TransformersWrapper):
         generation_config.return_dict_in_generate = True
         self.generate_kwargs = {"generation_config": generation_config}
 
-    def _log_probs_generate(self, tokens, logits, pad_val=-100, pad: bool = True):
-        if pad:
-            tokens = torch.nn.utils.rnn.pad_sequence(
-                tokens, padding_value=pad_val, batch_first=True, padding_side="left"
-            )
-            logits = torch.nn.utils.rnn.pad_sequence(
-                logits, padding_value=0.0, batch_first=True, padding_side="left"
-            )
-        scaled = logits.float() / self.temperature
-        index = tokens.clamp_min(0).unsqueeze(-1)
-        log_probs = scaled.log_softmax(-1).gather(-1, index).squeeze(-1)
-        return log_probs.masked_fill(tokens == -100, 0.0), logits
+    def _prompt_rows(self, td: TensorDictBase, history: Any) -> list[torch.Tensor]:
+        """The prompt of every row: its given tokens, or its History rendered and tokenized."""
+        keys = PolicyKeys.of(self)
+        given = td.get(keys.prompt_tokens, None, as_list=True) if self.prefer_tokens else None
+        if given is not None:
+            rows = [torch.as_tensor(r) for r in _unbind(given)]
+            masks = td.get(keys.attention_mask, None, as_list=True)
+            masks = None if masks is None else [torch.as_tensor(m) for m in _unbind(masks)]
+            if masks is not None and [m.shape for m in masks] == [r.shape for r in rows]:
+                return [r[m.bool()] for r, m in zip(rows, masks)]  # cut by the mask beside them
+            # no mask: left padding, the leading pad ids (a prompt does not start with one)
+            return [r[(r != self.padding_value).int().cummax(0).values.bool()] for r in rows]
+        names = ("chat_template_name", "chat_template")
+        kwargs = {n: getattr(self, n) for n in names if getattr(self, n, None) is not None}
+        texts = history.apply_chat_template(
+            tokenizer=self.tokenizer, add_generation_prompt=True, **kwargs
+        )
+        ids = self.tokenizer(texts, add_special_tokens=False)["input_ids"]
+        return [torch.tensor(row, dtype=torch.long) for row in ids]
+
+    def _from_transformers_generate_history(self, td, cfg, out):
+        from torchrl.data.llm import History
+        from torchrl.modules.llm import ChatHistory, LogProbs, Masks, Text, Tokens
+
+        history = td.get(self.input_key)
+        prompts = self._prompt_rows(td, history)
+        config = self.generate_kwargs["generation_config"]
+        if cfg is not None:  # call-time generation arguments (``policy(td, max_new_tokens=...)``)
+            config = copy.deepcopy(config)
+            config.update(**cfg.to_diff_dict())
+        lengths = torch.tensor([len(p) for p in prompts])
+        width = int(lengths.max())
+        ids = pad_rows(prompts, self.padding_value, padding_side="left").to(self._device)
+        mask = position_mask(lengths, width, "left").long().to(self._device)
+        generated = self.model.generate(
+            input_ids=ids, attention_mask=mask, generation_config=config
+        )
+        response = generated.sequences[:, width:]
+        logits = torch.stack(list(generated.logits), 1).float() / self.temperature
+        log_probs = logits.log_softmax(-1).gather(-1, response[..., None]).squeeze(-1)
+        ends = completion_lengths(response, config.eos_token_id).tolist()
+        responses = [r[:n].cpu() for r, n in zip(response, ends)]
+        full = [torch.cat([p, r]) for p, r in zip(prompts, responses)]
+
+        tokens = Tokens._from_tensordict(out.empty())
+        tokens.prompt, tokens.response, tokens.full = prompts, responses, full
+        out.set(self.tokens_key, tokens)
+        masks = Masks._from_tensordict(out.empty())
+        masks.all_attention_mask = [torch.ones(len(f), dtype=torch.bool) for f in full]
+        out.set(self.masks_key, masks)
+        scores = LogProbs._from_tensordict(out.empty())
+        scores.response = [lp[:n].cpu() for lp, n in zip(log_probs, ends)]
+        out.set(self.log_probs_key, scores)
+
+        text_full = self.tokenizer.batch_decode(full, skip_special_tokens=False)
+        text_prompt = self.tokenizer.batch_decode(prompts, skip_special_tokens=False)
+        text = Text._from_tensordict(out.empty())
+        text.prompt, text.full = text_prompt, text_full
+        text.response = [f[len(p) :] for f, p in zip(text_full, text_prompt)]
+        out.set(self.text_key, text)
+
+        # the answer parsed from the text, each row extended on its own (rows may differ in length)
+        parsed = History.from_text(
+            text_full, chat_template_name=self.chat_template_name, tokenizer=self.tokenizer
+        )
+        prompt_rows = list(history.unbind(0))
+        answers = []
+        for prompt, row in zip(prompt_rows, parsed.unbind(0)):
+            turns = sum(role != NO_TURN["role"] for role in prompt.role)  # text has none of them
+            answer = row[turns:]
+            if answer.shape[0] == 0:  # nothing parsed: an empty assistant turn, as torchrl writes
+                answer = History(role=["assistant"], content=[""], batch_size=(1,))
+            answers.append(answer)
+        chat = ChatHistory._from_tensordict(out.empty())
+        chat.prompt = history
+        chat.response = lazy_stack(answers)
+        chat.full = lazy_stack(
+            [p.extend(a, inplace=False, dim=0) for p, a in zip(prompt_rows, answers)]
+        )
+        out.set(self.history_key, chat)
+        return out
+
+
+def _unbind(value: Any) -> Any:
+    """The rows of a tensor (padded or nested), or ``value`` itself (a list of rows)."""
+    return value.unbind(0) if isinstance(value, torch.Tensor) else value
+
+
+def completion_lengths(
+    response: torch.Tensor, eos_token_id: int | Sequence[int] | None
+) -> torch.Tensor:
+    """Per row of ``model.generate``'s new tokens, how many it generated: up to its first eos, included.
+
+    What ``GRPOTrainer`` keeps of its own generations; the rest is padding, whatever its id (with
+    ``pad_token == eos_token`` the padding is eos ids too). A row without eos keeps every token.
+
+    Examples:
+        >>> import torch
+        >>> completion_lengths(torch.tensor([[5, 2, 2, 2], [5, 6, 7, 8], [2, 2, 2, 2]]), 2)
+        tensor([2, 4, 1])
+    """
+    eos = [] if eos_token_id is None else eos_token_id
+    eos = torch.tensor([eos] if isinstance(eos, int) else list(eos), device=response.device)
+    is_eos = torch.isin(response, eos)
+    first = is_eos.int().argmax(-1)
+    return torch.where(is_eos.any(-1), first + 1, response.shape[-1]).cpu()
 
 
 def trainer_tokenizer(trainer: Any) -> Any:
@@ -108,8 +228,8 @@ def trainer_generation_config(trainer: Any, tokenizer: Any, *, model: Any = None
     ``GRPOTrainer`` builds it from ``max_completion_length``, ``temperature``, ``top_p``,
     ``top_k``, ``min_p``, ``repetition_penalty``, ``cache_implementation`` and
     ``generation_kwargs`` (vLLM trainers build none: it is made from the same arguments). The pad
-    token is added to ``suppress_tokens`` when it is not an eos token: torchrl's wrapper strips
-    every pad id from responses and token prompts, so a sampled pad token would vanish.
+    token is added to ``suppress_tokens`` when it is not an eos token: torchrl's own wrappers and
+    masks tell padding by the pad id, so a sampled pad token would pass for padding downstream.
 
     ``trainer`` may also be the trainer's ``GRPOConfig``, before the trainer exists (a generator
     in another process is built before the trainer whose rollout function uses it): the config is
@@ -186,6 +306,47 @@ def check_same_tokenizer(policy_tokenizer: Any, trainer_tokenizer: Any, owner: s
             + "; ".join(mismatch)
             + "). The trainer scores the policy's token ids with its own model, so both must "
             "use one tokenizer: build the policy with tokenizer=trainer.processing_class."
+        )
+
+
+def is_torchrl_transformers_wrapper(policy: Any) -> bool:
+    """torchrl 0.14.1's own ``TransformersWrapper`` (not ours, whose generate path differs)."""
+    return isinstance(policy, TransformersWrapper) and not isinstance(policy, TrainerModelPolicy)
+
+
+def check_pad_is_not_eos(policy: Any, owner: str) -> None:
+    """torchrl's ``TransformersWrapper`` drops every pad-id token: with pad == eos, the eos."""
+    tokenizer = getattr(policy, "tokenizer", None)
+    pad = getattr(tokenizer, "pad_token_id", None)
+    config_eos = getattr(getattr(policy.model, "generation_config", None), "eos_token_id", None)
+    eos = config_eos if isinstance(config_eos, (list, tuple)) else [config_eos]
+    eos = sorted({getattr(tokenizer, "eos_token_id", None), *eos} - {None})
+    if pad is not None and pad in eos:
+        raise ValueError(
+            f"{owner}: the policy is torchrl's TransformersWrapper and its tokenizer's pad token "
+            f"is an eos token (pad_token_id={pad}, eos ids {eos}). torchrl 0.14.1's wrapper tells "
+            "padding from tokens by comparing ids with the pad id, so it drops the eos token an "
+            "answer ends with: TRL would see every completion as truncated and the policy would "
+            "never learn to stop. Leave policy=None (the trainer's model, cut by lengths and "
+            "masks), or give the tokenizer a pad token that is not an eos token (a vLLMWrapper "
+            "keeps the eos too, for single-turn rollouts)."
+        )
+
+
+def check_same_turn_counts(policy: Any, prompts: list, start: int, owner: str) -> None:
+    """torchrl's ``TransformersWrapper`` cannot extend conversations of different lengths."""
+    if not is_torchrl_transformers_wrapper(policy) or not is_message_list(prompts[0]):
+        return
+    sizes = [len(p) for p in prompts]
+    other = next((i for i, n in enumerate(sizes) if n != sizes[0]), None)
+    if other is not None:
+        raise ValueError(
+            f"{owner}: prompts {start} and {start + other} share an env batch but have "
+            f"{sizes[0]} and {sizes[other]} messages. torchrl 0.14.1's TransformersWrapper "
+            "cannot answer conversations of different lengths in one batch (it fails with "
+            "'zip() argument ... is shorter'). Leave policy=None (the trainer's model answers "
+            "each row on its own), use a vLLMWrapper, or make the env's batch_size a divisor of "
+            "num_generations (each env batch then holds one prompt's copies)."
         )
 
 

@@ -88,14 +88,28 @@ def toy_causal_lm(
     *,
     tokenizer: PreTrainedTokenizerFast | None = None,
     seed: int = 0,
+    eos_bias: float = 0.0,
     **config_overrides: Any,
 ) -> PreTrainedModel:
     """Builds a tiny ``AutoModelForCausalLM`` from a config (a toy policy).
+
+    Keyword Args:
+        tokenizer (PreTrainedTokenizerFast, optional): sets the vocabulary and the pad and eos
+            ids; defaults to :func:`toy_tokenizer`.
+        seed (int, optional): seed for the random initialisation. Defaults to ``0``.
+        eos_bias (float, optional): added to the eos token's logit by a forward hook on the
+            output layer, so that the random model stops early (``4.0``: about one token in eight
+            is eos). Defaults to ``0.0`` (no hook).
+        **config_overrides: set on the config before the model is built.
 
     Examples:
         >>> model = toy_causal_lm()
         >>> model.config.num_hidden_layers
         1
+        >>> import torch
+        >>> stopping = toy_causal_lm(eos_bias=100.0)
+        >>> int(stopping(input_ids=torch.tensor([[5, 6]])).logits[0, -1].argmax())  # eos
+        2
     """
     require("transformers", "toy_causal_lm")
     import torch
@@ -108,4 +122,12 @@ def toy_causal_lm(
         model = AutoModelForCausalLM.from_config(cfg)
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.generation_config.eos_token_id = tokenizer.eos_token_id
+    if eos_bias:
+        eos = tokenizer.eos_token_id
+
+        def add_eos_bias(module: Any, args: Any, logits: torch.Tensor) -> torch.Tensor:
+            bias = torch.zeros(logits.shape[-1], dtype=logits.dtype, device=logits.device)
+            return logits + bias.index_fill_(0, torch.tensor([eos], device=bias.device), eos_bias)
+
+        model.get_output_embeddings().register_forward_hook(add_eos_bias)
     return model.eval()

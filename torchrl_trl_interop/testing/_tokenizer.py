@@ -52,7 +52,9 @@ def _toy_tokenizer_json(vocab_size: int) -> str:
     return tok.to_str()
 
 
-def toy_tokenizer(*, padding_side: str = "right", vocab_size: int = 384) -> PreTrainedTokenizerFast:
+def toy_tokenizer(
+    *, padding_side: str = "right", vocab_size: int = 384, pad_token: str = PAD_TOKEN
+) -> PreTrainedTokenizerFast:
     """Builds a byte-level BPE tokenizer with ChatML special tokens, offline.
 
     Pad is ``<|endoftext|>`` (id 0), eos is ``<|im_end|>`` (id 2); the chat template is ChatML.
@@ -62,6 +64,8 @@ def toy_tokenizer(*, padding_side: str = "right", vocab_size: int = 384) -> PreT
     Keyword Args:
         padding_side (str, optional): ``"right"`` or ``"left"``. Defaults to ``"right"``.
         vocab_size (int, optional): target vocabulary size. Defaults to ``384``.
+        pad_token (str, optional): the pad token. ``IM_END`` makes it the eos token, as GPT-2,
+            Llama-3 and Mistral tokenizers ship. Defaults to ``"<|endoftext|>"``.
 
     Examples:
         >>> tok = toy_tokenizer(padding_side="left")
@@ -69,6 +73,8 @@ def toy_tokenizer(*, padding_side: str = "right", vocab_size: int = 384) -> PreT
         ('<|endoftext|>', '<|im_end|>', 0, 2)
         >>> tok.apply_chat_template([{"role": "user", "content": "Hi"}], tokenize=False)
         '<|im_start|>user\\nHi<|im_end|>\\n'
+        >>> toy_tokenizer(pad_token=IM_END).pad_token_id  # pad == eos
+        2
     """
     require("transformers", "toy_tokenizer")
     from tokenizers import Tokenizer
@@ -76,7 +82,7 @@ def toy_tokenizer(*, padding_side: str = "right", vocab_size: int = 384) -> PreT
 
     tokenizer = PreTrainedTokenizerFast(
         tokenizer_object=Tokenizer.from_str(_toy_tokenizer_json(vocab_size)),
-        pad_token=PAD_TOKEN,
+        pad_token=pad_token,
         eos_token=IM_END,
         bos_token=None,
         unk_token=None,
