@@ -58,6 +58,7 @@ _EXPORTS: dict[str, str] = {
     "TorchRLWeightTransfer": "rollouts._weight_transfer",
     # openenv/: OpenEnv both ways (the `openenv` extra)
     "as_openenv_environment": "openenv._to_openenv",
+    "OpenEnvChatEnv": "openenv._from_openenv",
     "openenv_app": "openenv._serve",
     "openenv_server": "openenv._serve",
 }
