@@ -15,7 +15,7 @@ import threading
 import uuid
 import weakref
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .._checks import check_real, require
 
@@ -31,6 +31,7 @@ from openenv.core.env_server.types import (  # noqa: E402
 from pydantic import Field, ValidationError  # noqa: E402
 from tensordict import NonTensorStack, TensorDict, TensorDictBase, set_list_to_stack  # noqa: E402
 from tensordict.utils import NestedKey  # noqa: E402
+from torchrl.envs import EnvBase  # noqa: E402
 
 from .._conversation import (  # noqa: E402
     history_to_messages,
@@ -44,9 +45,6 @@ from .._keys import (  # noqa: E402
     REWARD_KEY,
     as_nested_key,
 )
-
-if TYPE_CHECKING:  # pragma: no cover
-    from torchrl.envs import EnvBase
 
 __all__ = ["TorchRLChatAction", "TorchRLChatObservation", "as_openenv_environment"]
 
@@ -127,8 +125,6 @@ def tool_schemas(env: Any) -> list[dict[str, Any]]:
 
 def check_chat_env(env: Any, owner: str) -> Any:
     """``env``'s base ChatEnv; raises unless ``env`` plays one history-mode episode at a time."""
-    from torchrl.envs import EnvBase
-
     if not isinstance(env, EnvBase):
         raise TypeError(
             f"{owner}: make_env returned {env!r:.100} of type {type(env).__name__}; expected a "
@@ -412,9 +408,10 @@ def as_openenv_environment(
     ======================== ===================================================================
     OpenEnv                  TorchRL
     ======================== ===================================================================
-    ``reset(seed=None,       ``env.reset`` with ``prompt`` (a str or TRL messages) at the
-    episode_id=None,         ChatEnv's ``data_key``; every other keyword (a dataset row's
-    prompt=..., **row)``     columns) set in the reset tensordict, where transforms read it.
+    ``reset``                ``reset(seed=None, episode_id=None, prompt=..., **row)``:
+                             ``env.reset`` with ``prompt`` (a str or TRL messages) at the
+                             ChatEnv's ``data_key``; every other keyword (a dataset row's
+                             columns) set in the reset tensordict, where transforms read it.
                              Without ``prompt``, an environment with a ``DataLoadingPrimer``
                              serves its own.
     ``step(action)``         ``action.content`` appended as the assistant's turn to
@@ -483,8 +480,6 @@ def as_openenv_environment(
         (1.0, True, 2)
         >>> env.close()
     """
-    from torchrl.envs import EnvBase
-
     shared = make_env if isinstance(make_env, EnvBase) else None
     if shared is None and not callable(make_env):
         raise TypeError(
