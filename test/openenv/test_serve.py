@@ -15,10 +15,11 @@ from _openenv_helpers import PROMPT, answers, cli_server, torchrl_episode
 from fastapi.testclient import TestClient
 from openenv.core import GenericEnvClient
 from openenv.core.env_server import create_app
+from tensordict import TensorDict
 
-from torchrl_trl_interop import as_openenv_environment, openenv_app
+from torchrl_trl_interop import OpenEnvChatEnv, as_openenv_environment, openenv_app
 from torchrl_trl_interop.openenv.__main__ import main
-from torchrl_trl_interop.testing import toy_tool_env
+from torchrl_trl_interop.testing import ScriptedChatPolicy, toy_tool_env
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -143,17 +144,31 @@ class TestOpenEnvClient:
 
 
 @pytest.mark.slow
-class TestCommandLine:
-    def test_serve_reset_step(self, tmp_path, reference):
-        spec = "torchrl_trl_interop.testing:toy_tool_env"
-        log = tmp_path / "server.log"
-        with cli_server(spec, log, "--max-concurrent-envs", "2") as (url, proc):
-            with GenericEnvClient(base_url=url, message_timeout_s=60).sync() as client:
-                assert client_play(client) == reference
-        # stopped by SIGTERM within the wait (uvicorn re-raises the signal after shutting down);
-        # a server that hung would have been killed (-SIGKILL)
-        assert proc.returncode in (0, -signal.SIGTERM)
+def test_command_line_serves_then_stops_on_sigterm(tmp_path, reference):
+    spec = "torchrl_trl_interop.testing:toy_tool_env"
+    log = tmp_path / "server.log"
+    with cli_server(spec, log, "--max-concurrent-envs", "2") as (url, proc):
         assert f"serving {spec} with OpenEnv at {url}" in log.read_text()
+        with GenericEnvClient(base_url=url, message_timeout_s=60).sync() as client:
+            assert client_play(client) == reference
+        proc.terminate()
+        proc.wait(timeout=60)
+    # uvicorn shuts down, then re-raises the signal; a server that hung would have been killed
+    assert proc.returncode in (0, -signal.SIGTERM)
+
+
+@pytest.mark.slow
+def test_server_killed_mid_episode(tmp_path):
+    """Killed mid-episode, the server's session raises a clear ``ConnectionError`` at once."""
+    spec = "torchrl_trl_interop.testing:toy_tool_env"
+    with cli_server(spec, tmp_path / "server.log") as (url, proc):
+        env = OpenEnvChatEnv(url, message_timeout_s=60)
+        td = env.reset(TensorDict({"query": [PROMPT]}, batch_size=[1]))
+        proc.kill()
+        proc.wait(timeout=30)
+        with pytest.raises(ConnectionError, match=f"the OpenEnv server at {url} went away"):
+            env.step(ScriptedChatPolicy(answers())(td))
+        env.close()  # the socket is gone too: closing still returns
 
 
 @pytest.mark.parametrize(
