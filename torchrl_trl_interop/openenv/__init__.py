@@ -4,6 +4,7 @@ driven by TorchRL.
 The public names live at the top level (``from torchrl_trl_interop import OpenEnvChatEnv``);
 the modules here are private, one job each:
 
+* ``_wire``: the action and observation models, the tools' JSON schemas;
 * ``_to_openenv``: :func:`~torchrl_trl_interop.as_openenv_environment`, a TorchRL LLM
   environment as an OpenEnv ``Environment``;
 * ``_sessions``: one OpenEnv session, in this process or over OpenEnv's WebSocket protocol;

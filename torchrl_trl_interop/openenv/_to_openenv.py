@@ -22,13 +22,8 @@ from .._checks import check_real, require
 require("openenv", "as_openenv_environment")
 
 from openenv.core.env_server.interfaces import Environment  # noqa: E402
-from openenv.core.env_server.types import (  # noqa: E402
-    Action,
-    EnvironmentMetadata,
-    Observation,
-    State,
-)
-from pydantic import Field, ValidationError  # noqa: E402
+from openenv.core.env_server.types import EnvironmentMetadata, State  # noqa: E402
+from pydantic import ValidationError  # noqa: E402
 from tensordict import NonTensorStack, TensorDict, TensorDictBase, set_list_to_stack  # noqa: E402
 from tensordict.utils import NestedKey  # noqa: E402
 from torchrl.envs import EnvBase  # noqa: E402
@@ -45,82 +40,19 @@ from .._keys import (  # noqa: E402
     REWARD_KEY,
     as_nested_key,
 )
+from ._wire import (  # noqa: E402
+    TorchRLChatAction,
+    TorchRLChatObservation,
+    all_transforms,
+    tool_schemas,
+)
 
-__all__ = ["TorchRLChatAction", "TorchRLChatObservation", "as_openenv_environment"]
+__all__ = ["as_openenv_environment", "check_chat_env"]
 
 _OWNER = "as_openenv_environment"
 _END_KEYS = ("terminated", "truncated")
 #: envs owned by a live instance: a factory returning one twice would share an episode
 _OWNED: weakref.WeakSet = weakref.WeakSet()
-
-
-class TorchRLChatAction(Action):
-    """The assistant's message: one turn of the conversation."""
-
-    content: str = Field(
-        description="The assistant's message. The environment's transforms parse it (tool calls "
-        "in the environment's own format) as they do under a TorchRL policy."
-    )
-
-
-class TorchRLChatObservation(Observation):
-    """What a reset or a step returns: the new messages, the conversation, the tools."""
-
-    messages: list[dict[str, Any]] = Field(
-        default_factory=list,
-        description="The messages this call added, as TRL messages: at reset the prompt (system "
-        "and user turns), after a step the environment's turns (tool results, replies).",
-    )
-    conversation: list[dict[str, Any]] = Field(
-        default_factory=list,
-        description="The whole conversation so far, the assistant's turns included.",
-    )
-    tools: list[dict[str, Any]] | None = Field(
-        default=None,
-        description="At reset, the JSON schemas of the environment's tools; None after a step.",
-    )
-
-
-def _all_transforms(env: Any) -> list:
-    """Every transform of ``env``, inside ``Compose``\\ s too, in order."""
-    out, stack = [], [getattr(env, "transform", None)]
-    while stack:
-        t = stack.pop(0)
-        if t is not None:
-            out.append(t)
-            stack[:0] = list(getattr(t, "transforms", []))
-    return out
-
-
-def _schema_of(name: str, func: Callable) -> dict[str, Any]:
-    """A tool's JSON schema from its annotations and docstring, else one naming it only."""
-    try:
-        from transformers.utils import get_json_schema
-
-        schema = get_json_schema(func)
-    except Exception:  # no transformers, no docstring, untyped arguments: the name alone
-        return {"type": "function", "function": {"name": name}}
-    schema["function"]["name"] = name  # the name the environment calls it by
-    return schema
-
-
-def tool_schemas(env: Any) -> list[dict[str, Any]]:
-    """The JSON schemas of the named tools of ``env``'s tool transforms, in order.
-
-    A tool transform holding a ``tools`` mapping (torchrl's ``SimpleToolTransform``) gives, per
-    tool, its declared ``tool_schemas`` entry, else one built from the function's annotations and
-    Google-style docstring (``transformers.utils.get_json_schema``), else one naming it only.
-    Tool transforms without named tools (``PythonInterpreter``) add nothing.
-    """
-    from torchrl.envs.llm.transforms.tools import ToolTransformBase
-
-    out = []
-    for t in _all_transforms(env):
-        tools = getattr(t, "tools", None)
-        if isinstance(t, ToolTransformBase) and isinstance(tools, Mapping):
-            declared = getattr(t, "tool_schemas", None) or {}
-            out.extend(declared.get(n) or _schema_of(n, f) for n, f in tools.items())
-    return out
 
 
 def check_chat_env(env: Any, owner: str) -> Any:
@@ -182,7 +114,7 @@ class _TorchRLEnvironment(Environment[TorchRLChatAction, TorchRLChatObservation,
                 )
             _OWNED.add(env)
         self.env, self._owns = env, owns
-        self._primed = any(isinstance(t, DataLoadingPrimer) for t in _all_transforms(env))
+        self._primed = any(isinstance(t, DataLoadingPrimer) for t in all_transforms(env))
         self._tools = tool_schemas(env)
         self._td: TensorDictBase | None = None
         self._episode_id: str | None = None
