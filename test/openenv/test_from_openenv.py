@@ -236,7 +236,7 @@ class ShoutEnvironment(Environment):
         self.steps = 0
 
     def reset(self, seed=None, episode_id=None, **kwargs):
-        self.steps = 0
+        self.steps, self.seed, self.reset_kwargs = 0, seed, kwargs
         return ShoutObservation()
 
     def step(self, action, timeout_s=None, **kwargs):
@@ -247,6 +247,44 @@ class ShoutEnvironment(Environment):
     @property
     def state(self):
         return State(step_count=self.steps)
+
+
+def test_seed_and_columns_are_sent_at_reset():
+    sessions = []
+
+    def make():
+        sessions.append(ShoutEnvironment())
+        return sessions[-1]
+
+    env = OpenEnvChatEnv(
+        make, batch_size=2, observation_fn=shouted, reset_kwargs_keys={"answer": "answer"}
+    )
+    env.set_seed(7)
+    env.reset(TensorDict({"query": ["hi", "hey"], "answer": ["5", "6"]}, batch_size=[2]))
+    env.reset(TensorDict({"query": ["hi", "hey"], "answer": ["5", "6"]}, batch_size=[2]))
+    assert [s.seed for s in sessions] == [None, None]  # the seed went with the first reset only
+    env.set_seed(7)
+    env.reset(TensorDict({"query": ["hi", "hey"], "answer": ["5", "6"]}, batch_size=[2]))
+    assert [(s.seed, s.reset_kwargs) for s in sessions] == [
+        (7, {"answer": "5", "prompt": "hi"}),
+        (8, {"answer": "6", "prompt": "hey"}),
+    ]
+
+
+def test_reset_columns_reach_a_served_reward():
+    def matches_answer(completions, answer, **kwargs):
+        return [float(a in c[-1]["content"]) for c, a in zip(completions, answer)]
+
+    def make_env():
+        reward = as_reward_transform(matches_answer, kwargs_keys={"answer": "answer"})
+        return toy_chat_env(batch_size=1, transforms=[reward])
+
+    env = OpenEnvChatEnv(
+        as_openenv_environment(make_env), batch_size=2, reset_kwargs_keys={"answer": "answer"}
+    )
+    td = env.reset(TensorDict({"query": [PROMPT] * 2, "answer": ["5", "6"]}, batch_size=[2]))
+    td = env.step(ScriptedChatPolicy(["It is 5."])(td))
+    assert td["next", "reward"].flatten().tolist() == [1.0, 0.0]
 
 
 def shouted(observation):

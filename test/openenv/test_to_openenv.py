@@ -84,6 +84,14 @@ class TestEpisode:
         with pytest.raises(ValueError, match="DataLoadingPrimer"):
             env.reset(prompt=PROMPT)
 
+    def test_seed(self):
+        env = as_openenv_environment(toy_tool_env)()
+        seeds = []
+        env.env.set_seed = lambda seed, **kwargs: seeds.append(seed)
+        env.reset(prompt=PROMPT, seed=3)
+        env.reset(prompt=PROMPT)
+        assert seeds == [3]
+
     def test_no_reward_written_is_none(self):
         env = as_openenv_environment(partial(toy_chat_env, batch_size=1))()
         env.reset(prompt=PROMPT)
