@@ -52,13 +52,15 @@ QUESTIONS = ["What is 2 plus 3?", "What is 1 plus 1?"]
 
 
 def script(messages):
-    """Call the tool with the question's numbers, then answer with the tool's result."""
+    """Call the tool with the question's numbers, then answer with the tool's result, except
+    for ``1 plus 1``, answered wrong (so that rewards differ between prompts)."""
     from torchrl_trl_interop.testing import parse_question
 
     a, b = parse_question(messages[0]["content"])
     if not any(m["role"] == "assistant" for m in messages):
         return toy_tool_call(a, b)
-    return f"{a} plus {b} is {messages[-1]['content'].split()[-1]}."
+    result = messages[-1]["content"].split()[-1]
+    return f"{a} plus {b} is {'3' if (a, b) == (1, 1) else result}."
 
 
 def right_answer(messages):
@@ -123,12 +125,37 @@ class TestServed:
             prompts, trainer
         )
         assert got == want
-        assert got["env_reward"] == [1.0, 1.0, 1.0, 1.0]
+        assert got["env_reward"] == [1.0, 1.0, 0.0, 0.0]
         assert [[m["role"] for m in h] for h in got["history"]] == [
             ["user", "assistant", "tool", "assistant"]
         ] * 4
         assert any(m == 0 for m in got["env_mask"][0])  # the tool's reply: environment tokens
         wrapped.close()
+
+    def test_grpo_on_scripted_answers_gets_the_unwrapped_envs_rewards(self, served_url, tmp_path):
+        tok = toy_tokenizer()
+        runs = {}
+        for name, env in (
+            ("unwrapped", toy_tool_env(batch_size=4)),
+            ("round trip", OpenEnvChatEnv(served_url, batch_size=4)),
+        ):
+            seen = []
+
+            def env_reward(completions, history, env_reward, _seen=seen, **kwargs):
+                _seen.append((history, env_reward))
+                return list(env_reward)
+
+            policy = ScriptedChatPolicy(script, tokenizer=tok)
+            rollout_func = as_trl_rollout_func(env, policy=policy, max_turns=2)
+            trainer = grpo_trainer(tok, rollout_func, [env_reward], tmp_path / name)
+            trainer.train()
+            assert trainer.state.global_step == 2
+            logged = [row["rewards/env_reward/mean"] for row in trainer.state.log_history[:-1]]
+            runs[name] = (seen, logged)
+            env.close()
+        assert runs["round trip"] == runs["unwrapped"]
+        rewards = [r for _, step in runs["unwrapped"][0] for r in step]
+        assert sorted(set(rewards)) == [0.0, 1.0]  # both prompts seen: right and wrong answers
 
     def test_grpo_trains_through_the_round_trip(self, served_url, tmp_path):
         tok = toy_tokenizer()
