@@ -20,7 +20,7 @@ $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install --quiet --upgrade pip
 	$(PIP) install --quiet torch==2.13.0
-	$(PIP) install --quiet -e ".[hf,ray,test,docs]"
+	$(PIP) install --quiet -e ".[hf,ray,openenv,test,docs]"
 	touch $(STAMP)
 
 lint: setup

@@ -5,6 +5,8 @@
 * TRL -> TorchRL: :class:`HFRewardModelWrapper` scores TensorDicts with any HF reward model.
 * The online loop: :func:`as_trl_rollout_func` makes a TorchRL environment ``GRPOTrainer``'s
   rollout engine; :func:`as_reward_transform` puts TRL rewards inside TorchRL environments.
+* OpenEnv both ways: :func:`as_openenv_environment` serves a TorchRL environment to any OpenEnv
+  trainer; :class:`OpenEnvChatEnv` drives an OpenEnv environment with TorchRL.
 
 Every public name is imported lazily, so ``import torchrl_trl_interop`` never imports
 ``transformers``, ``trl`` or ``datasets``; a feature that needs one imports it when used.
@@ -56,6 +58,11 @@ _EXPORTS: dict[str, str] = {
     "trainer_generation_config": "rollouts._trainer_policy",
     "TorchRLRolloutWorker": "rollouts._async_grpo",
     "TorchRLWeightTransfer": "rollouts._weight_transfer",
+    # openenv/: OpenEnv both ways (the `openenv` extra)
+    "as_openenv_environment": "openenv._to_openenv",
+    "OpenEnvChatEnv": "openenv._from_openenv",
+    "openenv_app": "openenv._serve",
+    "openenv_server": "openenv._serve",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -16,7 +16,14 @@ from typing import Any
 import torch
 from tensordict import TensorDictBase
 
-_EXTRA_OF = {"transformers": "hf", "trl": "hf", "datasets": "hf", "accelerate": "hf", "ray": "ray"}
+_EXTRA_OF = {
+    "transformers": "hf",
+    "trl": "hf",
+    "datasets": "hf",
+    "accelerate": "hf",
+    "ray": "ray",
+    "openenv": "openenv",
+}
 
 
 def require(package: str, feature: str) -> None:

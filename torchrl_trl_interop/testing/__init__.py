@@ -6,7 +6,8 @@ the tutorial and the benchmarks all run offline on CPU from the same objects:
 * the tokenizer and its chat template (``_tokenizer.py``);
 * tiny reward models and causal LMs (``_models.py``);
 * conversations, prompts, buffers, trainer settings (``_data.py``);
-* chat environments for the online loop (``_envs.py``);
+* chat environments for the online loop, the toy tool task (``_envs.py``);
+* a scripted chat policy, for episodes that must agree (``_scripted.py``);
 * a generator apart from the trainer (``_generation.py``);
 * stand-ins for measuring the reward wrapper (``_stubs.py``);
 * the tutorial's toy task: small additions, a sloppy teacher, a checkable reward
@@ -32,9 +33,17 @@ from ._data import (
     toy_prompts,
     toy_trainer_args,
 )
-from ._envs import toy_chat_env, toy_primed_chat_env, toy_tool_reply
+from ._envs import (
+    toy_add,
+    toy_chat_env,
+    toy_primed_chat_env,
+    toy_tool_call,
+    toy_tool_env,
+    toy_tool_reply,
+)
 from ._generation import ToyGenerator, toy_answer_length, toy_generator_policy, toy_grpo_step
 from ._models import toy_causal_lm, toy_reward_model
+from ._scripted import ScriptedChatPolicy
 from ._stubs import count_host_syncs, stub_reward_model
 from ._tokenizer import CHATML_TEMPLATE, IM_END, IM_START, PAD_TOKEN, TOY_CORPUS, toy_tokenizer
 from ._toy_task import (
@@ -55,6 +64,7 @@ __all__ = [
     "IM_START",
     "PAD_TOKEN",
     "TOY_CORPUS",
+    "ScriptedChatPolicy",
     "ToyGenerator",
     "arithmetic_chats",
     "arithmetic_questions",
@@ -65,6 +75,7 @@ __all__ = [
     "worked_answer",
     "count_host_syncs",
     "stub_reward_model",
+    "toy_add",
     "toy_answer_length",
     "toy_buffer",
     "toy_causal_lm",
@@ -78,6 +89,8 @@ __all__ = [
     "toy_prompts",
     "toy_reward_model",
     "toy_tokenizer",
+    "toy_tool_call",
+    "toy_tool_env",
     "toy_tool_reply",
     "toy_trainer_args",
 ]

@@ -78,6 +78,20 @@ def _query_rows(rows: list[dict]) -> dict[str, list[str]]:
     return {"query": [r["query"] for r in rows]}
 
 
+def _primer(prompts: list[str], repeats: int, batch_size: int):
+    """A ``DataLoadingPrimer`` serving ``prompts`` (each ``repeats`` times in a row), endlessly."""
+    import torch
+    from torchrl.envs.llm.transforms.dataloading import DataLoadingPrimer
+
+    dataloader = torch.utils.data.DataLoader(
+        [{"query": p} for p in prompts],
+        batch_size=max(batch_size // repeats, 1),
+        shuffle=False,
+        collate_fn=_query_rows,
+    )
+    return DataLoadingPrimer(dataloader=dataloader, repeats=repeats, batch_size=(batch_size,))
+
+
 def toy_primed_chat_env(
     tokenizer: PreTrainedTokenizerFast | None = None,
     *,
@@ -105,24 +119,92 @@ def toy_primed_chat_env(
         >>> history_to_messages(env.reset()["history", "prompt"])[1]
         [{'role': 'user', 'content': 'Hi'}]
     """
-    import torch
     from torchrl.envs import StepCounter
     from torchrl.envs.llm import ChatEnv
-    from torchrl.envs.llm.transforms.dataloading import DataLoadingPrimer
 
     tokenizer = tokenizer if tokenizer is not None else toy_tokenizer(padding_side="left")
     prompts = prompts if prompts is not None else toy_prompts()
-    dataloader = torch.utils.data.DataLoader(
-        [{"query": p} for p in prompts],
-        batch_size=max(batch_size // repeats, 1),
-        shuffle=False,
-        collate_fn=_query_rows,
-    )
     env = ChatEnv(batch_size=(batch_size,), tokenizer=tokenizer, input_mode="history")
-    env = env.append_transform(
-        DataLoadingPrimer(dataloader=dataloader, repeats=repeats, batch_size=(batch_size,))
-    )
+    env = env.append_transform(_primer(prompts, repeats, batch_size))
     env = env.append_transform(StepCounter(max_steps=1))
     for transform in transforms or []:
         env = env.append_transform(transform)
     return env
+
+
+def toy_add(a: int, b: int) -> int:
+    """Adds two integers.
+
+    Args:
+        a: the first integer.
+        b: the second integer.
+
+    Examples:
+        >>> toy_add(2, 3)
+        5
+    """
+    return a + b
+
+
+def toy_tool_call(a: int, b: int) -> str:
+    """An assistant turn calling :func:`toy_add` in torchrl's tool format
+    (``SimpleToolTransform``: ``<tool>name\\n{json arguments}</tool>``).
+
+    Examples:
+        >>> print(toy_tool_call(2, 3))
+        <tool>add
+        {"a": 2, "b": 3}</tool>
+    """
+    import json
+
+    return f"<tool>add\n{json.dumps({'a': a, 'b': b})}</tool>"
+
+
+def toy_tool_env(
+    tokenizer: PreTrainedTokenizerFast | None = None,
+    *,
+    batch_size: int = 1,
+    max_steps: int = 2,
+    prompts: list[str] | None = None,
+):
+    """The toy task as a tool-using ``ChatEnv``: ask, call ``add``, answer, get rewarded.
+
+    A ``ChatEnv`` in history mode with torchrl's ``SimpleToolTransform`` running
+    :func:`toy_add` (called as :func:`toy_tool_call` writes it; the tool's reply is a ``tool``
+    turn), a ``StepCounter(max_steps)`` ending the episode, and
+    :func:`~torchrl_trl_interop.testing.correct_answer` as the reward of the episode's last
+    turn (``as_reward_transform(..., only_done=True)``). It takes its prompts at reset, or, with
+    ``prompts``, serves them itself (a ``DataLoadingPrimer``, one prompt per batch, as a
+    collector needs). Module-level, so ``python -m torchrl_trl_interop.openenv serve
+    torchrl_trl_interop.testing:toy_tool_env`` serves it.
+
+    Keyword Args:
+        tokenizer: defaults to ``toy_tokenizer(padding_side="left")``.
+        batch_size (int): episodes per reset. Defaults to ``1`` (one OpenEnv session).
+        max_steps (int): assistant turns per episode. Defaults to ``2``.
+        prompts (list of str, optional): served by the environment itself, in order, endlessly.
+
+    Examples:
+        >>> from tensordict import TensorDict
+        >>> from torchrl_trl_interop.testing import ScriptedChatPolicy
+        >>> env = toy_tool_env()
+        >>> td = env.reset(TensorDict({"query": ["What is 2 plus 3?"]}, batch_size=[1]))
+        >>> policy = ScriptedChatPolicy([toy_tool_call(2, 3), "2 plus 3 is 5."])
+        >>> rollout = env.rollout(2, policy, auto_reset=False, tensordict=td)
+        >>> rollout["next", "reward"].flatten().tolist(), rollout["next", "done"].flatten().tolist()
+        ([0.0, 1.0], [False, True])
+    """
+    from torchrl.envs import StepCounter
+    from torchrl.envs.llm import ChatEnv
+    from torchrl.envs.llm.transforms import SimpleToolTransform
+
+    from ..rewards._env_transform import as_reward_transform
+    from ._toy_task import correct_answer
+
+    tokenizer = tokenizer if tokenizer is not None else toy_tokenizer(padding_side="left")
+    env = ChatEnv(batch_size=(batch_size,), tokenizer=tokenizer, input_mode="history")
+    if prompts is not None:
+        env = env.append_transform(_primer(prompts, batch_size, batch_size))
+    env = env.append_transform(SimpleToolTransform(tools={"add": toy_add}))
+    env = env.append_transform(StepCounter(max_steps=max_steps))
+    return env.append_transform(as_reward_transform(correct_answer, only_done=True))

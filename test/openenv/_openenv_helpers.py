@@ -1,0 +1,110 @@
+"""Helpers of the OpenEnv tests: the CLI server in a subprocess, the reference episode.
+
+Every server a test starts is stopped when the test ends, whatever happens; the CLI subprocess
+also dies with the test process (``PR_SET_PDEATHSIG``), and every wait has a timeout.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from contextlib import contextmanager
+from pathlib import Path
+
+STARTUP_TIMEOUT_S = 180.0  # the CLI imports torch, torchrl and OpenEnv (gradio) on 2 busy cores
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _die_with_parent() -> None:  # pragma: no cover - runs in the child
+    libc = ctypes.CDLL("libc.so.6", use_errno=True)
+    libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+def _healthy(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(f"{url}/health", timeout=2) as reply:
+            return reply.status == 200
+    except OSError:
+        return False
+
+
+@contextmanager
+def cli_server(spec: str, log: Path, *args: str):
+    """``python -m torchrl_trl_interop.openenv serve spec`` on a free port, until the block ends.
+
+    Yields ``(url, process)``; the output goes to ``log``.
+    """
+    port = free_port()
+    command = [sys.executable, "-m", "torchrl_trl_interop.openenv", "serve", spec]
+    command += ["--port", str(port), "--log-level", "warning", *args]
+    with open(log, "w") as out:
+        proc = subprocess.Popen(
+            command,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            preexec_fn=_die_with_parent if sys.platform == "linux" else None,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + STARTUP_TIMEOUT_S
+        while not _healthy(url):
+            if proc.poll() is not None:
+                raise RuntimeError(f"the server exited ({proc.returncode}):\n{log.read_text()}")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the server did not answer in time:\n{log.read_text()}")
+            time.sleep(0.2)
+        yield url, proc
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=20)
+
+
+# -- the scripted episode every way must agree on ------------------------------------------------
+
+PROMPT = "What is 2 plus 3?"
+
+
+def answers() -> list[str]:
+    """Call the tool in torchrl's tool format, then answer."""
+    from torchrl_trl_interop.testing import toy_tool_call
+
+    return [toy_tool_call(2, 3), "2 plus 3 is 5."]
+
+
+def torchrl_episode(prompt=PROMPT, script=None, make_env=None) -> list[tuple]:
+    """The episode as the TorchRL environment itself plays it (``env.rollout`` with a scripted
+    policy): ``[(messages added, reward, done), ...]``, the reset first (reward ``None``)."""
+    from tensordict import TensorDict
+
+    from torchrl_trl_interop import history_to_messages
+    from torchrl_trl_interop.testing import ScriptedChatPolicy, toy_tool_env
+
+    script = answers() if script is None else script
+    env = (make_env or toy_tool_env)()
+    td = env.reset(TensorDict({"query": [prompt]}, batch_size=[1]))
+    rollout = env.rollout(len(script), ScriptedChatPolicy(script), tensordict=td, auto_reset=False)
+    out = [(history_to_messages(td["history", "prompt"])[0], None, False)]
+    for t in range(rollout.shape[1]):
+        step = rollout[0, t]
+        answered = history_to_messages(step["history", "full"])
+        after = history_to_messages(step["next", "history", "prompt"])
+        reward = float(step["next", "reward"].sum())
+        out.append((after[len(answered) :], reward, bool(step["next", "done"].any())))
+    return out

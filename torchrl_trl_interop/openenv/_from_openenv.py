@@ -1,0 +1,359 @@
+"""OpenEnv environments as a TorchRL ``EnvBase`` in history mode, one OpenEnv session per row.
+
+:class:`OpenEnvChatEnv` reads and writes what a torchrl ``ChatEnv(input_mode="history")`` does:
+a reset takes the prompt at ``data_key`` (``"query"``) and returns the conversation at
+``("history", "prompt")``; a step takes the policy's ``("history", "full")``, sends its last
+(assistant) turn to the OpenEnv environment as the action, and returns the conversation extended
+with the environment's reply as the next ``("history", "prompt")``, with the reward and done flag
+the environment returned. So torchrl's ``LLMCollector``, this package's
+:func:`~torchrl_trl_interop.as_trl_rollout_func` and reward transforms drive any OpenEnv
+environment, served (a WebSocket session per row) or in this process.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+from tensordict import TensorDict, TensorDictBase, lazy_stack, set_list_to_stack
+from tensordict.utils import NestedKey
+from torchrl.envs import EnvBase
+
+from .._checks import as_mapping, check_positive_int, check_real, require
+from .._conversation import history_to_messages, is_message_list, messages_to_history
+from .._keys import (
+    DONE_KEY,
+    HISTORY_KEY,
+    REWARD_KEY,
+    as_nested_key,
+    key_parts,
+    to_python,
+)
+from ..data._columns import row_values
+from ._sessions import Reply, open_sessions
+
+__all__ = ["OpenEnvChatEnv"]
+
+_OWNER = "OpenEnvChatEnv"
+_RESET_KEY = "_reset"
+
+
+def _content_action(content: str) -> dict[str, Any]:
+    """The default action: ``{"content": ...}``, what :func:`as_openenv_environment` takes."""
+    return {"content": content}
+
+
+def _observed_messages(observation: dict[str, Any]) -> list[dict[str, Any]]:
+    """The default reading of an observation: its ``messages`` (as
+    :func:`as_openenv_environment` writes them)."""
+    if "messages" not in observation:
+        raise KeyError(
+            f"{_OWNER}: the observation has no 'messages' (it holds {sorted(observation)}). Pass "
+            "observation_fn=... turning this environment's observations into the messages they "
+            "add to the conversation."
+        )
+    return observation["messages"]
+
+
+def _chats(history: Any) -> list[list[dict[str, Any]]]:
+    """Each row of a ``[B, T]`` History as TRL messages, torchrl's ``<none>`` padding dropped."""
+    return [[m for m in chat if m["role"] != "<none>"] for chat in history_to_messages(history)]
+
+
+class OpenEnvChatEnv(EnvBase):
+    """An OpenEnv environment as a TorchRL LLM environment in history mode.
+
+    Each row of the batch is one OpenEnv session: a WebSocket session of a served environment
+    (OpenEnv's ``GenericEnvClient``), or an ``Environment`` in this process. The environment
+    reads and writes what a torchrl ``ChatEnv(input_mode="history")`` does, so torchrl's
+    ``LLMCollector``, :func:`~torchrl_trl_interop.as_trl_rollout_func` and reward transforms drive
+    it as they drive a ``ChatEnv``:
+
+    * **reset**: each row's prompt at ``data_key`` (``"query"``: a str or a History, as a
+      ``ChatEnv`` takes it) is sent as ``reset(prompt=...)`` (``prompt_kwarg``), with the
+      columns named by ``reset_kwargs_keys``; the observation's messages (``observation_fn``)
+      become the conversation, ``("history", "prompt")``. If the observation has none, the
+      prompt is the conversation, as a ``ChatEnv`` makes it. Without a prompt in the input, the
+      OpenEnv environment's reset serves its own.
+    * **step**: the last turn of the policy's ``("history", "full")``, an assistant turn, is sent
+      as ``action_fn(content)``; the next ``("history", "prompt")`` is ``("history", "full")`` and
+      the messages the observation adds; the reward goes to ``("next", "reward")`` (shape
+      ``[*batch, 1, 1]``, as torchrl's LLM reward transforms write it; ``NaN`` when the
+      environment gives none) and the done flag to ``("next", "done")`` and
+      ``("next", "terminated")``. Rows already done are not sent again: they keep their
+      conversation, with reward 0.0.
+
+    The defaults speak the format of :func:`~torchrl_trl_interop.as_openenv_environment`
+    (``{"content": ...}`` actions, ``messages`` in observations), so a TorchRL environment served
+    through OpenEnv and wrapped back plays the same episodes as the environment itself. Other
+    environments need ``action_fn`` and ``observation_fn``.
+
+    Args:
+        env (str, Environment, EnvClient or callable): the OpenEnv environment: a server's URL
+            (``"http://127.0.0.1:8000"``; one WebSocket session per row), an ``Environment``
+            instance or an OpenEnv client (one session: ``batch_size=1``), or a zero-argument
+            callable returning either, called once per row (an ``Environment`` subclass is one).
+
+    Keyword Args:
+        batch_size (int, optional): the number of sessions, rows of the batch. Defaults to ``1``.
+        action_fn (callable, optional): the assistant's message (a str) -> the action: a dict
+            (sent as is to a server; validated with the environment's ``action_type`` in this
+            process) or an OpenEnv ``Action``. Defaults to ``{"content": message}``.
+        observation_fn (callable, optional): an observation (a dict of its fields) -> the
+            messages it adds to the conversation, a list of ``{"role", "content"}`` dicts.
+            Defaults to reading its ``messages`` field.
+        prompt_kwarg (str or None, optional): the reset keyword the prompt is sent as. ``None``
+            sends none (the environment serves its own prompts). Defaults to ``"prompt"``.
+        reset_kwargs_keys (dict, optional): ``{reset keyword: key}``: more columns of the reset
+            input sent at reset (e.g. ``{"answer": "answer"}``: a ``DataLoadingPrimer``'s column).
+        connect_timeout_s (float, optional): a server's connection limit. Defaults to ``10.0``.
+        message_timeout_s (float, optional): the longest wait for a server's reply; past it the
+            call raises ``ConnectionError``. Defaults to ``60.0``.
+
+    Raises:
+        TypeError: if ``env`` is none of the above, or a function argument is not callable.
+        ValueError: if ``batch_size`` is not a positive int, one instance or client is given for
+            ``batch_size > 1``, or a timeout is not positive.
+        ConnectionError: if a server cannot be reached.
+
+    At reset and step: ``ConnectionError`` if the server goes away or does not answer within
+    ``message_timeout_s``; ``RuntimeError`` if it refuses the call (an action of another schema,
+    a step before reset, no free session); ``ValueError`` if the policy's conversation does not
+    extend the environment's by one assistant turn, or an observation adds no valid messages.
+
+    Examples:
+        >>> from tensordict import TensorDict
+        >>> from torchrl_trl_interop import as_openenv_environment, history_to_messages
+        >>> from torchrl_trl_interop.testing import ScriptedChatPolicy, toy_tool_call, toy_tool_env
+        >>> env = OpenEnvChatEnv(as_openenv_environment(toy_tool_env))  # in this process
+        >>> td = env.reset(TensorDict({"query": ["What is 2 plus 3?"]}, batch_size=[1]))
+        >>> policy = ScriptedChatPolicy([toy_tool_call(2, 3), "2 plus 3 is 5."])
+        >>> rollout = env.rollout(2, policy, tensordict=td, auto_reset=False)
+        >>> rollout["next", "reward"].flatten().tolist()
+        [0.0, 1.0]
+        >>> history_to_messages(rollout[0, 0]["next", "history", "prompt"])[-1]
+        {'role': 'tool', 'content': 'Tool add executed successfully:\\n5'}
+        >>> env.close()
+    """
+
+    data_key: str = "query"
+    input_mode: str = "history"
+    policy_role: str = "assistant"
+
+    def __init__(
+        self,
+        env: Any,
+        *,
+        batch_size: int = 1,
+        action_fn: Callable[[str], Any] | None = None,
+        observation_fn: Callable[[dict[str, Any]], list[dict[str, Any]]] | None = None,
+        prompt_kwarg: str | None = "prompt",
+        reset_kwargs_keys: Mapping[str, NestedKey] | None = None,
+        connect_timeout_s: float = 10.0,
+        message_timeout_s: float = 60.0,
+    ) -> None:
+        require("openenv", _OWNER)
+        check_positive_int(batch_size, "batch_size", _OWNER)
+        for arg, fn in (("action_fn", action_fn), ("observation_fn", observation_fn)):
+            if fn is not None and not callable(fn):
+                raise TypeError(f"{_OWNER}: {arg} must be callable, got {fn!r:.100}.")
+        if prompt_kwarg is not None and not isinstance(prompt_kwarg, str):
+            raise TypeError(f"{_OWNER}: prompt_kwarg must be a str or None, got {prompt_kwarg!r}.")
+        mapping = as_mapping(reset_kwargs_keys, "reset_kwargs_keys", _OWNER, "{reset keyword: key}")
+        for arg, value in (
+            ("connect_timeout_s", connect_timeout_s),
+            ("message_timeout_s", message_timeout_s),
+        ):
+            if check_real(value, arg, _OWNER) <= 0:
+                raise ValueError(f"{_OWNER}: {arg} must be > 0, got {value!r}.")
+        super().__init__(batch_size=torch.Size([batch_size]))
+        self.action_fn = action_fn or _content_action
+        self.observation_fn = observation_fn or _observed_messages
+        self.prompt_kwarg = prompt_kwarg
+        self.reset_kwargs_keys = {
+            str(k): as_nested_key(v, f"reset_kwargs_keys[{k!r}]") for k, v in mapping.items()
+        }
+        self._sessions = open_sessions(
+            env,
+            batch_size,
+            _OWNER,
+            connect_timeout_s=float(connect_timeout_s),
+            message_timeout_s=float(message_timeout_s),
+        )
+        self._chats: list[list[dict[str, Any]] | None] = [None] * batch_size
+        self._done = [False] * batch_size
+        self._seed: int | None = None
+        self._make_specs()
+
+    def _make_specs(self) -> None:
+        from torchrl.data import Composite, NonTensor, Unbounded
+        from torchrl.modules.llm.policies import ChatHistory
+
+        shape = self.batch_size
+        history = HISTORY_KEY[0]
+        self.full_observation_spec = Composite(
+            {history: ChatHistory.default_spec(shape=shape, keys=["prompt"])}, shape=shape
+        )
+        self.full_action_spec = Composite(
+            {history: ChatHistory.default_spec(shape=shape, keys=["full"])}, shape=shape
+        )
+        self.full_state_spec = Composite(
+            {self.data_key: NonTensor(example_data="a string", shape=shape)}, shape=shape
+        )
+        self.full_reward_spec = Composite(
+            {REWARD_KEY: Unbounded(shape=(*shape, 1, 1))}, shape=shape
+        )
+
+    def __repr__(self) -> str:
+        where = self._sessions[0].where if self._sessions else "nothing"
+        return f"{type(self).__name__}(batch_size={tuple(self.batch_size)}, env={where})"
+
+    # -- reset -----------------------------------------------------------------------------------
+
+    def _row_prompts(self, tensordict: TensorDictBase | None) -> list[Any]:
+        """Each row's prompt at ``data_key`` (a str or TRL messages), or ``None``s."""
+        from torchrl.data.llm import History
+
+        n = self.batch_size[0]
+        value = None if tensordict is None else tensordict.get(self.data_key, None)
+        if value is None:
+            return [None] * n
+        if self.prompt_kwarg is None:
+            raise ValueError(
+                f"{_OWNER}: the reset input holds a prompt at {self.data_key!r}, but "
+                "prompt_kwarg=None sends none. Pass prompt_kwarg='<reset keyword>', or reset "
+                "without it."
+            )
+        prompts = _chats(value) if isinstance(value, History) else to_python(value)
+        if isinstance(prompts, str):
+            prompts = [prompts] * n
+        if not isinstance(prompts, list) or len(prompts) != n:
+            raise ValueError(
+                f"{_OWNER}: expected {n} prompts at {self.data_key!r}, one per row, got "
+                f"{prompts!r:.200}."
+            )
+        for p in prompts:
+            if not (isinstance(p, str) or is_message_list(p)):
+                raise TypeError(
+                    f"{_OWNER}: a prompt at {self.data_key!r} must be a str or a list of "
+                    f"messages, got {p!r:.100} of type {type(p).__name__}."
+                )
+        return prompts
+
+    def _reset(self, tensordict: TensorDictBase | None = None, **kwargs: Any) -> TensorDictBase:
+        n = self.batch_size[0]
+        rows = range(n)
+        if tensordict is not None and _RESET_KEY in tensordict.keys():
+            mask = tensordict.get(_RESET_KEY).reshape(n, -1).any(-1).tolist()
+            rows = [i for i in rows if mask[i]]
+        prompts = self._row_prompts(tensordict)
+        columns = {
+            name: [to_python(v) for v in row_values(tensordict, key_parts(key), name, _OWNER)]
+            for name, key in self.reset_kwargs_keys.items()
+        }
+        seed, self._seed = self._seed, None
+        for i in rows:
+            kwargs = {name: values[i] for name, values in columns.items()}
+            if seed is not None:
+                kwargs["seed"] = seed + i
+            if prompts[i] is not None:
+                kwargs[self.prompt_kwarg] = prompts[i]
+            reply = self._sessions[i].reset(**kwargs)
+            chat = self._messages(reply, i, "reset")
+            if not chat and prompts[i] is not None:  # the prompt is the conversation, as ChatEnv's
+                p = prompts[i]
+                chat = [{"role": "user", "content": p}] if isinstance(p, str) else list(p)
+            if not chat:
+                raise ValueError(
+                    f"{_OWNER}: {self._sessions[i].where} returned no messages at reset and no "
+                    f"prompt was sent; pass a prompt at {self.data_key!r} or an observation_fn "
+                    "reading the reset observation's prompt."
+                )
+            self._chats[i], self._done[i] = chat, False
+        with set_list_to_stack(True):
+            out = self._history_td(messages_to_history(self._chats))
+        if tensordict is not None:  # keep the prompt and the row's columns, as ChatEnv does
+            reserved = [HISTORY_KEY[0], _RESET_KEY, "next", *self.done_keys, *self.reward_keys]
+            kept = tensordict.exclude(*reserved)
+            out = kept.to_lazystack(0).update(out) if kept.keys() else out
+        return out
+
+    # -- step ------------------------------------------------------------------------------------
+
+    def _step(self, tensordict: TensorDictBase) -> TensorDictBase:
+        n = self.batch_size[0]
+        rewards = torch.zeros(n)
+        with set_list_to_stack(True):
+            full = tensordict.get(HISTORY_KEY)
+            chats = _chats(full)
+            added: list[list[dict[str, Any]]] = [[] for _ in range(n)]
+            for i in range(n):
+                if self._done[i]:
+                    continue
+                content = self._assistant_turn(chats[i], i)
+                reply = self._sessions[i].step(self.action_fn(content))
+                added[i] = self._messages(reply, i, "step")
+                rewards[i] = float("nan") if reply.reward is None else float(reply.reward)
+                self._chats[i], self._done[i] = chats[i] + added[i], reply.done
+            rows = [full[i] for i in range(n)]
+            rows = [
+                row.extend(messages_to_history(new), inplace=False, dim=-1) if new else row
+                for row, new in zip(rows, added)
+            ]
+            out = self._history_td(lazy_stack(rows))
+        done = torch.tensor(self._done).reshape(n, 1)
+        out.set(REWARD_KEY, rewards.reshape(n, 1, 1))
+        out.set(DONE_KEY, done)
+        out.set("terminated", done.clone())
+        return out
+
+    def _assistant_turn(self, chat: list[dict[str, Any]], i: int) -> str:
+        """The content of the policy's one new turn in row ``i``'s conversation."""
+        known = self._chats[i]
+        if known is None:
+            raise RuntimeError(f"{_OWNER}: step before reset (row {i}); call env.reset() first.")
+        new, extends = chat[len(known) :], chat[: len(known)] == known
+        if not extends or len(new) != 1 or new[0]["role"] != self.policy_role:
+            raise ValueError(
+                f"{_OWNER}: row {i}'s ('history', 'full') should be the environment's "
+                f"conversation plus one {self.policy_role!r} turn (an OpenEnv step takes one "
+                f"message), got {len(new)} new turns {[m['role'] for m in new]} after "
+                f"{len(known)} known ones{'' if extends else ' (which differ)'}."
+            )
+        return new[0]["content"]
+
+    def _messages(self, reply: Reply, i: int, what: str) -> list[dict[str, Any]]:
+        messages = self.observation_fn(reply.observation)
+        if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
+            raise ValueError(
+                f"{_OWNER}: observation_fn returned {messages!r:.200} for row {i}'s {what}; "
+                "expected a list of {'role': ..., 'content': ...} messages."
+            )
+        if messages:
+            messages_to_history(messages)  # raises naming the bad message
+        return [dict(m) for m in messages]
+
+    def _history_td(self, prompt: Any) -> TensorDictBase:
+        from torchrl.modules.llm.policies import ChatHistory
+
+        out = TensorDict(batch_size=self.batch_size).to_lazystack(0)
+        out.set(HISTORY_KEY[0], ChatHistory(prompt=prompt, batch_size=self.batch_size))
+        return out
+
+    def _set_seed(self, seed: int | None) -> None:
+        """OpenEnv seeds at reset: the next reset sends ``seed=seed + row`` to each session."""
+        self._seed = seed
+
+    def close(self, *, raise_if_closed: bool = True) -> None:
+        """Closes every session (a client's WebSocket, an in-process environment)."""
+        sessions, self._sessions = getattr(self, "_sessions", []), []
+        errors = []
+        for session in sessions:
+            try:
+                session.close()
+            except Exception as err:  # a server already gone: close the others anyway
+                errors.append(err)
+        super().close(raise_if_closed=raise_if_closed)
+        if errors:
+            raise errors[0]

@@ -1,0 +1,241 @@
+"""OpenEnv's server around a TorchRL environment: the app, a background server, the CLI's loop.
+
+:func:`openenv_app` is OpenEnv's own FastAPI app (``create_app``: HTTP ``/reset``, ``/step``,
+``/state``, ``/schema``, ``/health`` and the WebSocket ``/ws`` of stateful sessions) serving
+:func:`~torchrl_trl_interop.as_openenv_environment`'s class. :func:`openenv_server` runs it with
+uvicorn in a background thread for the length of a ``with`` block; :func:`serve` runs it in the
+foreground (``python -m torchrl_trl_interop.openenv serve``).
+"""
+
+from __future__ import annotations
+
+import importlib
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
+
+from .._checks import check_positive_int, check_real, require
+
+if TYPE_CHECKING:  # pragma: no cover
+    from fastapi import FastAPI
+    from torchrl.envs import EnvBase
+
+__all__ = ["load_env_factory", "openenv_app", "openenv_server", "serve"]
+
+_STOP_TIMEOUT_S = 10.0
+
+
+def openenv_app(
+    make_env: Callable[[], EnvBase] | EnvBase | type,
+    *,
+    max_concurrent_envs: int = 1,
+    session_timeout_s: float | None = None,
+) -> FastAPI:
+    """OpenEnv's server app (``create_app``) serving a TorchRL LLM environment.
+
+    Args:
+        make_env (callable, EnvBase or Environment subclass): what
+            :func:`~torchrl_trl_interop.as_openenv_environment` takes (a function building a
+            ``ChatEnv``-based environment of batch size ``(1,)``, or one environment), or the
+            class it returned.
+
+    Keyword Args:
+        max_concurrent_envs (int, optional): the most WebSocket sessions at once, each with its
+            own environment (more than one needs a function building one per session). Defaults
+            to ``1``, as OpenEnv's ``create_app``.
+        session_timeout_s (float, optional): sessions idle longer are closed by the server.
+            Defaults to ``None`` (never).
+
+    Returns:
+        a FastAPI app, to run with uvicorn (``uvicorn.run(app, host=..., port=...)``).
+
+    Raises:
+        ValueError: if ``max_concurrent_envs`` is not a positive int, or above 1 for one shared
+            environment (OpenEnv's ``ConcurrencyConfigurationError``).
+
+    Examples:
+        >>> from fastapi.testclient import TestClient
+        >>> from torchrl_trl_interop.testing import toy_tool_env
+        >>> with TestClient(openenv_app(toy_tool_env)) as client:
+        ...     with client.websocket_connect("/ws") as ws:
+        ...         ws.send_json({"type": "reset", "data": {"prompt": "What is 2 plus 3?"}})
+        ...         ws.receive_json()["data"]["observation"]["messages"]
+        [{'role': 'user', 'content': 'What is 2 plus 3?'}]
+    """
+    require("openenv", "openenv_app")
+    from openenv.core.env_server import create_app
+    from openenv.core.env_server.interfaces import Environment
+    from openenv.core.env_server.types import ConcurrencyConfig
+
+    from ._to_openenv import as_openenv_environment
+
+    check_positive_int(max_concurrent_envs, "max_concurrent_envs", "openenv_app")
+    if (
+        session_timeout_s is not None
+        and check_real(session_timeout_s, "session_timeout_s", "openenv_app") <= 0
+    ):
+        raise ValueError(f"openenv_app: session_timeout_s must be > 0, got {session_timeout_s!r}.")
+    is_class = isinstance(make_env, type) and issubclass(make_env, Environment)
+    cls = make_env if is_class else as_openenv_environment(make_env)
+    if max_concurrent_envs > 1 and not cls.SUPPORTS_CONCURRENT_SESSIONS:
+        raise ValueError(
+            f"openenv_app: max_concurrent_envs={max_concurrent_envs}, but every session would "
+            "share one environment. Pass a function building a new environment per session."
+        )
+    config = ConcurrencyConfig(
+        max_concurrent_envs=max_concurrent_envs, session_timeout=session_timeout_s
+    )
+    return create_app(
+        cls, cls.action_type, cls.observation_type, env_name=cls.__name__, concurrency_config=config
+    )
+
+
+def _bound_socket(host: str, port: int) -> socket.socket:
+    """A socket bound to ``(host, port)`` (``port=0``: a free one), for uvicorn to listen on."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as err:
+        sock.close()
+        raise OSError(
+            f"cannot serve on {host}:{port} ({err}); pick another port (or 0 for a free one)."
+        ) from err
+    return sock
+
+
+def _uvicorn_server(app: Any, log_level: str) -> Any:
+    import uvicorn
+
+    config = uvicorn.Config(
+        app, log_level=log_level, timeout_graceful_shutdown=_STOP_TIMEOUT_S, ws_ping_timeout=20.0
+    )
+    return uvicorn.Server(config)
+
+
+@contextmanager
+def openenv_server(
+    make_env: Callable[[], EnvBase] | EnvBase | type,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    max_concurrent_envs: int = 1,
+    session_timeout_s: float | None = None,
+    startup_timeout_s: float = 30.0,
+    log_level: str = "warning",
+) -> Iterator[str]:
+    """Serves a TorchRL LLM environment with OpenEnv's server in a background thread.
+
+    The server (uvicorn, :func:`openenv_app`) listens while the ``with`` block runs and is
+    stopped when it ends, whatever happens in it; the block gets the server's base URL, for
+    OpenEnv's clients or :class:`~torchrl_trl_interop.OpenEnvChatEnv`.
+
+    Args:
+        make_env (callable, EnvBase or Environment subclass): as in :func:`openenv_app`.
+
+    Keyword Args:
+        host (str, optional): the address to listen on. Defaults to ``"127.0.0.1"`` (loopback).
+        port (int, optional): the port; ``0`` takes a free one. Defaults to ``0``.
+        max_concurrent_envs (int, optional): as in :func:`openenv_app`. Defaults to ``1``.
+        session_timeout_s (float, optional): as in :func:`openenv_app`. Defaults to ``None``.
+        startup_timeout_s (float, optional): the longest wait for the server to listen.
+            Defaults to ``30.0``.
+        log_level (str, optional): uvicorn's log level. Defaults to ``"warning"``.
+
+    Yields:
+        the base URL, ``"http://HOST:PORT"``.
+
+    Raises:
+        OSError: if the port cannot be bound.
+        TimeoutError: if the server does not start within ``startup_timeout_s``.
+        RuntimeError: if the server thread dies while starting.
+
+    Examples:
+        >>> from openenv.core import GenericEnvClient
+        >>> from torchrl_trl_interop.testing import toy_tool_env
+        >>> with openenv_server(toy_tool_env) as url:
+        ...     with GenericEnvClient(base_url=url).sync() as client:
+        ...         client.reset(prompt="What is 2 plus 3?").observation["messages"]
+        [{'role': 'user', 'content': 'What is 2 plus 3?'}]
+    """
+    if check_real(startup_timeout_s, "startup_timeout_s", "openenv_server") <= 0:
+        raise ValueError(f"openenv_server: startup_timeout_s must be > 0, got {startup_timeout_s}.")
+    app = openenv_app(
+        make_env, max_concurrent_envs=max_concurrent_envs, session_timeout_s=session_timeout_s
+    )
+    sock = _bound_socket(host, port)
+    server = _uvicorn_server(app, log_level)
+    thread = threading.Thread(
+        target=server.run, kwargs={"sockets": [sock]}, name="openenv-server", daemon=True
+    )
+    thread.start()
+    try:
+        deadline = time.monotonic() + startup_timeout_s
+        while not server.started:
+            if not thread.is_alive():
+                raise RuntimeError(f"openenv_server: the server on {host}:{port} failed to start.")
+            if time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"openenv_server: the server did not start within {startup_timeout_s} s."
+                )
+            time.sleep(0.01)
+        bound = sock.getsockname()[1]
+        yield f"http://{host}:{bound}"
+    finally:
+        server.should_exit = True
+        thread.join(_STOP_TIMEOUT_S)
+        if thread.is_alive():  # connections that would not close: stop without waiting
+            server.force_exit = True
+            thread.join(_STOP_TIMEOUT_S)
+        sock.close()
+
+
+def load_env_factory(spec: str) -> Any:
+    """``"package.module:name"`` -> that object (a function building an environment, an
+    environment, or an ``Environment`` class).
+
+    Raises:
+        ValueError: if ``spec`` is not ``MODULE:NAME``.
+        ImportError: if the module cannot be imported.
+        AttributeError: if the module has no such name.
+    """
+    module_name, sep, name = spec.partition(":")
+    if not sep or not module_name or not name:
+        raise ValueError(
+            f"expected MODULE:NAME (e.g. torchrl_trl_interop.testing:toy_tool_env), got {spec!r}."
+        )
+    module = importlib.import_module(module_name)
+    obj = module
+    for part in name.split("."):
+        if not hasattr(obj, part):
+            raise AttributeError(f"{module_name!r} has no {name!r} (looked for {part!r}).")
+        obj = getattr(obj, part)
+    return obj
+
+
+def serve(
+    spec: str,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    max_concurrent_envs: int = 1,
+    session_timeout_s: float | None = None,
+    log_level: str = "info",
+) -> None:
+    """Serves ``MODULE:NAME`` in the foreground until interrupted (SIGINT/SIGTERM)."""
+    app = openenv_app(
+        load_env_factory(spec),
+        max_concurrent_envs=max_concurrent_envs,
+        session_timeout_s=session_timeout_s,
+    )
+    sock = _bound_socket(host, port)
+    url = f"http://{host}:{sock.getsockname()[1]}"
+    print(f"serving {spec} with OpenEnv at {url} (WebSocket {url}/ws)", flush=True)
+    try:
+        _uvicorn_server(app, log_level).run(sockets=[sock])
+    finally:
+        sock.close()

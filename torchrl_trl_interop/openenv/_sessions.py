@@ -1,0 +1,188 @@
+"""One OpenEnv session: an ``Environment`` in this process, or a client of a served one.
+
+Both answer ``reset(**kwargs)`` and ``step(action)`` with a :class:`Reply` in OpenEnv's wire
+format (``serialize_observation``: the observation's fields as a dict, its reward and done), so
+the TorchRL side reads one format whichever way the environment runs. A client's failures come
+back as errors that name the server and what to do: the server's refusals as ``RuntimeError``,
+a lost or silent server (connection closed, no reply within ``message_timeout_s``) as
+``ConnectionError``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+__all__ = ["ClientSession", "LocalSession", "Reply", "open_sessions"]
+
+
+class Reply(NamedTuple):
+    """What a reset or a step returned: OpenEnv's wire format."""
+
+    observation: dict[str, Any]
+    reward: float | None
+    done: bool
+
+
+class LocalSession:
+    """An OpenEnv ``Environment`` instance in this process."""
+
+    def __init__(self, environment: Any, owner: str) -> None:
+        self.environment = environment
+        self.owner = owner
+        self.where = f"the in-process {type(environment).__name__}"
+
+    def _reply(self, observation: Any) -> Reply:
+        from openenv.core.env_server.serialization import serialize_observation
+
+        out = serialize_observation(observation)
+        return Reply(out["observation"], out["reward"], bool(out["done"]))
+
+    def reset(self, **kwargs: Any) -> Reply:
+        return self._reply(self.environment.reset(**kwargs))
+
+    def step(self, action: Any) -> Reply:
+        from openenv.core.env_server.types import Action
+
+        if not isinstance(action, Action):
+            action_type = getattr(type(self.environment), "action_type", None)
+            if action_type is None:
+                raise TypeError(
+                    f"{self.owner}: action_fn returned a {type(action).__name__}, and "
+                    f"{self.where} declares no action_type to validate it with; make action_fn "
+                    "return an instance of the environment's Action class."
+                )
+            action = action_type.model_validate(action)
+        return self._reply(self.environment.step(action))
+
+    def close(self) -> None:
+        self.environment.close()
+
+
+class ClientSession:
+    """A WebSocket session of a served environment, through OpenEnv's synchronous client."""
+
+    def __init__(self, client: Any, owner: str) -> None:
+        self.client = client
+        self.owner = owner
+        self.where = f"the OpenEnv server at {client.base_url}"
+
+    def _call(self, what: str, call: Callable[[], Any]) -> Reply:
+        from websockets.exceptions import ConnectionClosed
+
+        try:
+            result = call()
+        except RuntimeError as err:
+            if not str(err).startswith("Server error"):
+                raise
+            hint = ""
+            if "CAPACITY_REACHED" in str(err):
+                hint = (
+                    " The server runs fewer concurrent sessions than this environment's batch "
+                    "size: serve it with max_concurrent_envs >= batch_size."
+                )
+            raise RuntimeError(
+                f"{self.owner}: {self.where} refused the {what}: {err}.{hint}"
+            ) from err
+        except (ConnectionClosed, OSError) as err:  # OSError: refused, reset, TimeoutError
+            silent = isinstance(err, TimeoutError)
+            limit = getattr(self.client, "_message_timeout", "its limit")
+            cause = (
+                f"gave no reply within message_timeout_s={limit}"
+                if silent
+                else f"went away ({type(err).__name__}: {err})"
+            )
+            raise ConnectionError(
+                f"{self.owner}: {self.where} {cause} during the {what}. The session and its "
+                "episode are lost: check the server (its log, whether it still runs), then "
+                "reset."
+            ) from err
+        return Reply(result.observation, result.reward, bool(result.done))
+
+    def connect(self) -> None:
+        try:
+            self.client.connect()
+        except (ConnectionError, OSError) as err:
+            raise ConnectionError(
+                f"{self.owner}: could not connect to {self.where} ({err}). Is it running? "
+                "Serve a TorchRL environment with `python -m torchrl_trl_interop.openenv serve "
+                "MODULE:make_env --port N`."
+            ) from err
+
+    def reset(self, **kwargs: Any) -> Reply:
+        return self._call("reset", lambda: self.client.reset(**kwargs))
+
+    def step(self, action: Any) -> Reply:
+        payload = action.model_dump() if hasattr(action, "model_dump") else action
+        return self._call("step", lambda: self.client.step(payload))
+
+    def close(self) -> None:
+        self.client.close()
+
+
+def _session_of(value: Any, owner: str, **client_kwargs: Any) -> LocalSession | ClientSession:
+    from openenv.core.env_client import EnvClient
+    from openenv.core.env_server.interfaces import Environment
+    from openenv.core.generic_client import GenericEnvClient
+    from openenv.core.sync_client import SyncEnvClient
+
+    if isinstance(value, Environment):
+        return LocalSession(value, owner)
+    if isinstance(value, str):
+        value = GenericEnvClient(base_url=value, **client_kwargs)
+    if isinstance(value, EnvClient):
+        value = value.sync()
+    if isinstance(value, SyncEnvClient):
+        session = ClientSession(value, owner)
+        session.connect()
+        return session
+    raise TypeError(
+        f"{owner}: expected an OpenEnv Environment, an OpenEnv client (EnvClient, "
+        f"GenericEnvClient) or a server URL, got {value!r:.100} of type {type(value).__name__}."
+    )
+
+
+def open_sessions(
+    env: Any,
+    n: int,
+    owner: str,
+    *,
+    connect_timeout_s: float,
+    message_timeout_s: float,
+) -> list[LocalSession | ClientSession]:
+    """``n`` sessions of ``env``: a server URL (``n`` WebSocket sessions), an ``Environment``
+    instance or a client (one session: ``n`` must be 1), or a zero-argument callable returning
+    either (called ``n`` times; an ``Environment`` subclass is one).
+
+    Raises:
+        TypeError: if ``env`` (or what the callable returns) is none of these.
+        ValueError: if a single instance or client is given for ``n > 1`` sessions.
+        ConnectionError: if a server cannot be reached.
+    """
+    from openenv.core.env_client import EnvClient
+    from openenv.core.env_server.interfaces import Environment
+    from openenv.core.sync_client import SyncEnvClient
+
+    client_kwargs = {"connect_timeout_s": connect_timeout_s, "message_timeout_s": message_timeout_s}
+    if isinstance(env, (Environment, EnvClient, SyncEnvClient)):
+        if n != 1:
+            raise ValueError(
+                f"{owner}: one {type(env).__name__} is one OpenEnv session, but batch_size={n}. "
+                "Pass a function (or class) building one per row, or the server's URL."
+            )
+        return [_session_of(env, owner, **client_kwargs)]
+    if not isinstance(env, str) and not callable(env):
+        raise TypeError(
+            f"{owner}: env must be an OpenEnv server URL, Environment or client, or a function "
+            f"building one, got {env!r:.100} of type {type(env).__name__}."
+        )
+    sessions: list[LocalSession | ClientSession] = []
+    try:
+        for _ in range(n):
+            made = env if isinstance(env, str) else env()
+            sessions.append(_session_of(made, owner, **client_kwargs))
+    except BaseException:
+        for session in sessions:
+            session.close()
+        raise
+    return sessions

@@ -1,0 +1,434 @@
+"""TorchRL LLM environments as OpenEnv environments: one episode per OpenEnv session.
+
+:func:`as_openenv_environment` returns an ``openenv.core.env_server.interfaces.Environment``
+subclass, built with no argument, so OpenEnv's own server serves it
+(``create_app(cls, cls.action_type, cls.observation_type)``). Each instance plays one episode
+at a time of a TorchRL ``ChatEnv`` in history mode (``batch_size=(1,)``): ``reset`` gives the
+prompt to the ChatEnv, ``step`` appends the assistant's message to the conversation exactly as a
+TorchRL policy writes it (``("history", "full")``) and steps the environment, so its transforms
+(tools, reward parsers, replies, step counters) run as they do under a TorchRL collector.
+"""
+
+from __future__ import annotations
+
+import threading
+import uuid
+import weakref
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from .._checks import check_real, require
+
+require("openenv", "as_openenv_environment")
+
+from openenv.core.env_server.interfaces import Environment  # noqa: E402
+from openenv.core.env_server.types import EnvironmentMetadata, State  # noqa: E402
+from pydantic import ValidationError  # noqa: E402
+from tensordict import NonTensorStack, TensorDict, TensorDictBase, set_list_to_stack  # noqa: E402
+from tensordict.utils import NestedKey  # noqa: E402
+from torchrl.envs import EnvBase  # noqa: E402
+
+from .._conversation import (  # noqa: E402
+    history_to_messages,
+    is_message_list,
+    messages_to_history,
+)
+from .._keys import (  # noqa: E402
+    DONE_KEY,
+    HISTORY_KEY,
+    PROMPT_HISTORY_KEY,
+    REWARD_KEY,
+    as_nested_key,
+)
+from ._wire import (  # noqa: E402
+    TorchRLChatAction,
+    TorchRLChatObservation,
+    all_transforms,
+    tool_schemas,
+)
+
+__all__ = ["as_openenv_environment", "check_chat_env"]
+
+_OWNER = "as_openenv_environment"
+_END_KEYS = ("terminated", "truncated")
+#: envs owned by a live instance: a factory returning one twice would share an episode
+_OWNED: weakref.WeakSet = weakref.WeakSet()
+
+
+def check_chat_env(env: Any, owner: str) -> Any:
+    """``env``'s base ChatEnv; raises unless ``env`` plays one history-mode episode at a time."""
+    if not isinstance(env, EnvBase):
+        raise TypeError(
+            f"{owner}: make_env returned {env!r:.100} of type {type(env).__name__}; expected a "
+            "torchrl environment: a ChatEnv (input_mode='history') or a TransformedEnv around one."
+        )
+    base = getattr(env, "base_env", env)
+    if not hasattr(base, "data_key") or not hasattr(base, "input_mode"):
+        raise TypeError(
+            f"{owner}: the environment's base is a {type(base).__name__}, which reads no prompt "
+            "at reset; use a torchrl.envs.llm.ChatEnv (or a TransformedEnv around one)."
+        )
+    if base.input_mode != "history":
+        raise ValueError(
+            f"{owner}: the ChatEnv has input_mode={base.input_mode!r}; OpenEnv messages are a "
+            "conversation: build it with input_mode='history'."
+        )
+    if tuple(env.batch_size) != (1,):
+        raise ValueError(
+            f"{owner}: the environment has batch_size={tuple(env.batch_size)}; an OpenEnv session "
+            "plays one episode, so build it with batch_size=(1,) (the server runs one "
+            "environment per session: max_concurrent_envs)."
+        )
+    return base
+
+
+def _conversation(history: Any) -> list[dict[str, Any]]:
+    """Row 0 of a ``[1, T]`` History as TRL messages (torchrl's ``<none>`` padding dropped)."""
+    return [m for m in history_to_messages(history)[0] if m["role"] != "<none>"]
+
+
+class _TorchRLEnvironment(Environment[TorchRLChatAction, TorchRLChatObservation, State]):
+    """The class :func:`as_openenv_environment` subclasses (see there)."""
+
+    action_type = TorchRLChatAction
+    observation_type = TorchRLChatObservation
+    SUPPORTS_CONCURRENT_SESSIONS = True
+    _make_env: Callable[[], EnvBase] | None = None
+    _shared_env: EnvBase | None = None
+    _reward_key: NestedKey = REWARD_KEY
+    _done_key: NestedKey = DONE_KEY
+
+    def __init__(self) -> None:
+        super().__init__()
+        from torchrl.envs.llm.transforms.dataloading import DataLoadingPrimer
+
+        owns = self._shared_env is None
+        env = self._make_env() if owns else self._shared_env
+        self._base = check_chat_env(env, _OWNER)
+        if owns:
+            if env in _OWNED:
+                raise ValueError(
+                    f"{_OWNER}: make_env returned an environment another live instance already "
+                    "plays, so two sessions would share one episode. Build a new environment in "
+                    "each call, or pass the environment itself (one session at a time)."
+                )
+            _OWNED.add(env)
+        self.env, self._owns = env, owns
+        self._primed = any(isinstance(t, DataLoadingPrimer) for t in all_transforms(env))
+        self._tools = tool_schemas(env)
+        self._td: TensorDictBase | None = None
+        self._episode_id: str | None = None
+        self._steps, self._done = 0, False
+        self._running: threading.Thread | None = None  # a step that outlived its timeout
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(env={type(self.env).__name__}, steps={self._steps})"
+
+    # -- OpenEnv's interface ---------------------------------------------------------------------
+
+    def reset(
+        self,
+        seed: int | None = None,
+        episode_id: str | None = None,
+        prompt: str | list[dict[str, Any]] | None = None,
+        **row: Any,
+    ) -> TorchRLChatObservation:
+        """Starts an episode with ``prompt`` (the ChatEnv's ``data_key``); ``row``'s other
+        columns go into the reset tensordict, where the environment's transforms read them."""
+        self._check_idle()
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+            raise TypeError(f"{type(self).__name__}.reset: seed must be an int, got {seed!r}.")
+        if episode_id is not None and not isinstance(episode_id, str):
+            raise TypeError(
+                f"{type(self).__name__}.reset: episode_id must be a str, got {episode_id!r:.100}."
+            )
+        td = self._reset_input(prompt, row)
+        if seed is not None:
+            self.env.set_seed(seed)
+        with set_list_to_stack(True):
+            self._td = self.env.reset(td)
+            conversation = _conversation(self._td.get(PROMPT_HISTORY_KEY))
+        self._episode_id = episode_id if episode_id is not None else str(uuid.uuid4())
+        self._steps, self._done = 0, False
+        return TorchRLChatObservation(
+            messages=conversation,
+            conversation=conversation,
+            tools=[dict(t) for t in self._tools],
+            done=False,
+            reward=None,
+        )
+
+    def step(
+        self, action: TorchRLChatAction, timeout_s: float | None = None, **kwargs: Any
+    ) -> TorchRLChatObservation:
+        """Appends the assistant's message and steps the environment (within ``timeout_s``)."""
+        from torchrl.modules.llm.policies import ChatHistory
+
+        name = type(self).__name__
+        if kwargs:
+            raise TypeError(f"{name}.step got unexpected keyword arguments {sorted(kwargs)}.")
+        action = self._as_action(action)
+        if timeout_s is not None:
+            timeout_s = check_real(timeout_s, "timeout_s", f"{name}.step")
+            if timeout_s <= 0:
+                raise ValueError(f"{name}.step: timeout_s must be > 0, got {timeout_s}.")
+        self._check_idle()
+        if self._td is None:
+            raise RuntimeError(
+                f"{name}.step was called before reset(), or after a step that timed out: call "
+                "reset(prompt=...) to start an episode first."
+            )
+        if self._done:
+            raise RuntimeError(
+                f"{name}.step: the episode {self._episode_id} is done (after {self._steps} "
+                "steps); call reset() to start another."
+            )
+        td = self._td
+        with set_list_to_stack(True):
+            prompt = td.get(PROMPT_HISTORY_KEY)
+            role = getattr(self._base, "policy_role", None) or "assistant"
+            response = messages_to_history([[{"role": role, "content": action.content}]])
+            full = prompt.extend(response, inplace=False, dim=-1)
+            chat = ChatHistory(prompt=prompt, response=response, full=full, batch_size=[1])
+            td.set(HISTORY_KEY[0], chat)
+            td = self._run(lambda: self.env.step(td), timeout_s)
+            after = td.get("next")
+            conversation = _conversation(after.get(PROMPT_HISTORY_KEY))
+            answered = len(_conversation(full))
+            self._td = self.env.step_mdp(td)
+        reward = after.get(self._reward_key, None)
+        done = after.get(self._done_key, None)
+        self._steps += 1
+        self._done = bool(done is not None and done.any())
+        return TorchRLChatObservation(
+            messages=conversation[answered:],
+            conversation=conversation,
+            reward=None if reward is None else float(reward.sum()),
+            done=self._done,
+            metadata={k: bool(after.get(k).any()) for k in _END_KEYS if k in after.keys()},
+        )
+
+    @property
+    def state(self) -> State:
+        """The episode's id and the number of steps taken in it."""
+        return State(episode_id=self._episode_id, step_count=self._steps)
+
+    def get_metadata(self) -> EnvironmentMetadata:
+        return EnvironmentMetadata(
+            name=type(self).__name__,
+            description=f"A TorchRL {type(self.env).__name__} served with OpenEnv "
+            "(torchrl_trl_interop.as_openenv_environment): send the assistant's message as "
+            "{'content': ...}.",
+        )
+
+    def close(self) -> None:
+        """Closes the environment if this instance built it (a shared one stays open)."""
+        if self._owns:
+            _OWNED.discard(self.env)
+            self.env.close(raise_if_closed=False)
+
+    # -- helpers ---------------------------------------------------------------------------------
+
+    def _reset_input(self, prompt: Any, row: dict[str, Any]) -> TensorDict:
+        name = f"{type(self).__name__}.reset"
+        data_key = self._base.data_key
+        td = TensorDict(batch_size=[1])
+        if prompt is None and not self._primed:
+            raise ValueError(
+                f"{name} needs prompt=... (a str or a list of messages): the ChatEnv reads "
+                f"{data_key!r} at reset and the environment holds no DataLoadingPrimer to serve "
+                "one."
+            )
+        if prompt is not None:
+            if self._primed:
+                raise ValueError(
+                    f"{name} got prompt=..., but the environment serves its own prompts (a "
+                    "DataLoadingPrimer), which would replace it. Reset without prompt=, or "
+                    "drop the DataLoadingPrimer."
+                )
+            if isinstance(prompt, str):
+                td.set(data_key, NonTensorStack(prompt))
+            elif is_message_list(prompt):
+                td.set(data_key, messages_to_history([prompt]))
+            else:
+                raise TypeError(
+                    f"{name}: prompt must be a str or a list of {{'role', 'content'}} messages, "
+                    f"got {prompt!r:.100} of type {type(prompt).__name__}."
+                )
+        specs = (self.env.full_observation_spec, self.env.full_state_spec)
+        taken = {k for spec in specs for k in spec.keys()} | {HISTORY_KEY[0], "next"}
+        for column, value in row.items():
+            if column in taken:
+                hint = "pass the prompt as prompt=" if column == data_key else "rename it"
+                raise ValueError(
+                    f"{name}: the row column {column!r} is an entry of the environment "
+                    f"({sorted(map(str, taken))}); {hint}."
+                )
+            td.set_non_tensor(column, value)
+        return td
+
+    def _as_action(self, action: Any) -> TorchRLChatAction:
+        name = f"{type(self).__name__}.step"
+        if isinstance(action, TorchRLChatAction):
+            return action
+        if isinstance(action, Mapping):
+            try:
+                return TorchRLChatAction.model_validate(dict(action))
+            except ValidationError as err:
+                raise ValueError(
+                    f"{name}: the action {dict(action)!r:.200} does not match the action schema "
+                    f"{{'content': str}} (the assistant's message): {err}"
+                ) from err
+        raise TypeError(
+            f"{name}: action must be a {TorchRLChatAction.__name__} (or a dict "
+            f"{{'content': str}}), got {action!r:.100} of type {type(action).__name__}."
+        )
+
+    def _check_idle(self) -> None:
+        if self._running is not None and self._running.is_alive():
+            raise RuntimeError(
+                f"{type(self).__name__}: a step that timed out is still running in the "
+                "environment; this instance cannot start another until it ends. Open a new "
+                "session (a new instance) instead."
+            )
+        self._running = None
+
+    def _run(self, call: Callable[[], Any], timeout_s: float | None) -> Any:
+        """``call()``; with ``timeout_s``, in a thread: the episode is abandoned past it."""
+        if timeout_s is None:
+            return call()
+        box: dict[str, Any] = {}
+
+        def target() -> None:
+            try:
+                box["out"] = call()
+            except BaseException as err:  # re-raised in the caller's thread
+                box["err"] = err
+
+        thread = threading.Thread(target=target, name="torchrl-openenv-step", daemon=True)
+        thread.start()
+        thread.join(timeout_s)
+        if thread.is_alive():
+            self._running, self._td = thread, None
+            raise TimeoutError(
+                f"{type(self).__name__}.step: the environment did not finish the step within "
+                f"timeout_s={timeout_s}; the episode {self._episode_id} is abandoned. Reset once "
+                "the step ends, or open a new session."
+            )
+        if "err" in box:
+            raise box["err"]
+        return box["out"]
+
+
+def as_openenv_environment(
+    make_env: Callable[[], EnvBase] | EnvBase,
+    *,
+    name: str = "TorchRLEnvironment",
+    reward_key: NestedKey = REWARD_KEY,
+    done_key: NestedKey = DONE_KEY,
+) -> type[Environment]:
+    """Turns a TorchRL LLM environment into an OpenEnv ``Environment`` class.
+
+    The class is built with no argument, so OpenEnv's server serves it as it serves any
+    environment: ``create_app(cls, cls.action_type, cls.observation_type)`` (or
+    :func:`~torchrl_trl_interop.openenv_app`, or ``python -m torchrl_trl_interop.openenv serve
+    MODULE:make_env``). Each instance plays one episode at a time of the environment
+    ``make_env()`` returns: a torchrl ``ChatEnv`` in ``input_mode="history"`` with
+    ``batch_size=(1,)``, or a ``TransformedEnv`` around one (tools, reward transforms, replies,
+    a ``StepCounter``...).
+
+    ======================== ===================================================================
+    OpenEnv                  TorchRL
+    ======================== ===================================================================
+    ``reset``                ``reset(seed=None, episode_id=None, prompt=..., **row)``:
+                             ``env.reset`` with ``prompt`` (a str or TRL messages) at the
+                             ChatEnv's ``data_key``; every other keyword (a dataset row's
+                             columns) set in the reset tensordict, where transforms read it.
+                             Without ``prompt``, an environment with a ``DataLoadingPrimer``
+                             serves its own.
+    ``step(action)``         ``action.content`` appended as the assistant's turn to
+                             ``("history", "prompt")``, written as ``("history", "full")`` the
+                             way a TorchRL policy writes it, then ``env.step``: the
+                             environment's transforms parse it and run its tools.
+    observation              ``messages``: the new turns (the prompt at reset, the environment's
+                             turns after a step); ``conversation``: all of it; ``tools``: the
+                             tools' JSON schemas, at reset; ``reward``: the sum of
+                             ``("next", reward_key)``, ``None`` if the step wrote none;
+                             ``done``: ``("next", done_key)``; ``metadata``: ``terminated`` and
+                             ``truncated`` when the environment writes them.
+    ``state``                the episode id and the number of steps taken.
+    ======================== ===================================================================
+
+    ``step(action, timeout_s=...)`` runs the environment's step in a thread and raises
+    ``TimeoutError`` if it takes longer: the episode is then abandoned (OpenEnv's WebSocket
+    protocol passes no timeout; OpenEnv's client has its own).
+
+    A transform that rewrites earlier turns shows in ``conversation`` only: ``messages`` holds
+    the turns after the assistant's message.
+
+    Args:
+        make_env (callable or EnvBase): a function building a new environment at each call: each
+            instance (each OpenEnv session) then owns its own, and the class allows concurrent
+            sessions (``SUPPORTS_CONCURRENT_SESSIONS = True``). Or an environment itself: every
+            instance shares it, so the class allows one session at a time.
+
+    Keyword Args:
+        name (str, optional): the class name, which OpenEnv's server uses as the environment's
+            name. Defaults to ``"TorchRLEnvironment"``.
+        reward_key (NestedKey, optional): the step's reward, under ``"next"``. Defaults to
+            ``"reward"``.
+        done_key (NestedKey, optional): the step's done flag, under ``"next"``. Defaults to
+            ``"done"``.
+
+    Returns:
+        an ``openenv.core.env_server.interfaces.Environment`` subclass whose ``action_type``
+        (``{"content": str}``) and ``observation_type`` are the pydantic models above.
+
+    Raises:
+        TypeError: if ``make_env`` is neither callable nor an environment, or (at construction
+            of an instance) builds something that is not a ChatEnv-based torchrl environment.
+        ValueError: if (at construction of an instance) the environment is not in history mode
+            or its batch size is not ``(1,)``, or a factory returns an environment another live
+            instance plays.
+
+    An instance's ``reset`` raises ``ValueError`` for a missing prompt (or one a
+    ``DataLoadingPrimer`` would replace) and a row column named like an entry of the
+    environment, ``TypeError`` for a prompt of another type; ``step`` raises ``ValueError`` or
+    ``TypeError`` for an action of another schema, ``RuntimeError`` before ``reset`` and after
+    the episode is done.
+
+    Examples:
+        >>> from torchrl_trl_interop.testing import toy_tool_call, toy_tool_env
+        >>> TorchRLEnvironment = as_openenv_environment(toy_tool_env)
+        >>> env = TorchRLEnvironment()
+        >>> obs = env.reset(prompt="What is 2 plus 3?")
+        >>> obs.messages, obs.tools[0]["function"]["name"]
+        ([{'role': 'user', 'content': 'What is 2 plus 3?'}], 'add')
+        >>> obs = env.step(TorchRLEnvironment.action_type(content=toy_tool_call(2, 3)))
+        >>> obs.messages, obs.reward, obs.done
+        ([{'role': 'tool', 'content': 'Tool add executed successfully:\\n5'}], 0.0, False)
+        >>> obs = env.step({"content": "2 plus 3 is 5."})
+        >>> obs.reward, obs.done, env.state.step_count
+        (1.0, True, 2)
+        >>> env.close()
+    """
+    shared = make_env if isinstance(make_env, EnvBase) else None
+    if shared is None and not callable(make_env):
+        raise TypeError(
+            f"{_OWNER}: make_env must be a function building a torchrl environment (or the "
+            f"environment itself), got {make_env!r:.100} of type {type(make_env).__name__}."
+        )
+    if shared is not None:
+        check_chat_env(shared, _OWNER)
+    if not isinstance(name, str) or not name.isidentifier():
+        raise ValueError(f"{_OWNER}: name must be a Python identifier, got {name!r}.")
+    attrs = {
+        "__module__": __name__,
+        "__doc__": f"{make_env!r:.200} as an OpenEnv environment (as_openenv_environment).",
+        "_make_env": None if shared is not None else staticmethod(make_env),
+        "_shared_env": shared,
+        "_reward_key": as_nested_key(reward_key, "reward_key"),
+        "_done_key": as_nested_key(done_key, "done_key"),
+        "SUPPORTS_CONCURRENT_SESSIONS": shared is None,
+    }
+    return type(name, (_TorchRLEnvironment,), attrs)

@@ -1,0 +1,118 @@
+"""A scripted chat policy: known answers in TorchRL's LLM layout, for episodes that must agree."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from tensordict import TensorDictBase, set_list_to_stack
+from tensordict.nn import TensorDictModuleBase
+
+from .._conversation import history_to_messages, messages_to_history
+from .._keys import HISTORY_KEY, PROMPT_HISTORY_KEY, PROMPT_TOKEN_KEY, RESPONSE_TOKEN_KEY
+from ._tokenizer import toy_tokenizer
+
+_RESPONSE_LOG_PROBS_KEY = ("log_probs", "response")
+
+
+class ScriptedChatPolicy(TensorDictModuleBase):
+    """A TorchRL LLM policy in history mode that answers from a script instead of a model.
+
+    It reads what ``TransformersWrapper(input_mode="history")`` reads and writes what it writes:
+    the conversation ``("history", "prompt")``, and optionally the token prompt
+    ``("tokens", "prompt")`` (left-padded, as :func:`~torchrl_trl_interop.as_trl_rollout_func`
+    gives it from the second turn), and writes ``("history", "prompt" | "response" | "full")``,
+    ``("tokens", "prompt" | "response")`` and ``("log_probs", "response")`` (zeros). The answer
+    of a conversation is ``answers[k]``, where ``k`` is the number of assistant turns it already
+    holds, or ``answers(messages)`` for a callable. So ``LLMCollector``, ``as_trl_rollout_func``
+    and an OpenEnv client all play the same episode.
+
+    Args:
+        answers (sequence of str or callable): the assistant's turns, in order, or a function of
+            the conversation so far (TRL messages) returning the next answer.
+
+    Keyword Args:
+        tokenizer: defaults to ``toy_tokenizer(padding_side="left")``.
+
+    Examples:
+        >>> from tensordict import TensorDict
+        >>> from torchrl_trl_interop import history_to_messages
+        >>> from torchrl_trl_interop.testing import toy_chat_env
+        >>> env = toy_chat_env(batch_size=1)
+        >>> td = env.reset(TensorDict({"query": ["What is 2 plus 3?"]}, batch_size=[1]))
+        >>> td = ScriptedChatPolicy(["5"])(td)
+        >>> history_to_messages(td["history", "full"])[0][-1]
+        {'role': 'assistant', 'content': '5'}
+    """
+
+    def __init__(
+        self,
+        answers: Sequence[str] | Callable[[list[dict[str, Any]]], str],
+        *,
+        tokenizer: Any = None,
+    ) -> None:
+        super().__init__()
+        if not callable(answers) and (
+            isinstance(answers, str) or not all(isinstance(a, str) for a in answers)
+        ):
+            raise TypeError(
+                "ScriptedChatPolicy: answers must be a list of str (one per assistant turn) or a "
+                f"function of the conversation, got {answers!r:.100}."
+            )
+        self.answers = answers if callable(answers) else list(answers)
+        self.tokenizer = tokenizer if tokenizer is not None else toy_tokenizer(padding_side="left")
+        self.in_keys = [PROMPT_HISTORY_KEY]
+        self.out_keys = [HISTORY_KEY, PROMPT_TOKEN_KEY, RESPONSE_TOKEN_KEY, _RESPONSE_LOG_PROBS_KEY]
+
+    def answer(self, messages: list[dict[str, Any]]) -> str:
+        """The scripted answer to ``messages`` (the conversation so far)."""
+        if callable(self.answers):
+            return self.answers(messages)
+        turn = sum(m["role"] == "assistant" for m in messages)
+        if turn >= len(self.answers):
+            raise IndexError(
+                f"ScriptedChatPolicy: the script has {len(self.answers)} answers, the conversation "
+                f"asks for answer {turn + 1}. End the episode sooner (max_steps) or add answers."
+            )
+        return self.answers[turn]
+
+    def _prompt_ids(self, td: TensorDictBase, messages: list[list[dict]]) -> list[list[int]]:
+        """Each row's prompt ids: the given ``("tokens", "prompt")`` less its left padding when
+        they spell the conversation (token-first), else the rendered conversation tokenized."""
+        texts = [
+            self.tokenizer.apply_chat_template(m, add_generation_prompt=True, tokenize=False)
+            for m in messages
+        ]
+        given = td.get(PROMPT_TOKEN_KEY, None, as_list=True) or [None] * len(texts)
+        pad = self.tokenizer.pad_token_id
+        out = []
+        for text, row in zip(texts, given):
+            ids = [] if row is None else row.tolist()
+            ids = ids[next((k for k, t in enumerate(ids) if t != pad), len(ids)) :]
+            if not ids or self.tokenizer.decode(ids, skip_special_tokens=False) != text:
+                ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]  # stale or none
+            out.append(ids)
+        return out
+
+    def forward(self, tensordict: TensorDictBase) -> TensorDictBase:
+        td = tensordict if tensordict.ndim == 1 else tensordict.reshape(-1)
+        with set_list_to_stack(True):
+            prompt = td.get(PROMPT_HISTORY_KEY)
+            messages = [
+                [m for m in chat if m["role"] != "<none>"] for chat in history_to_messages(prompt)
+            ]
+            answers = [self.answer(m) for m in messages]
+            response = messages_to_history([[{"role": "assistant", "content": a}] for a in answers])
+            full = prompt.extend(response, inplace=False, dim=-1)
+            td = td.to_lazystack(0)
+            prompt_ids = self._prompt_ids(td, messages)
+            eos = self.tokenizer.eos_token_id
+            for row, ids, answer in zip(td.tensordicts, prompt_ids, answers):
+                response_ids = self.tokenizer(answer, add_special_tokens=False)["input_ids"] + [eos]
+                row.set(PROMPT_TOKEN_KEY, torch.tensor(ids, dtype=torch.long))
+                row.set(RESPONSE_TOKEN_KEY, torch.tensor(response_ids, dtype=torch.long))
+                row.set(_RESPONSE_LOG_PROBS_KEY, torch.zeros(len(response_ids)))
+            td.set((HISTORY_KEY[0], "response"), response)
+            td.set(HISTORY_KEY, full)
+        return td if tensordict.ndim == 1 else td.reshape(tensordict.shape)
