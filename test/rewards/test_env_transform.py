@@ -194,6 +194,8 @@ class TestTRLFunctionsDirectly:
             RewardTransform(TRLRewardFuncWrapper(brevity), prompt_key="p", kwargs_keys={})
         with pytest.raises(TypeError, match="wrap a reward model with it"):
             RewardTransform(toy_reward_model())
+        with pytest.raises(TypeError, match=r"^RewardTransform: reward_funcs\[0\] is the string"):
+            RewardTransform("org/reward-model")
 
 
 class TestErrorsNameTheCallMade:

@@ -169,7 +169,7 @@ class RewardTransform(Transform):
                 owner, RewardTransform.__init__, locals(), modes=CHAT_MODES, default="history"
             )
         elif isinstance(module, torch.nn.Module) or not (
-            callable(module) or isinstance(module, (list, tuple))
+            callable(module) or isinstance(module, (list, tuple, str))  # str: a model id, refused
         ):
             raise TypeError(
                 f"{owner}: module is a {type(module).__name__}; expected TRL reward functions "
