@@ -279,12 +279,6 @@ class TestMessageFieldsRoundTrip:
         ds = TorchRLBufferDataset(replay_buffer_from_hf(rows[::-1]), batch_size=2, epoch=True)
         assert [dict(row) for row in ds] == rows[::-1]
 
-    @pytest.mark.xfail(
-        strict=True,
-        reason="to_hf_dataset() fixes a message column's features from the first stored row "
-        "(_dataset.hf_features / _hf_views.feature_of): a later row's tool calls or other "
-        "fields are dropped. Left to the owner of _hf_views; already so on main for tool_calls.",
-    )
     @pytest.mark.parametrize("later", [TOOL_EPISODE[:2], [NAMED]])
     def test_to_hf_dataset_after_a_plain_first_row(self, later):
         rows = [{"messages": msgs("Hi", "Hey")}, {"messages": later}]
