@@ -10,7 +10,9 @@ the tutorial and the benchmarks all run offline on CPU from the same objects:
 * a generator apart from the trainer (``_generation.py``);
 * stand-ins for measuring the reward wrapper (``_stubs.py``);
 * the tutorial's toy task: small additions, a sloppy teacher, a checkable reward
-  (``_toy_task.py``).
+  (``_toy_task.py``);
+* a toy that calls tools: TRL's Qwen2.5 template, a calculator environment, a caller model
+  (``_tool_task.py``).
 
 This package is the one import path of all of them: ``from torchrl_trl_interop.testing import ...``.
 
@@ -37,6 +39,17 @@ from ._generation import ToyGenerator, toy_answer_length, toy_generator_policy, 
 from ._models import toy_causal_lm, toy_reward_model
 from ._stubs import count_host_syncs, stub_reward_model
 from ._tokenizer import CHATML_TEMPLATE, IM_END, IM_START, PAD_TOKEN, TOY_CORPUS, toy_tokenizer
+from ._tool_task import (
+    TOOL_TOKENS,
+    calculator_chats,
+    calculator_tools,
+    scripted_episode,
+    tool_result_reward,
+    toy_add,
+    toy_calculator_env,
+    toy_tool_caller,
+    toy_tool_tokenizer,
+)
 from ._toy_task import (
     DEMO_WARNING_FILTERS,
     arithmetic_chats,
@@ -54,14 +67,18 @@ __all__ = [
     "IM_END",
     "IM_START",
     "PAD_TOKEN",
+    "TOOL_TOKENS",
     "TOY_CORPUS",
     "ToyGenerator",
     "arithmetic_chats",
     "arithmetic_questions",
+    "calculator_chats",
+    "calculator_tools",
     "correct_answer",
     "demo_setup",
     "parse_question",
     "printable_share",
+    "scripted_episode",
     "worked_answer",
     "count_host_syncs",
     "stub_reward_model",
@@ -78,6 +95,11 @@ __all__ = [
     "toy_prompts",
     "toy_reward_model",
     "toy_tokenizer",
+    "tool_result_reward",
+    "toy_add",
+    "toy_calculator_env",
+    "toy_tool_caller",
     "toy_tool_reply",
+    "toy_tool_tokenizer",
     "toy_trainer_args",
 ]

@@ -36,7 +36,7 @@ TOY_CORPUS = (
 
 
 @functools.lru_cache(maxsize=4)
-def _toy_tokenizer_json(vocab_size: int) -> str:
+def _toy_tokenizer_json(vocab_size: int, corpus: tuple[str, ...] = TOY_CORPUS) -> str:
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tok = Tokenizer(models.BPE())
@@ -48,7 +48,7 @@ def _toy_tokenizer_json(vocab_size: int) -> str:
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    tok.train_from_iterator(list(TOY_CORPUS), trainer=trainer)
+    tok.train_from_iterator(list(corpus), trainer=trainer)
     return tok.to_str()
 
 
@@ -71,11 +71,18 @@ def toy_tokenizer(*, padding_side: str = "right", vocab_size: int = 384) -> PreT
         '<|im_start|>user\\nHi<|im_end|>\\n'
     """
     require("transformers", "toy_tokenizer")
+    tokenizer = _fast_tokenizer(_toy_tokenizer_json(vocab_size), padding_side)
+    tokenizer.chat_template = CHATML_TEMPLATE
+    return tokenizer
+
+
+def _fast_tokenizer(tokenizer_json: str, padding_side: str) -> PreTrainedTokenizerFast:
+    """A ``PreTrainedTokenizerFast`` around a trained toy BPE: pad, eos and ``<|im_start|>``."""
     from tokenizers import Tokenizer
     from transformers import PreTrainedTokenizerFast
 
-    tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=Tokenizer.from_str(_toy_tokenizer_json(vocab_size)),
+    return PreTrainedTokenizerFast(
+        tokenizer_object=Tokenizer.from_str(tokenizer_json),
         pad_token=PAD_TOKEN,
         eos_token=IM_END,
         bos_token=None,
@@ -83,8 +90,6 @@ def toy_tokenizer(*, padding_side: str = "right", vocab_size: int = 384) -> PreT
         additional_special_tokens=[IM_START],
         padding_side=padding_side,
     )
-    tokenizer.chat_template = CHATML_TEMPLATE
-    return tokenizer
 
 
 #: Sizes of the toy configs: one layer, width 32, 4 heads, 1024 positions.
