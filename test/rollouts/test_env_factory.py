@@ -13,6 +13,7 @@ import json
 import multiprocessing
 import pickle
 import sys
+import textwrap
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
@@ -51,6 +52,7 @@ from torchrl_trl_interop.testing import (
     toy_causal_lm,
     toy_tokenizer,
     toy_tool_caller,
+    toy_tool_grpo_args,
     toy_tool_reply,
     toy_tool_tokenizer,
     toy_trainer_args,
@@ -100,24 +102,16 @@ def prompts_dataset(questions):
 def caller():
     """The toy tokenizer with TRL's Qwen2.5 template and a model fitted to call ``add``."""
     tokenizer = toy_tool_tokenizer()
-    return tokenizer, toy_tool_caller(tokenizer, steps=100)
+    return tokenizer, toy_tool_caller(tokenizer)
 
 
 def grpo(tmp_path, caller, **kwargs):
     from trl import GRPOConfig, GRPOTrainer
 
     tokenizer, model = caller
-    args = GRPOConfig(
-        num_generations=2,
-        max_completion_length=64,
-        max_tool_calling_iterations=1,
-        learning_rate=1e-3,
-        bf16=False,
-        **toy_trainer_args(tmp_path, max_steps=2, per_device_train_batch_size=4),
-    )
     return GRPOTrainer(
         model=model,
-        args=args,
+        args=GRPOConfig(**toy_tool_grpo_args(tmp_path)),
         train_dataset=prompts_dataset(arithmetic_questions(max_operand=4)[::3]),
         processing_class=tokenizer,
         **kwargs,
@@ -206,6 +200,20 @@ class TestGRPOEnvironmentFactory:
                 [m for m in completion if m["role"] == "tool"],
             ):
                 assert reply["content"] == REPLY.format(toy_add(**call["arguments"]))
+
+
+@pytest.mark.slow
+def test_the_docs_example_runs(tmp_path, monkeypatch):
+    """The code block of docs/online.rst's section on environment_factory runs as written."""
+    text = (Path(__file__).parents[2] / "docs" / "online.rst").read_text()
+    section = text.split("TorchRL environments in TRL's own tool loop\n", 1)[1]
+    code = section.split(".. code-block:: python\n", 1)[1].split("\nPer rollout", 1)[0]
+    monkeypatch.chdir(tmp_path)
+    namespace: dict = {}
+    exec(compile(textwrap.dedent(code), "docs/online.rst", "exec"), namespace)
+    logs = namespace["trainer"].state.log_history
+    assert namespace["trainer"].state.global_step == 2
+    assert any(log.get("tools/call_frequency", 0) > 0 for log in logs)
 
 
 class ScriptedPolicy(TensorDictModuleBase):

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from tensordict.utils import NestedKey
@@ -66,20 +67,26 @@ class _EnvRewardFunc:
         ]
 
 
+@dataclass(repr=False)
 class _EnvironmentFactory:
-    """The zero-argument factory :func:`as_trl_environment_factory` returns (see there)."""
+    """The zero-argument factory :func:`as_trl_environment_factory` returns (see there).
 
-    def __init__(self, make_env, name, rename, row_keys, reward_key, done_key) -> None:
-        self.make_env = make_env
-        self.name = name
-        self.rename = rename
-        self.row_keys = row_keys
-        self.reward_key = reward_key
-        self.done_key = done_key
-        self.token = uuid.uuid4().hex
-        self.reward_func = _EnvRewardFunc(name, self.token)
-        self._cls: type | None = None
-        self._spare: Any = None
+    ``token`` marks the instances it builds, so that its ``reward_func`` scores only those (in
+    this process and where it is unpickled).
+    """
+
+    make_env: Callable[[], Any]
+    name: str
+    rename: dict[str, str]
+    row_keys: list[str] | None
+    reward_key: NestedKey
+    done_key: NestedKey
+    token: str = field(default_factory=lambda: uuid.uuid4().hex)
+    _cls: type | None = None  # the instances' class, built once per process
+    _spare: Any = None  # the environment built to check make_env, handed to the first instance
+
+    def __post_init__(self) -> None:
+        self.reward_func = _EnvRewardFunc(self.name, self.token)
 
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_cls": None, "_spare": None}  # built again where unpickled
@@ -269,25 +276,22 @@ def as_trl_environment_factory(
             and the field), a tool's name is not an identifier, is a keyword, is taken, or two
             tools share one; if a tool transform reads calls in a syntax that cannot be written;
             if ``processing_class``'s chat template cannot call tools.
+        RuntimeError: if an ``MCPToolTransform`` lists no tools (its servers did not connect).
 
     Examples:
+        >>> import inspect
         >>> from torchrl.envs.llm import ChatEnv
         >>> from torchrl.envs.llm.transforms import SimpleToolTransform
-        >>> def add(a: int, b: int) -> int:
-        ...     '''Adds two numbers.
-        ...
-        ...     Args:
-        ...         a: the first number.
-        ...         b: the second number.
-        ...     '''
-        ...     return a + b
+        >>> from torchrl_trl_interop.testing import toy_add  # typed, with a Google-style docstring
         >>> def make_calculator():
         ...     env = ChatEnv(batch_size=(1,), input_mode="history")
-        ...     return env.append_transform(SimpleToolTransform(tools={"add": add}))
+        ...     return env.append_transform(SimpleToolTransform(tools={"add": toy_add}))
         >>> factory = as_trl_environment_factory(make_calculator)
         >>> factory
         as_trl_environment_factory('calculator', tools=['add'])
         >>> env = factory()  # what GRPOTrainer does, once per rollout
+        >>> inspect.signature(env.add)  # what TRL renders into the prompt
+        <Signature (*, a: int, b: int)>
         >>> env.reset(prompt=[{"role": "user", "content": "What is 2 plus 3?"}]) is None
         True
         >>> env.add(a=2, b=3)  # the model's tool call, run by the TorchRL environment

@@ -213,16 +213,10 @@ def signature_from_callable(name: str, func: Callable, owner: str) -> ToolSignat
         ValueError: if it has no docstring (``get_json_schema`` needs one, with every argument).
 
     Examples:
-        >>> def add(a: int, b: int = 0) -> int:
-        ...     '''Adds two numbers.
-        ...
-        ...     Args:
-        ...         a: the first number.
-        ...         b: the second number.
-        ...     '''
-        ...     return a + b
-        >>> signature_from_callable("add", add, "demo").signature
-        <Signature (*, a: int, b: int = 0)>
+        >>> from torchrl_trl_interop.testing import toy_add
+        >>> sig = signature_from_callable("add", toy_add, "demo")
+        >>> sig.signature, sig.doc.splitlines()[0]
+        (<Signature (*, a: int, b: int)>, 'Adds two whole numbers.')
     """
     try:
         hints = typing.get_type_hints(func)

@@ -182,18 +182,20 @@ def _offered(transform: Any, owner: str) -> list[tuple[str, str, Callable[[str],
         if not transform._tools_cache:
             raise RuntimeError(
                 f"{owner}: the MCPToolTransform lists no tools (connection error: "
-                f"{transform._connection_error or 'none reported'}); check its servers."
+                f"{transform._connection_error or 'none reported'}). Check its servers; note "
+                "that torchrl 0.14.1 lists tools without the MCP handshake "
+                "(session.initialize()), which compliant servers refuse."
             )
         return [
             (
-                f"{server}.{t}",
-                t,
-                lambda m, t=tool: signature_from_schema(
-                    m, t.inputSchema, owner, description=t.description
+                f"{server}.{name}",
+                name,
+                lambda m, tool=tool: signature_from_schema(
+                    m, tool.inputSchema, owner, description=tool.description
                 ),
             )
             for server, tools in transform._tools_cache.items()
-            for t, tool in tools.items()
+            for name, tool in tools.items()
         ]
     if isinstance(transform, PythonInterpreter):
         return [("python", "python", _python_signature)]
@@ -265,6 +267,7 @@ def find_tools(
     Raises:
         TypeError: if a transform's tools cannot be listed, or a tool cannot be read (see
             :func:`~._tool_schemas.signature_from_callable`).
+        RuntimeError: if an ``MCPToolTransform`` lists no tools (its servers did not connect).
         ValueError: if a name is not an identifier, is reserved, or two tools share one; if a
             ``rename`` key names no tool; if TRL cannot render a tool.
     """

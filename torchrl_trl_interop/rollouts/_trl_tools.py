@@ -91,17 +91,10 @@ def as_trl_tools(
             name is not an identifier or two tools share one.
 
     Examples:
-        >>> from torchrl.envs.llm.transforms import SimpleToolTransform
-        >>> def add(a: int, b: int) -> int:
-        ...     '''Adds two numbers.
-        ...
-        ...     Args:
-        ...         a: the first number.
-        ...         b: the second number.
-        ...     '''
-        ...     return a + b
-        >>> [tool] = as_trl_tools(SimpleToolTransform(tools={"add": add}))
         >>> import inspect
+        >>> from torchrl.envs.llm.transforms import SimpleToolTransform
+        >>> from torchrl_trl_interop.testing import toy_add  # typed, with a Google-style docstring
+        >>> [tool] = as_trl_tools(SimpleToolTransform(tools={"add": toy_add}))
         >>> tool.__name__, inspect.signature(tool)
         ('add', <Signature (*, a: int, b: int)>)
         >>> tool(a=2, b=3)

@@ -41,6 +41,7 @@ from ._stubs import count_host_syncs, stub_reward_model
 from ._tokenizer import CHATML_TEMPLATE, IM_END, IM_START, PAD_TOKEN, TOY_CORPUS, toy_tokenizer
 from ._tool_task import (
     TOOL_TOKENS,
+    calculator_answer,
     calculator_chats,
     calculator_tools,
     scripted_episode,
@@ -48,6 +49,7 @@ from ._tool_task import (
     toy_add,
     toy_calculator_env,
     toy_tool_caller,
+    toy_tool_grpo_args,
     toy_tool_tokenizer,
 )
 from ._toy_task import (
@@ -72,6 +74,7 @@ __all__ = [
     "ToyGenerator",
     "arithmetic_chats",
     "arithmetic_questions",
+    "calculator_answer",
     "calculator_chats",
     "calculator_tools",
     "correct_answer",
@@ -99,6 +102,7 @@ __all__ = [
     "toy_add",
     "toy_calculator_env",
     "toy_tool_caller",
+    "toy_tool_grpo_args",
     "toy_tool_reply",
     "toy_tool_tokenizer",
     "toy_trainer_args",

@@ -36,11 +36,23 @@ TOY_CORPUS = (
 
 
 @functools.lru_cache(maxsize=4)
-def _toy_tokenizer_json(vocab_size: int, corpus: tuple[str, ...] = TOY_CORPUS) -> str:
+def _toy_tokenizer_json(
+    vocab_size: int, corpus: tuple[str, ...] = TOY_CORPUS, *, across_words: bool = False
+) -> str:
+    """A byte-level BPE trained on ``corpus``; ``across_words`` lets merges span words (digits
+    stay single tokens), so that text repeated verbatim, such as a template's tool preamble,
+    becomes a few tokens."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    if across_words:
+        tok.pre_tokenizer = pre_tokenizers.Sequence(
+            [
+                pre_tokenizers.Digits(individual_digits=True),
+                pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+            ]
+        )
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,

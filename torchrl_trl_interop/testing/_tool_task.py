@@ -20,15 +20,17 @@ import re
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from ._data import toy_trainer_args
 from ._models import toy_causal_lm
 from ._tokenizer import TOY_CORPUS, _fast_tokenizer, _toy_tokenizer_json
-from ._toy_task import arithmetic_questions, correct_answer, parse_question, worked_answer
+from ._toy_task import arithmetic_chats, correct_answer, parse_question, worked_answer
 
 if TYPE_CHECKING:  # pragma: no cover
     from transformers import PreTrainedModel, PreTrainedTokenizerFast
 
 __all__ = [
     "TOOL_TOKENS",
+    "calculator_answer",
     "calculator_chats",
     "calculator_tools",
     "scripted_episode",
@@ -36,6 +38,7 @@ __all__ = [
     "toy_add",
     "toy_calculator_env",
     "toy_tool_caller",
+    "toy_tool_grpo_args",
     "toy_tool_tokenizer",
 ]
 
@@ -80,27 +83,29 @@ def toy_tool_tokenizer(*, padding_side: str = "left") -> PreTrainedTokenizerFast
 
     The template is ``trl.chat_template_utils.qwen2_5_chat_template``, so TRL's
     ``supports_tool_calling`` passes and ``add_response_schema`` recognises it. The BPE merges
-    are learnt on the prompt that template renders with the calculator's tool, so a prompt is
-    about 200 tokens.
+    are learnt on calculator conversations rendered by that template, and may span words (digits
+    stay single tokens), so the template's long tool preamble takes a few tokens: a prompt is
+    about 45 tokens instead of 200, which keeps the toy fast.
 
     Examples:
         >>> from trl.chat_template_utils import supports_tool_calling
         >>> tok = toy_tool_tokenizer()
         >>> supports_tool_calling(tok), tok.convert_ids_to_tokens(tok("<tool_call>")["input_ids"])
         (True, ['<tool_call>'])
+        >>> chat = [{"role": "user", "content": "What is 3 plus 4?"}]
+        >>> ids = tok.apply_chat_template(chat, tools=_tool_schemas(), add_generation_prompt=True)
+        >>> len(ids) < 60, tok.decode(ids).endswith("What is 3 plus 4?<|im_end|>\\n<|im_start|>assistant\\n")
+        (True, True)
     """
     from trl.chat_template_utils import qwen2_5_chat_template
 
     draft = _fast_tokenizer(_toy_tokenizer_json(384), padding_side)  # only renders the corpus
     draft.chat_template = qwen2_5_chat_template
-    chat = [{"role": "user", "content": "What is 3 plus 4?"}]
-    rendered = draft.apply_chat_template(
-        chat, tools=_tool_schemas(), add_generation_prompt=True, tokenize=False
-    )
-    call = '<tool_call>\n{"name": "add", "arguments": {"a": 3, "b": 4}}\n</tool_call>'
-    reply = "<tool_response>\nTool add executed successfully:\n7\n</tool_response>"
-    corpus = (*TOY_CORPUS, rendered, call, reply, worked_answer(3, 4))
-    tokenizer = _fast_tokenizer(_toy_tokenizer_json(640, corpus), padding_side)
+    tools = _tool_schemas()
+    chats = calculator_chats(24, tool_share=0.5, seed=0)
+    rendered = tuple(draft.apply_chat_template(c, tools=tools, tokenize=False) for c in chats)
+    json = _toy_tokenizer_json(1024, (*TOY_CORPUS, *rendered), across_words=True)
+    tokenizer = _fast_tokenizer(json, padding_side)
     tokenizer.add_tokens(list(TOOL_TOKENS))
     tokenizer.chat_template = qwen2_5_chat_template
     return tokenizer
@@ -125,7 +130,23 @@ def tool_result_reward(prompts: list, completions: list, **kwargs: Any) -> list[
     return rewards
 
 
-def toy_calculator_env(*, rewards: Sequence[Callable] = (correct_answer,), max_steps: int = 4):
+def calculator_answer(prompts: list, completions: list, **kwargs: Any) -> list[float]:
+    """:func:`~torchrl_trl_interop.testing.correct_answer` for answers only: a turn that calls
+    the calculator (``<tool>...</tool>``, as the environment holds calls) scores ``0.0``, so a
+    call whose last argument happens to be the sum earns nothing.
+
+    Examples:
+        >>> question = [{"role": "user", "content": "What is 0 plus 4?"}]
+        >>> call = [{"role": "assistant", "content": '<tool>add\\n{"a": 0, "b": 4}</tool>'}]
+        >>> answer = [{"role": "assistant", "content": "0 plus 4 is 4."}]
+        >>> calculator_answer([question, question], [call, answer])
+        [0.0, 1.0]
+    """
+    rewards = correct_answer(prompts, completions)
+    return [0.0 if "<tool>" in c[-1]["content"] else r for c, r in zip(completions, rewards)]
+
+
+def toy_calculator_env(*, rewards: Sequence[Callable] = (calculator_answer,), max_steps: int = 4):
     """A TorchRL calculator environment for one rollout: ``ChatEnv`` + ``add`` tool + reward.
 
     Built for ``as_trl_environment_factory``: history mode, ``batch_size=(1,)``, no system
@@ -136,7 +157,7 @@ def toy_calculator_env(*, rewards: Sequence[Callable] = (correct_answer,), max_s
 
     Keyword Args:
         rewards (sequence of callables): TRL reward functions, run inside the environment.
-            Defaults to :func:`~torchrl_trl_interop.testing.correct_answer`.
+            Defaults to :func:`calculator_answer` (the sum, in an answer that calls no tool).
         max_steps (int): assistant turns per episode. Defaults to ``4``.
 
     Examples:
@@ -168,8 +189,9 @@ def calculator_chats(
 ) -> list[list[dict[str, Any]]]:
     """``n`` conversations of a teacher with a calculator: it calls ``add`` with the question's
     operands (share ``tool_share``), gets the tool's reply and copies the sum into a worked
-    answer; otherwise it answers directly, right with probability ``accuracy`` (else the slip of
-    :func:`~torchrl_trl_interop.testing.arithmetic_chats`, ``"3 plus 4 is 34."``).
+    answer; otherwise it answers directly, as the sloppy teacher of
+    :func:`~torchrl_trl_interop.testing.arithmetic_chats` does (the same questions, seed for
+    seed): right with probability ``accuracy``, else ``"3 plus 4 is 34."``.
 
     The tool's reply is the one the calculator environment writes (``"Tool add executed
     successfully:\\n7"``).
@@ -183,20 +205,17 @@ def calculator_chats(
 
     [add] = as_trl_tools(calculator_tools())
     rng = random.Random(seed)
-    questions = arithmetic_questions(max_operand=max_operand)
     chats = []
-    for _ in range(n):
-        question = rng.choice(questions)
-        a, b = parse_question(question)
-        chat: list[dict[str, Any]] = [{"role": "user", "content": question}]
+    for chat in arithmetic_chats(n, max_operand=max_operand, accuracy=accuracy, seed=seed):
         if rng.random() < tool_share:
+            a, b = parse_question(chat[0]["content"])
             call = {"type": "function", "function": {"name": "add", "arguments": {"a": a, "b": b}}}
-            chat.append({"role": "assistant", "content": "", "tool_calls": [call]})
-            chat.append({"role": "tool", "name": "add", "content": add(a=a, b=b)})
-            chat.append({"role": "assistant", "content": worked_answer(a, b)})
-        else:
-            result = a + b if rng.random() < accuracy else f"{a}{b}"
-            chat.append({"role": "assistant", "content": worked_answer(a, b, result)})
+            chat = [
+                chat[0],
+                {"role": "assistant", "content": "", "tool_calls": [call]},
+                {"role": "tool", "name": "add", "content": add(a=a, b=b)},
+                {"role": "assistant", "content": worked_answer(a, b)},
+            ]
         chats.append(chat)
     return chats
 
@@ -218,7 +237,7 @@ def toy_tool_caller(
     tokenizer: PreTrainedTokenizerFast | None = None,
     *,
     chats: list[list[dict[str, Any]]] | None = None,
-    steps: int = 150,
+    steps: int = 100,
     learning_rate: float = 3e-3,
     batch_size: int = 8,
     seed: int = 0,
@@ -268,6 +287,30 @@ def toy_tool_caller(
             loss.backward()
             optimizer.step()
     return model.eval()
+
+
+def toy_tool_grpo_args(output_dir: str, **overrides: Any) -> dict[str, Any]:
+    """``GRPOConfig`` keyword arguments for TRL's tool loop with the toy tool caller, on CPU.
+
+    :func:`~torchrl_trl_interop.testing.toy_trainer_args` (2 steps, offline, seeded) with 2
+    generations per prompt, 64 completion tokens (a call, the tool's reply and an answer), one
+    round of tool calls, learning rate ``1e-3``, fp32; ``overrides`` win.
+
+    Examples:
+        >>> args = toy_tool_grpo_args("/tmp/run", max_steps=4)
+        >>> args["max_tool_calling_iterations"], args["max_steps"], args["bf16"]
+        (1, 4, False)
+    """
+    args: dict[str, Any] = {
+        "num_generations": 2,
+        "max_completion_length": 64,
+        "max_tool_calling_iterations": 1,
+        "learning_rate": 1e-3,
+        "bf16": False,
+        **toy_trainer_args(output_dir, per_device_train_batch_size=4),
+    }
+    args.update(overrides)
+    return args
 
 
 def scripted_episode(factory: Callable, prompt: Any, answers: Sequence[dict]) -> dict[str, Any]:
