@@ -12,7 +12,7 @@ import types
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from .._checks import as_mapping, require
+from .._checks import as_mapping, check_tokenizer, require
 from ._tool_schemas import ToolSignature, check_renders, function_with_signature
 from ._tools import check_name, find_tools, no_op, service_signature
 
@@ -119,7 +119,8 @@ def as_trl_tools(
         bad = [t for t in transforms if not isinstance(t, ToolTransformBase)]
         if bad:
             raise TypeError(
-                f"{_OWNER}: expected TorchRL tool transforms or a ToolRegistry, got "
+                f"{_OWNER}: tools should be TorchRL tool transforms (SimpleToolTransform, "
+                "ExecuteToolsInOrder, MCPToolTransform, PythonInterpreter) or a ToolRegistry, got "
                 f"{type(bad[0]).__name__}."
             )
         found = {t.name: (t.signature, t.call) for t in find_tools(transforms, rename, _OWNER)}
@@ -131,6 +132,7 @@ def check_tool_template(processing_class: Any, owner: str) -> None:
     """Raises unless TRL can render tool calls with ``processing_class`` and parse them back.
 
     Raises:
+        TypeError: if ``processing_class`` is not a tokenizer (or processor).
         ValueError: if the chat template cannot render a tool-calling conversation
             (``trl.chat_template_utils.supports_tool_calling``), or TRL knows no response parser
             for it (``add_response_schema`` recognises TRL's shipped templates by equality).
@@ -139,6 +141,7 @@ def check_tool_template(processing_class: Any, owner: str) -> None:
 
     from trl.chat_template_utils import add_response_schema, supports_tool_calling
 
+    check_tokenizer(processing_class, "processing_class", owner)
     shipped = (
         "TRL ships templates that can: trl/chat_templates/*.jinja, e.g. "
         "tokenizer.chat_template = trl.chat_template_utils.qwen2_5_chat_template"
