@@ -893,7 +893,7 @@ tool_sft_data = datasets.Dataset.from_dict(
         "tools": [tool_schemas] * len(tool_chats),
     }
 )
-print(tool_sft_data[0]["completion"])
+print(next(c for c in tool_chats if len(c) > 2))
 tool_policy = toy_causal_lm(
     tokenizer=tool_tok, hidden_size=64, intermediate_size=128, num_hidden_layers=2, seed=0
 )
@@ -906,11 +906,15 @@ assert tool_sft_log[-1] < tool_sft_log[0] / 5
 # **GRPO in TRL's tool loop.** ``GRPOTrainer(environment_factory=calculator)`` gives every
 # rollout its own TorchRL environment. The reward is the environment's own:
 # ``calculator.reward_func`` closes each episode with the model's final answer (one more
-# environment step) and returns the reward the environment wrote. TRL logs, per step, the
-# share of answers the environment scored right and ``tools/call_frequency``, the calls per
-# completion.
+# environment step) and returns the reward the environment wrote. TRL logs the share of
+# answers the environment scored right and ``tools/call_frequency``, the calls per completion,
+# at every step; ``evaluate()`` measures both on the 25 questions (4 answers each) before and
+# after training, through the same tool loop.
 
 TOOL_STEPS, TOOL_ROLLOUTS_PER_STEP = 20, 32  # 4 questions x 8 answers per step
+question_prompts = datasets.Dataset.from_dict(
+    {"prompt": [[{"role": "user", "content": q}] for q in QUESTIONS]}
+)
 tool_grpo = GRPOTrainer(
     model=tool_policy,
     reward_funcs=calculator.reward_func,
@@ -919,47 +923,47 @@ tool_grpo = GRPOTrainer(
         **toy_tool_grpo_args(
             OUT_DIR / "runs",
             num_generations=8,
+            num_generations_eval=4,
+            per_device_eval_batch_size=20,
             max_steps=TOOL_STEPS,
             per_device_train_batch_size=TOOL_ROLLOUTS_PER_STEP,
             disable_tqdm=not SHOW_PROGRESS,
         )
     ),
-    train_dataset=datasets.Dataset.from_dict(
-        {"prompt": [[{"role": "user", "content": q}] for q in QUESTIONS]}
-    ),
+    train_dataset=question_prompts,
+    eval_dataset=question_prompts,
     processing_class=tool_tok,
 )
+REWARD_NAME = f"rewards/{calculator.reward_func.__name__}/mean"
+
+
+def tool_use():
+    """The share of right answers and the calls per answer, over 4 answers to each question."""
+    metrics = tool_grpo.evaluate()
+    return metrics[f"eval_{REWARD_NAME}"], metrics["eval_tools/call_frequency"]
+
+
+tool_before = tool_use()
 tool_grpo.train()
+tool_after = tool_use()
 tool_logs = [log for log in tool_grpo.state.log_history if "tools/call_frequency" in log]
-tool_reward_per_step = [log[f"rewards/{calculator.reward_func.__name__}/mean"] for log in tool_logs]
+tool_reward_per_step = [log[REWARD_NAME] for log in tool_logs]
 calls_per_step = [log["tools/call_frequency"] for log in tool_logs]
 assert len(tool_logs) == TOOL_STEPS
-assert all(log["tools/failure_frequency"] == 0 for log in tool_logs)
 
 # %%
-# The first and the last fifth of the steps: the policy calls the calculator more often, and
-# more of its answers are right. Each rollout's TorchRL environment holds the whole episode:
-# the question, the call as its tool transform reads it, the tool's reply and the answer.
+# Per step, and before and after: the policy calls the calculator more often, and more of its
+# answers are right. Each rollout's TorchRL environment holds the whole episode: the question,
+# the call as its tool transform reads it, the tool's reply and the answer.
 
-fifth = max(1, TOOL_STEPS // 5)
-
-
-def first_last(values):
-    """The mean of the first and of the last fifth of the steps."""
-    return sum(values[:fifth]) / fifth, sum(values[-fifth:]) / fifth
-
-
-(tool_first, tool_last), (calls_first, calls_last) = map(
-    first_last, (tool_reward_per_step, calls_per_step)
-)
 print("step  right answers  tool calls per answer")
 for step, (right, calls) in enumerate(zip(tool_reward_per_step, calls_per_step), 1):
     print(f"{step:4d}  {right:13.2f}  {calls:21.2f}")
-print(f"first / last {fifth} steps: right {tool_first:.2f} -> {tool_last:.2f}, ", end="")
-print(f"calls {calls_first:.2f} -> {calls_last:.2f}")
+for name, (right, calls) in (("before", tool_before), ("after", tool_after)):
+    print(f"{name} GRPO: right answers {right:.2f}, tool calls per answer {calls:.2f}")
 for message in tool_grpo.environments[0].messages:
     print(f"{message['role']:>9}: {message['content']!r}")
-assert tool_last - tool_first >= 0.15 and calls_last > calls_first
+assert tool_after[0] - tool_before[0] >= 0.15 and tool_after[1] > tool_before[1]
 
 # %%
 # The figure: the task reward over the GRPO run, the reward model's held-out accuracy before and
@@ -1004,7 +1008,8 @@ axes[3].plot(
 axes[3].set(
     ylim=(0, 1.05),
     xlabel="GRPO step",
-    title="TRL's tool loop, TorchRL calculator env",
+    title=f"TRL's tool loop, TorchRL calculator env (right: {tool_before[0]:.2f} -> "
+    f"{tool_after[0]:.2f})",
 )
 axes[3].legend(loc="lower right")
 fig.tight_layout()
@@ -1025,8 +1030,8 @@ summary = [
     f"policy answers readable : {readable:.0%}",
     f"task reward (GRPO)      : {reward_first:.2f} -> {reward_last:.2f}",
     f"RM held-out accuracy    : {accuracy['untrained']:.2f} -> {accuracy['trained']:.2f}",
-    f"tool-loop reward (GRPO) : {tool_first:.2f} -> {tool_last:.2f}",
-    f"tool calls per answer   : {calls_first:.2f} -> {calls_last:.2f}",
+    f"tool-loop reward (GRPO) : {tool_before[0]:.2f} -> {tool_after[0]:.2f}",
+    f"tool calls per answer   : {tool_before[1]:.2f} -> {tool_after[1]:.2f}",
     f"time                    : {elapsed:.0f} s",
     f"figure                  : {FIGURE.resolve()}",
 ]

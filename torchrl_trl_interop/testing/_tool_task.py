@@ -237,7 +237,7 @@ def toy_tool_caller(
     tokenizer: PreTrainedTokenizerFast | None = None,
     *,
     chats: list[list[dict[str, Any]]] | None = None,
-    steps: int = 100,
+    steps: int = 150,
     learning_rate: float = 3e-3,
     batch_size: int = 8,
     seed: int = 0,
