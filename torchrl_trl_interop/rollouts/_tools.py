@@ -37,6 +37,7 @@ __all__ = [
     "tool_transforms",
 ]
 
+_MCP_CONNECT_S = 60.0  # how long to wait for an MCPToolTransform's servers to list their tools
 _PYTHON_DOC = (
     "Runs Python code and returns what it printed.\n\n"
     "Args:\n    code: the Python source to run; print what you want to see.\n"
@@ -179,11 +180,14 @@ def _offered(transform: Any, owner: str) -> list[tuple[str, str, Callable[[str],
         services = transform.registry._svc  # torchrl's ToolRegistry lists no services publicly
         return [(n, n, service_signature(s, owner)) for n, s in services.items()]
     if isinstance(transform, MCPToolTransform):
+        ready = getattr(transform, "_ready_event", None)  # torchrl waits only 10 s for servers
+        if not transform._tools_cache and ready is not None:
+            ready.wait(timeout=_MCP_CONNECT_S)
         if not transform._tools_cache:
             raise RuntimeError(
-                f"{owner}: the MCPToolTransform lists no tools (connection error: "
-                f"{transform._connection_error or 'none reported'}). Check its servers; note "
-                "that torchrl 0.14.1 lists tools without the MCP handshake "
+                f"{owner}: the MCPToolTransform lists no tools after {_MCP_CONNECT_S:.0f} s "
+                f"(connection error: {transform._connection_error or 'none reported'}). Check "
+                "its servers; note that torchrl 0.14.1 lists tools without the MCP handshake "
                 "(session.initialize()), which compliant servers refuse."
             )
         return [
