@@ -1009,8 +1009,8 @@ axes[3].plot(
 axes[3].set(
     ylim=(0, 1.05),
     xlabel="GRPO step",
-    title=f"TRL's tool loop, TorchRL calculator env (right: {tool_before[0]:.2f} -> "
-    f"{tool_after[0]:.2f})",
+    ylabel="per completion",
+    title="TRL's tool loop, TorchRL calculator env",
 )
 axes[3].legend(loc="lower right")
 fig.tight_layout()
