@@ -1006,12 +1006,8 @@ axes[3].plot(tool_steps, tool_reward_per_step, ".-", color="tab:green", lw=1, la
 axes[3].plot(
     tool_steps, calls_per_step, ".-", color="tab:orange", lw=1, label="tool calls per answer"
 )
-axes[3].set(
-    ylim=(0, 1.05),
-    xlabel="GRPO step",
-    ylabel="per completion",
-    title="TRL's tool loop, TorchRL calculator env",
-)
+axes[3].set_title("TRL's tool loop, TorchRL calculator env")
+axes[3].set(ylim=(0, 1.05), xlabel="GRPO step", ylabel="per completion")
 axes[3].legend(loc="lower right")
 fig.tight_layout()
 FIGURE = OUT_DIR / "trl_interop_summary.png"
