@@ -23,8 +23,10 @@ from torchrl_trl_interop import (
     RewardTransform,
     TorchRLBufferDataset,
     TRLRewardFuncWrapper,
+    as_trl_environment_factory,
     as_trl_reward_func,
     as_trl_rollout_func,
+    as_trl_tools,
     build_preference_pairs,
     history_to_messages,
     is_conversational,
@@ -34,7 +36,12 @@ from torchrl_trl_interop import (
     split_columns,
     split_prompt_completion,
 )
-from torchrl_trl_interop.testing import toy_buffer, toy_reward_model, toy_tokenizer
+from torchrl_trl_interop.testing import (
+    toy_buffer,
+    toy_calculator_env,
+    toy_reward_model,
+    toy_tokenizer,
+)
 
 CHAT = [{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "4"}]
 
@@ -133,6 +140,32 @@ CASES = [
         "processing_class",
     ),
     ("collator-tokenizer-str", lambda: PaddingCollator("gpt2"), TypeError, "tokenizer"),
+    # -- TRL's tool loop: as_trl_environment_factory, as_trl_tools
+    (
+        "env-factory-processing-class-str",
+        lambda: as_trl_environment_factory(toy_calculator_env, processing_class="gpt2"),
+        TypeError,
+        "processing_class",
+    ),
+    (
+        "env-factory-rename-list",
+        lambda: as_trl_environment_factory(toy_calculator_env, rename=[("add", "plus")]),
+        TypeError,
+        "rename",
+    ),
+    (
+        "env-factory-row_keys-int",
+        lambda: as_trl_environment_factory(toy_calculator_env, row_keys=3),
+        TypeError,
+        "row_keys",
+    ),
+    (
+        "env-factory-reward_key-int",
+        lambda: as_trl_environment_factory(toy_calculator_env, reward_key=3),
+        TypeError,
+        "reward_key",
+    ),
+    ("tools-str", lambda: as_trl_tools("add"), TypeError, "tools"),
     ("rm-forward-dict", lambda: rm()({"tokens": [1, 2]}), TypeError, "tensordict"),
     ("rm-forward-None", lambda: rm()(None), TypeError, "tensordict"),
     ("funcs-forward-dict", lambda: TRLRewardFuncWrapper(brevity)({}), TypeError, "tensordict"),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import os
 import re
 import subprocess
 import sys
@@ -36,22 +37,25 @@ def test_gallery_format():
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)  # ~4 min of CPU on one thread; a shared machine stretches it
 def test_tutorial_runs_end_to_end(tmp_path):
     """Runs the tutorial as ``make demo`` does, from another directory: exit code, figure, summary."""
     # no offline switches here: the tutorial's demo_setup() sets them itself
+    env = {**os.environ, "PYTHONHASHSEED": "0"}  # as `make demo` runs it
     proc = subprocess.run(
         [sys.executable, str(TUTORIAL)],
         cwd=tmp_path,
         capture_output=True,
         text=True,
-        timeout=540,
+        timeout=1700,
+        env=env,
     )
     assert proc.returncode == 0, f"stdout:\n{proc.stdout[-3000:]}\nstderr:\n{proc.stderr[-5000:]}"
 
     figure = tmp_path / "outputs" / "trl_interop_summary.png"
     assert figure.is_file() and figure.stat().st_size > 10_000
     summary = _summary(proc.stdout)
-    assert list(summary)[-5:] == ["policy answers readable", *SUMMARY_TAIL]
+    assert list(summary)[-7:] == ["policy answers readable", *SUMMARY_TAIL]
     assert summary["figure"] == str(figure.resolve())
     readable = re.fullmatch(r"(\d+)%", summary["policy answers readable"])
     assert readable is not None and int(readable.group(1)) >= 90
@@ -59,12 +63,42 @@ def test_tutorial_runs_end_to_end(tmp_path):
     assert last - first >= 0.15  # the demo learns: B clearly above A
     before, after = _arrow(summary["RM held-out accuracy"])
     assert after > before
+    first, last = _arrow(summary["tool-loop reward (GRPO)"])
+    assert last - first >= 0.15  # TRL's tool loop with a TorchRL env: more answers right
+    first, last = _arrow(summary["tool calls per answer"])
+    assert last > first  # and the calculator called more often
     assert re.fullmatch(r"\d+ s", summary["time"])
     for line in ("rollouts collected", "preference pairs"):
         assert line in summary, line
+    # the README shows what `make demo` prints, within README_TOLERANCE
+    shown = _summary(README_SUMMARY)
+    assert summary["policy answers readable"] == shown["policy answers readable"]
+    for label in ARROWS:
+        ran, readme = _arrow(summary[label]), _arrow(shown[label])
+        assert all(abs(a - b) <= README_TOLERANCE for a, b in zip(ran, readme)), (
+            label,
+            ran,
+            readme,
+        )
 
 
-SUMMARY_TAIL = ["task reward (GRPO)", "RM held-out accuracy", "time", "figure"]
+SUMMARY_TAIL = [
+    "task reward (GRPO)",
+    "RM held-out accuracy",
+    "tool-loop reward (GRPO)",
+    "tool calls per answer",
+    "time",
+    "figure",
+]
+ARROWS = SUMMARY_TAIL[:4]
+#: How far a run's "A -> B" numbers may be from the README's. On one machine a run repeats them
+#: to the digit (one torch thread, fixed seeds); another CPU's math kernels may round a float
+#: differently, and a GRPO run amplifies that.
+README_TOLERANCE = 0.1
+README = ROOT / "README.md"
+README_SUMMARY = re.search(
+    r"```text\n(policy answers readable.*?)```", README.read_text(encoding="utf-8"), re.S
+).group(1)
 
 
 def _summary(stdout: str) -> dict[str, str]:
@@ -93,6 +127,8 @@ def test_summary_parser():
         "policy answers readable : 100%\n"
         "task reward (GRPO)      : 0.61 -> 0.98\n"
         "RM held-out accuracy    : 0.64 -> 0.82\n"
+        "tool-loop reward (GRPO) : 0.70 -> 0.95\n"
+        "tool calls per answer   : 0.50 -> 0.90\n"
         "time                    : 187 s\n"
         "figure                  : /tmp/outputs/trl_interop_summary.png\n"
     )
@@ -100,3 +136,8 @@ def test_summary_parser():
     assert list(summary) == ["preference pairs", "policy answers readable", *SUMMARY_TAIL]
     assert _arrow(summary["task reward (GRPO)"]) == (0.61, 0.98)
     assert summary["figure"] == "/tmp/outputs/trl_interop_summary.png"
+
+
+def test_readme_shows_every_summary_line():
+    """The README's summary block has every line the tutorial's summary ends with."""
+    assert list(_summary(README_SUMMARY)) == ["policy answers readable", *SUMMARY_TAIL]

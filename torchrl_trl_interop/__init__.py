@@ -4,7 +4,8 @@
   ``IterableDataset`` of flat dicts and as Hugging Face ``datasets`` objects.
 * TRL -> TorchRL: :class:`HFRewardModelWrapper` scores TensorDicts with any HF reward model.
 * The online loop: :func:`as_trl_rollout_func` makes a TorchRL environment ``GRPOTrainer``'s
-  rollout engine; :func:`as_reward_transform` puts TRL rewards inside TorchRL environments.
+  rollout engine; :func:`as_trl_environment_factory` puts its tools and reward into TRL's own
+  tool loop; :func:`as_reward_transform` puts TRL rewards inside TorchRL environments.
 * OpenEnv both ways: :func:`as_openenv_environment` serves a TorchRL environment to any OpenEnv
   trainer; :class:`OpenEnvChatEnv` drives an OpenEnv environment with TorchRL.
 
@@ -54,6 +55,8 @@ _EXPORTS: dict[str, str] = {
     # rollouts/: TorchRL generation feeding TRL's trainers
     "as_trl_rollout_func": "rollouts._rollout_func",
     "score_final_answer": "rollouts._final_answer",
+    "as_trl_environment_factory": "rollouts._env_factory",
+    "as_trl_tools": "rollouts._trl_tools",
     "TrainerModelPolicy": "rollouts._trainer_policy",
     "trainer_generation_config": "rollouts._trainer_policy",
     "TorchRLRolloutWorker": "rollouts._async_grpo",

@@ -11,7 +11,9 @@ the tutorial and the benchmarks all run offline on CPU from the same objects:
 * a generator apart from the trainer (``_generation.py``);
 * stand-ins for measuring the reward wrapper (``_stubs.py``);
 * the tutorial's toy task: small additions, a sloppy teacher, a checkable reward
-  (``_toy_task.py``).
+  (``_toy_task.py``);
+* a toy that calls tools: TRL's Qwen2.5 template, a calculator environment, a caller model
+  (``_tool_task.py``).
 
 This package is the one import path of all of them: ``from torchrl_trl_interop.testing import ...``.
 
@@ -46,6 +48,18 @@ from ._models import toy_causal_lm, toy_reward_model
 from ._scripted import ScriptedChatPolicy
 from ._stubs import count_host_syncs, stub_reward_model
 from ._tokenizer import CHATML_TEMPLATE, IM_END, IM_START, PAD_TOKEN, TOY_CORPUS, toy_tokenizer
+from ._tool_task import (
+    TOOL_TOKENS,
+    calculator_answer,
+    calculator_chats,
+    calculator_tools,
+    scripted_episode,
+    tool_result_reward,
+    toy_calculator_env,
+    toy_tool_caller,
+    toy_tool_grpo_args,
+    toy_tool_tokenizer,
+)
 from ._toy_task import (
     DEMO_WARNING_FILTERS,
     arithmetic_chats,
@@ -63,15 +77,20 @@ __all__ = [
     "IM_END",
     "IM_START",
     "PAD_TOKEN",
+    "TOOL_TOKENS",
     "TOY_CORPUS",
     "ScriptedChatPolicy",
     "ToyGenerator",
     "arithmetic_chats",
     "arithmetic_questions",
+    "calculator_answer",
+    "calculator_chats",
+    "calculator_tools",
     "correct_answer",
     "demo_setup",
     "parse_question",
     "printable_share",
+    "scripted_episode",
     "worked_answer",
     "count_host_syncs",
     "stub_reward_model",
@@ -91,6 +110,11 @@ __all__ = [
     "toy_tokenizer",
     "toy_tool_call",
     "toy_tool_env",
+    "tool_result_reward",
+    "toy_calculator_env",
+    "toy_tool_caller",
+    "toy_tool_grpo_args",
     "toy_tool_reply",
+    "toy_tool_tokenizer",
     "toy_trainer_args",
 ]

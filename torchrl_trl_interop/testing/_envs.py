@@ -133,15 +133,11 @@ def toy_primed_chat_env(
 
 
 def toy_add(a: int, b: int) -> int:
-    """Adds two integers.
+    """Adds two whole numbers.
 
     Args:
-        a: the first integer.
-        b: the second integer.
-
-    Examples:
-        >>> toy_add(2, 3)
-        5
+        a: the first number.
+        b: the second number.
     """
     return a + b
 

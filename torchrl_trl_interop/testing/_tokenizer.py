@@ -36,11 +36,23 @@ TOY_CORPUS = (
 
 
 @functools.lru_cache(maxsize=4)
-def _toy_tokenizer_json(vocab_size: int) -> str:
+def _toy_tokenizer_json(
+    vocab_size: int, corpus: tuple[str, ...] = TOY_CORPUS, *, across_words: bool = False
+) -> str:
+    """A byte-level BPE trained on ``corpus``; ``across_words`` lets merges span words (digits
+    stay single tokens), so that text repeated verbatim, such as a template's tool preamble,
+    becomes a few tokens."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    if across_words:
+        tok.pre_tokenizer = pre_tokenizers.Sequence(
+            [
+                pre_tokenizers.Digits(individual_digits=True),
+                pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+            ]
+        )
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
@@ -48,7 +60,7 @@ def _toy_tokenizer_json(vocab_size: int) -> str:
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    tok.train_from_iterator(list(TOY_CORPUS), trainer=trainer)
+    tok.train_from_iterator(list(corpus), trainer=trainer)
     return tok.to_str()
 
 
@@ -77,11 +89,20 @@ def toy_tokenizer(
         2
     """
     require("transformers", "toy_tokenizer")
+    tokenizer = _fast_tokenizer(_toy_tokenizer_json(vocab_size), padding_side, pad_token)
+    tokenizer.chat_template = CHATML_TEMPLATE
+    return tokenizer
+
+
+def _fast_tokenizer(
+    tokenizer_json: str, padding_side: str, pad_token: str = PAD_TOKEN
+) -> PreTrainedTokenizerFast:
+    """A ``PreTrainedTokenizerFast`` around a trained toy BPE: pad, eos and ``<|im_start|>``."""
     from tokenizers import Tokenizer
     from transformers import PreTrainedTokenizerFast
 
-    tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=Tokenizer.from_str(_toy_tokenizer_json(vocab_size)),
+    return PreTrainedTokenizerFast(
+        tokenizer_object=Tokenizer.from_str(tokenizer_json),
         pad_token=pad_token,
         eos_token=IM_END,
         bos_token=None,
@@ -89,8 +110,6 @@ def toy_tokenizer(
         additional_special_tokens=[IM_START],
         padding_side=padding_side,
     )
-    tokenizer.chat_template = CHATML_TEMPLATE
-    return tokenizer
 
 
 #: Sizes of the toy configs: one layer, width 32, 4 heads, 1024 positions.

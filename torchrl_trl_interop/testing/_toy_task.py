@@ -187,18 +187,23 @@ DEMO_WARNING_FILTERS = (
     "`(is_)?gradient_checkpointing",
     "size_average and reduce args will be deprecated",
     "You are using 'rollout_func'",  # TRL 1.16 marks GRPOTrainer(rollout_func=...) experimental
+    "You are using 'environment_factory'",  # and GRPOTrainer(environment_factory=...)
 )
 
 
-def demo_setup(*, seed: int = 0) -> bool:
-    """Prepares this process to run a demo offline and quietly; returns whether to show progress.
+def demo_setup(*, seed: int = 0, threads: int | None = 1) -> bool:
+    """Prepares this process to run a demo offline, quietly and reproducibly; returns whether to
+    show progress.
 
     Sets the Hugging Face offline switches (``HF_HUB_OFFLINE``, ``HF_DATASETS_OFFLINE``,
     ``TRANSFORMERS_OFFLINE``), ``TOKENIZERS_PARALLELISM=false`` and ``MPLBACKEND=Agg``, each only
-    when not set already; ignores :data:`DEMO_WARNING_FILTERS`; seeds torch. Call it before
-    importing ``transformers``, ``datasets`` or ``trl``. Under sphinx-gallery (the docs build,
-    which writes all output into the page) it turns ``datasets``' progress bars off and returns
-    ``False``; run as a script it returns ``True``.
+    when not set already; ignores :data:`DEMO_WARNING_FILTERS`; seeds torch; runs torch on
+    ``threads`` threads (``None`` keeps torch's default). A float sum split over more threads
+    adds in another order, so the numbers a demo prints depend on the thread count unless it is
+    fixed; the toy models are too small to gain from more than one. Call it before importing
+    ``transformers``, ``datasets`` or ``trl``. Under sphinx-gallery (the docs build, which writes
+    all output into the page) it turns ``datasets``' progress bars off and returns ``False``; run
+    as a script it returns ``True``.
 
     Examples:
         >>> import os
@@ -223,6 +228,8 @@ def demo_setup(*, seed: int = 0) -> bool:
     import torch
 
     torch.manual_seed(seed)
+    if threads is not None:
+        torch.set_num_threads(threads)
     show_progress = "sphinx_gallery" not in sys.modules
     if not show_progress:
         import datasets

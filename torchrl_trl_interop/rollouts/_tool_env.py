@@ -1,0 +1,221 @@
+"""One TorchRL environment as one TRL environment instance: ``reset``, tool calls, the close.
+
+:class:`TorchRLEnvironment` is the base of the classes
+:func:`~torchrl_trl_interop.as_trl_environment_factory` builds. An instance owns one TorchRL
+LLM environment (``batch_size=(1,)``) and steps it: ``reset(**row)`` with the row's prompt, each
+tool method with the model's call written as the environment's tool transform reads it, and
+:meth:`~TorchRLEnvironment._close` with the completion's final answer. Only ``reset`` and the
+tool methods the factory adds are public functions: TRL turns every other public function of the
+class into a tool.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import torch
+from tensordict import NonTensorStack, TensorDict, set_list_to_stack
+
+from .._conversation import history_to_messages, is_message_list, messages_to_history
+from .._keys import HISTORY_KEY, PROMPT_HISTORY_KEY, key_parts
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ._tools import TorchRLTool
+
+__all__ = ["PUBLIC_NAMES", "TorchRLEnvironment"]
+
+_OWNER = "as_trl_environment_factory"
+
+_CHAT_HISTORY = key_parts(HISTORY_KEY)[0]  # "history": a ChatHistory (prompt, response, full)
+
+#: the public names of an instance that are not tools
+PUBLIC_NAMES = ("reset", "get_reward", "env", "messages", "reward")
+
+
+def _messages(history: Any) -> list[dict[str, Any]]:
+    """One ``[1, T]`` History as TRL messages, torchrl's ``<none>`` padding turns dropped."""
+    return [m for m in history_to_messages(history[0]) if m["role"] != "<none>"]
+
+
+def _turns(messages: Sequence[dict[str, Any]]) -> list[tuple[Any, Any]]:
+    return [(m.get("role"), m.get("content")) for m in messages]
+
+
+def _observation(prompt: list[dict[str, Any]], after_reset: list[dict[str, Any]]) -> str | None:
+    """What the environment added at reset, as the text TRL appends to the last prompt message.
+
+    Raises:
+        ValueError: if the environment changed the conversation in another way (e.g. a system
+            prompt), which the model, prompted by TRL with the dataset's prompt, would not see.
+    """
+    if _turns(after_reset) == _turns(prompt):
+        return None
+    last, env_last = prompt[-1], after_reset[-1] if after_reset else {}
+    same_start = _turns(after_reset[:-1]) == _turns(prompt[:-1])
+    content, env_content = str(last.get("content")), str(env_last.get("content"))
+    if same_start and env_last.get("role") == last.get("role") and env_content.startswith(content):
+        return env_content[len(content) :]
+    raise ValueError(
+        f"{_OWNER}: after reset, the environment's conversation is {_turns(after_reset)!r:.400}, "
+        f"not the row's prompt {_turns(prompt)!r:.400} (or the prompt with text appended to its "
+        "last message, which reset() could return). TRL prompts the model with the dataset's "
+        "prompt, so the model would not see the difference: put a system prompt in the dataset's "
+        "prompt instead of the ChatEnv's system_prompt."
+    )
+
+
+def _completion_calls(completion: Any, names: set[str]) -> list[tuple[str, Any]]:
+    """The calls to this environment's tools in a TRL completion, in order."""
+    calls = []
+    for message in completion if isinstance(completion, list) else []:
+        for call in message.get("tool_calls") or []:
+            function = call.get("function", call)
+            if function.get("name") in names:
+                calls.append((function["name"], function.get("arguments")))
+    return calls
+
+
+def _final_answer(completion: Any) -> str | None:
+    """The completion's final answer: its last turn, when it is an assistant turn without calls."""
+    if isinstance(completion, str):
+        return completion
+    last = completion[-1] if completion else {}
+    if last.get("role") != "assistant" or last.get("tool_calls"):
+        return None
+    content = last.get("content") or ""
+    if isinstance(content, list):  # content blocks
+        content = "".join(b.get("text", "") for b in content if isinstance(b, dict))
+    return content
+
+
+class TorchRLEnvironment:
+    """Base of the classes :func:`as_trl_environment_factory` builds: one TorchRL env per instance.
+
+    Only ``reset`` and the tool methods added by the factory are public functions: TRL turns
+    every other public function of the class into a tool.
+    """
+
+    _tools: dict[str, TorchRLTool] = {}
+    _factory: Any  # the factory that built the class: reward and done keys, row columns
+    _token: str = ""
+
+    def __init__(self, env: Any) -> None:
+        self._env = env
+        self._td: Any = None
+        self._rewards: list[float | None] = []
+        self._calls: list[tuple[str, dict[str, Any]]] = []
+        self._done = False
+        self._reward_closed: tuple[bool, float | None] = (False, None)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(tools={list(self._tools)}, steps={len(self._rewards)})"
+
+    @property
+    def env(self) -> Any:
+        """The TorchRL environment this instance steps."""
+        return self._env
+
+    @property
+    def messages(self) -> list[dict[str, Any]]:
+        """The environment's conversation as TRL messages (its ``("history", "prompt")``)."""
+        with set_list_to_stack(True):
+            return _messages(self._td.get(PROMPT_HISTORY_KEY)) if self._td is not None else []
+
+    @property
+    def reward(self) -> float | None:
+        """The sum of the rewards the environment wrote over the episode's steps, ``None`` if none."""
+        written = [r for r in self._rewards if r is not None]
+        return sum(written) if written else None
+
+    def reset(self, **row: Any) -> str | None:
+        """Resets the TorchRL environment with the row's ``prompt`` (text or messages); the
+        row's other columns (or ``row_keys``) go into the reset tensordict, where reward parsers
+        read them (e.g. ``"answer"``). Returns what the environment appended to the prompt's last
+        message, or ``None``."""
+        factory = self._factory
+        if "prompt" not in row:
+            raise KeyError(
+                f"{_OWNER}: the dataset row has no 'prompt' column (columns: {sorted(row)}); the "
+                "TorchRL environment is reset with it."
+            )
+        prompt = row["prompt"]
+        if not isinstance(prompt, str) and not is_message_list(prompt):
+            raise TypeError(
+                f"{_OWNER}: the row's prompt should be a str or a list of messages, got "
+                f"{type(prompt).__name__}: {prompt!r:.200}."
+            )
+        messages = prompt if is_message_list(prompt) else [{"role": "user", "content": prompt}]
+        base = getattr(self._env, "base_env", self._env)
+        with set_list_to_stack(True):
+            query = messages_to_history([messages])
+            td = TensorDict({base.data_key: query}, batch_size=[1])
+            for key in factory._columns(row, self._env):
+                value = row[key]
+                if isinstance(value, (bool, int, float)):
+                    td.set(key, torch.tensor([value]))
+                else:
+                    td.set(key, NonTensorStack(value))
+            with torch.no_grad():
+                self._td = self._env.reset(td)
+        self._rewards, self._calls, self._done = [], [], False
+        self._reward_closed = (False, None)
+        return _observation(messages, self.messages)
+
+    def _step(self, content: str) -> list[dict[str, Any]]:
+        """Steps the environment with an assistant turn; the turns it added after it."""
+        from torchrl.data.llm import History
+        from torchrl.modules.llm.policies import ChatHistory
+
+        factory = self._factory
+        with set_list_to_stack(True), torch.no_grad():
+            prompt = self._td.get(PROMPT_HISTORY_KEY)
+            turn = History(role="assistant", content=content, is_complete=True).view(1, 1)
+            full = prompt.extend(turn, dim=-1, inplace=False)
+            history = ChatHistory(prompt=prompt, response=turn, full=full, batch_size=[1])
+            self._td.set(_CHAT_HISTORY, history)
+            td = self._env.step(self._td)
+            reward = td.get(factory.reward_key, None)
+            self._rewards.append(None if reward is None else float(reward.sum()))
+            done = td.get(factory.done_key, None)
+            self._done = bool(done is not None and done.any())
+            before = len(_messages(full))
+            self._td = self._env.step_mdp(td)
+            return self.messages[before:]
+
+    def _call_tool(self, name: str, **arguments: Any) -> str:
+        """A tool method's body: the call written as the env reads it, one step, the reply."""
+        tool = self._tools[name]
+        self._calls.append((name, dict(arguments)))
+        if self._td is None:
+            raise RuntimeError(f"{_OWNER}: tool {name!r} called before reset().")
+        if self._done:
+            raise RuntimeError(
+                f"The episode is over: the environment ended it after {len(self._rewards)} "
+                "steps. Answer without calling a tool."
+            )
+        tool.signature.signature.bind(**arguments)  # a missing or unknown argument: TypeError
+        added = self._step(tool.render(arguments))
+        if len(added) != 1:
+            raise RuntimeError(
+                f"{_OWNER}: after the call to {name!r}, the environment added {len(added)} turns "
+                f"({_turns(added)!r:.300}); a tool call expects exactly one reply."
+            )
+        return added[0]["content"]
+
+    def _close(self, completion: Any) -> float | None:
+        """Closes the episode with the completion's final answer (one step); the summed reward."""
+        if self._reward_closed[0]:
+            return self._reward_closed[1]
+        calls = _completion_calls(completion, set(self._tools))
+        if self._calls[: len(calls)] != calls:
+            raise ValueError(
+                f"{_OWNER}: this environment ran the calls {self._calls!r:.300}, but the "
+                f"completion it is scored with holds {calls!r:.300}: environments= and "
+                "completions= do not match one to one."
+            )
+        final = _final_answer(completion)
+        if final is not None and self._td is not None and not self._done:
+            self._step(final)
+        self._reward_closed = (True, self.reward)
+        return self.reward
