@@ -3,10 +3,6 @@
 The page's Python code blocks run in order in one namespace (as a reader would paste them), and
 every loop must have played the scripted episode the TorchRL environment plays itself
 (``torchrl_episode``): the same conversation and the same reward.
-
-TODO(integrator, issue 21): once ``as_trl_environment_factory`` (rollouts/_env_factory.py) is
-merged, add the ``GRPOTrainer(environment_factory=...)`` way to the page (the marked place in
-"One environment, four loops") and its name to ``WAYS`` below.
 """
 
 from __future__ import annotations
@@ -22,6 +18,7 @@ PAGE = Path(__file__).resolve().parents[2] / "docs" / "openenv.rst"
 WAYS = [
     "TorchRL collector",
     "GRPOTrainer(rollout_func=...)",
+    "environment_factory=...",
     "OpenEnv server",
     "OpenEnv server -> OpenEnvChatEnv",
 ]
