@@ -30,7 +30,9 @@ class Ranks:
     """Where this process stands among a trainer's processes.
 
     ``collective`` is ``True`` when every forward of the trainer's model is a collective: more
-    than one process under DeepSpeed ZeRO-3 or FSDP (either version).
+    than one process under DeepSpeed ZeRO-3 or FSDP (either version), as ``accelerate``
+    configured it or as the model shows it (``fully_shard`` applied by hand: ``accelerate``
+    1.16 runs no FSDP on CPU).
 
     Examples:
         >>> Ranks.of(object())
@@ -53,8 +55,8 @@ class Ranks:
         if count == 1:
             return cls(accelerator=accelerator)
         backend = _backend(trainer)
-        collective = bool(backend is not None and (backend.is_zero3 or backend.is_fsdp))
-        return cls(int(accelerator.process_index), count, collective, accelerator)
+        collective = backend.is_zero3 or backend.is_fsdp or _is_sharded(trainer.model)
+        return cls(int(accelerator.process_index), count, bool(collective), accelerator)
 
     def gather(self, values: Sequence[int]) -> list[int]:
         """Every rank's ``values`` (the same count on each), in rank order; one collective."""
@@ -76,6 +78,14 @@ def _backend(trainer: Any) -> Any:
 
         backend = DistributedBackend(trainer.accelerator)
     return backend
+
+
+def _is_sharded(model: Any) -> bool:
+    """Whether FSDP (``fully_shard`` or ``FullyShardedDataParallel``) manages part of ``model``."""
+    from torch.distributed.fsdp import FSDPModule, FullyShardedDataParallel
+
+    kinds = (FSDPModule, FullyShardedDataParallel)
+    return isinstance(model, torch.nn.Module) and any(isinstance(m, kinds) for m in model.modules())
 
 
 def check_prompt_slice(prompts: Any, group: int, ranks: Ranks, owner: str) -> None:

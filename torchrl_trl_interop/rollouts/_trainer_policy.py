@@ -142,7 +142,10 @@ class TrainerModelPolicy(TransformersWrapper):
         ids = pad_rows(prompts, self.padding_value, padding_side="left").to(self._device)
         mask = position_mask(lengths, width, "left").long().to(self._device)
         generated = self.model.generate(
-            input_ids=ids, attention_mask=mask, generation_config=config, synced_gpus=self.synced_gpus
+            input_ids=ids,
+            attention_mask=mask,
+            generation_config=config,
+            synced_gpus=self.synced_gpus,
         )
         response = generated.sequences[:, width:]
         logits = torch.stack(list(generated.logits), 1).float() / self.temperature
