@@ -268,12 +268,18 @@ def run_episodes(
     reward_key: NestedKey,
     done_key: NestedKey,
     owner: str = "run_episodes",
+    lockstep: Any = None,
 ) -> list[RolloutRow]:
     """Runs ``len(prompts) == env.batch_size[0]`` episodes of at most ``max_turns`` policy turns.
 
     An episode stops when ``done_key`` is set after a step or after ``max_turns`` turns. Rewards at
     ``reward_key`` are summed over its turns. ``read_logprobs=False`` leaves the policy's tokens
     at log-prob 0.0, to be scored afterwards.
+
+    With a ``lockstep`` (a :class:`~torchrl_trl_interop.rollouts._ranks.Lockstep`: several
+    ranks whose every forward is a collective), the turns go on while any rank has a live
+    episode; a rank whose episodes all ended idles through the others' turns
+    (``lockstep.idle()``) without touching its rows or its environment.
 
     Raises:
         KeyError: if ``read_logprobs`` and the policy writes no ``("log_probs", "response")``.
@@ -287,8 +293,13 @@ def run_episodes(
     with set_list_to_stack(True), torch.no_grad():
         td = episodes.reset(prompts)
         for turn in range(max_turns):
-            td = episodes.policy_step(td, rows, turn)
             last_turn = turn == max_turns - 1
+            if not any(r.active for r in rows):  # only with a lockstep: others still run
+                lockstep.idle()
+                if last_turn or not lockstep.any_active(False):
+                    break
+                continue
+            td = episodes.policy_step(td, rows, turn)
             if not last_turn:
                 full = td.get(episodes.keys.full_history)
                 answered = _render(full, policy, tokenizer, add_generation_prompt=False)
@@ -302,8 +313,14 @@ def run_episodes(
             if done is not None:
                 for row, d in zip(rows, done.reshape(len(rows), -1).any(-1).tolist()):
                     row.active = row.active and not d
-            if last_turn or not any(r.active for r in rows):
+            active = any(r.active for r in rows)
+            if lockstep is not None and not last_turn:
+                active_anywhere = lockstep.any_active(active)
+            else:
+                active_anywhere = active
+            if last_turn or not active_anywhere:
                 break
-            td = env.step_mdp(td)
-            episodes.env_tokens(td, rows, answered, turn)
+            if active:
+                td = env.step_mdp(td)
+                episodes.env_tokens(td, rows, answered, turn)
     return rows

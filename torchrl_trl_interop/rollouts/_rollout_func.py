@@ -12,6 +12,7 @@ environment computed (``env_reward``), and the policy's last turn (``final_answe
 
 from __future__ import annotations
 
+import contextlib
 import warnings
 from typing import TYPE_CHECKING, Any
 
@@ -28,12 +29,15 @@ from ._final_answer import (
     completions_only_rewards,
     final_answer_ids,
 )
-from ._trainer_policy import (
-    TrainerModelPolicy,
+from ._policy_checks import (
     check_pad_is_not_eos,
     check_same_tokenizer,
     check_same_turn_counts,
     is_torchrl_transformers_wrapper,
+)
+from ._ranks import Lockstep, Ranks, check_prompt_slice, check_same_calls, generation_guard
+from ._trainer_policy import (
+    TrainerModelPolicy,
     score_tokens,
     trainer_generation_config,
     trainer_tokenizer,
@@ -80,46 +84,46 @@ class _EnvRolloutFunc:
             f"max_turns={self.max_turns})"
         )
 
-    def _policy_for(self, trainer: Any, tokenizer: Any) -> tuple[Any, bool]:
-        """The policy for this call and whether the trainer's model rescores its tokens."""
+    def _recompute(self) -> bool:
+        """Whether the trainer's model rescores the policy's tokens after the rollout."""
+        if self.policy is None or self.recompute_logprobs is not None:
+            return bool(self.recompute_logprobs)
+        # torchrl 0.14.1's own wrapper: first-token log-prob is 0.0
+        return isinstance(self.policy, TransformersWrapper)
+
+    def _policy_for(
+        self, trainer: Any, tokenizer: Any, model: Any, ranks: Ranks
+    ) -> tuple[Any, Lockstep | None]:
+        """The policy for this call, and the lockstep its generate calls need across ranks."""
         if self.policy is None:
-            model = trainer.accelerator.unwrap_model(trainer.model)
             if self._default is None or self._default[0] != id(model):
                 config = trainer_generation_config(trainer, tokenizer)
                 policy = TrainerModelPolicy(model, tokenizer, config, trainer.temperature)
                 self._default = (id(model), policy)
-            return self._default[1], bool(self.recompute_logprobs)
+            policy = self._default[1]
+            policy.synced_gpus = True if ranks.collective else None
+            return policy, Lockstep(ranks, policy) if ranks.collective else None
         policy = self.policy
         if id(policy) not in self._checked:
             policy_tokenizer = getattr(policy, "tokenizer", None)
             if policy_tokenizer is not None:
                 check_same_tokenizer(policy_tokenizer, tokenizer, _OWNER)
             self._checked.add(id(policy))
-        recompute = self.recompute_logprobs
-        if recompute is None:  # torchrl 0.14.1's own wrapper: first-token log-prob is 0.0
-            recompute = isinstance(policy, TransformersWrapper)
-        return policy, recompute
+        if ranks.collective and getattr(policy, "model", None) is _unwrapped(trainer):
+            raise ValueError(
+                f"{_OWNER}: the policy {type(policy).__name__} generates with the trainer's own "
+                f"model, which is sharded over {ranks.count} ranks (ZeRO-3 or FSDP): every "
+                "forward is a collective, and its generate calls are neither guarded nor kept in "
+                "step across ranks. Leave policy=None: the trainer's model then generates as "
+                "GRPOTrainer generates (parameters gathered, synced_gpus, ranks in lockstep)."
+            )
+        return policy, None
 
-    def _check_prompts(self, prompts: Any, trainer: Any) -> None:
+    def _check_prompts(self, prompts: Any, trainer: Any, ranks: Ranks) -> None:
         training = getattr(trainer.model, "training", True)
         group = getattr(trainer, "num_generations" if training else "num_generations_eval", None)
         group = group or getattr(trainer, "num_generations", 1) or 1
-        if not isinstance(prompts, (list, tuple)) or not prompts:
-            raise TypeError(
-                f"{_OWNER}: expected a non-empty list of prompts, got {type(prompts).__name__}."
-            )
-        if len(prompts) % group:
-            raise ValueError(
-                f"{_OWNER}: got {len(prompts)} prompts, not a multiple of "
-                f"num_generations={group}. GRPOTrainer passes every prompt repeated "
-                "num_generations times in a row; call the rollout function the same way."
-            )
-        for start in range(0, len(prompts), group):
-            if any(p != prompts[start] for p in prompts[start : start + group]):
-                raise ValueError(
-                    f"{_OWNER}: prompts {start}..{start + group - 1} are not one prompt "
-                    f"repeated num_generations={group} times; GRPOTrainer groups them so."
-                )
+        check_prompt_slice(prompts, group, ranks, _OWNER)
         size = self.env.batch_size[0]
         if len(prompts) % size:
             raise ValueError(
@@ -130,29 +134,36 @@ class _EnvRolloutFunc:
 
     def __call__(self, prompts: list, trainer: Any) -> dict[str, list]:
         require("transformers", _OWNER)
-        self._check_prompts(prompts, trainer)
+        ranks = Ranks.of(trainer)
+        self._check_prompts(prompts, trainer, ranks)
         tokenizer = trainer_tokenizer(trainer)
-        policy, recompute = self._policy_for(trainer, tokenizer)
+        recompute = self._recompute()
         size = self.env.batch_size[0]
+        check_same_calls(ranks, {"prompts": len(prompts), "env batch size": size}, _OWNER)
         rows: list[RolloutRow] = []
-        for start in range(0, len(prompts), size):
-            batch = list(prompts[start : start + size])
-            check_same_turn_counts(policy, batch, start, _OWNER)
-            rows.extend(
-                run_episodes(
-                    self.env,
-                    policy,
-                    batch,
-                    tokenizer,
-                    max_turns=self.max_turns,
-                    read_logprobs=not recompute,
-                    reward_key=self.reward_key,
-                    done_key=self.done_key,
-                    owner=_OWNER,
+        # the trainer's model, prepared as GRPOTrainer prepares it to generate (ZeRO-3, FSDP)
+        uses_model = self.policy is None or recompute
+        with generation_guard(trainer) if uses_model else contextlib.nullcontext() as model:
+            policy, lockstep = self._policy_for(trainer, tokenizer, model, ranks)
+            for start in range(0, len(prompts), size):
+                batch = list(prompts[start : start + size])
+                check_same_turn_counts(policy, batch, start, _OWNER)
+                rows.extend(
+                    run_episodes(
+                        self.env,
+                        policy,
+                        batch,
+                        tokenizer,
+                        max_turns=self.max_turns,
+                        read_logprobs=not recompute,
+                        reward_key=self.reward_key,
+                        done_key=self.done_key,
+                        owner=_OWNER,
+                        lockstep=lockstep,
+                    )
                 )
-            )
-        if recompute:
-            self._rescore(trainer, tokenizer, rows)
+            if recompute:
+                self._rescore(trainer, model, tokenizer, rows)
         answer_ids = [final_answer_ids(r.completion_ids, r.env_mask) for r in rows]
         out = {
             "prompt_ids": [r.prompt_ids for r in rows],
@@ -165,9 +176,10 @@ class _EnvRolloutFunc:
             FINAL_ANSWER_IDS: answer_ids,
         }
         versions = [r.policy_version for r in rows]
-        if any(v is not None for v in versions):
+        every = _every_rank(ranks, versions)  # so that the metrics and the bound are global
+        if any(v is not None for v in every):
             out[POLICY_VERSION_KEY] = versions
-            check_staleness(versions, trainer, self.max_staleness, _OWNER)
+            check_staleness(every, trainer, self.max_staleness, _OWNER)
         self._warn_completions_only(trainer)
         return out
 
@@ -191,10 +203,10 @@ class _EnvRolloutFunc:
             )
 
     @staticmethod
-    def _rescore(trainer: Any, tokenizer: Any, rows: list[RolloutRow]) -> None:
+    def _rescore(trainer: Any, model: Any, tokenizer: Any, rows: list[RolloutRow]) -> None:
         """The trainer's model scores the policy's tokens; environment tokens stay at 0.0."""
         scores = score_tokens(
-            trainer.accelerator.unwrap_model(trainer.model),
+            model,
             [r.prompt_ids + r.completion_ids for r in rows],
             [len(r.prompt_ids) for r in rows],
             temperature=trainer.temperature,
@@ -203,6 +215,19 @@ class _EnvRolloutFunc:
         )
         for row, score in zip(rows, scores):
             row.logprobs = [v if m else 0.0 for v, m in zip(score.tolist(), row.env_mask)]
+
+
+def _unwrapped(trainer: Any) -> Any:
+    accelerator = getattr(trainer, "accelerator", None)
+    return trainer.model if accelerator is None else accelerator.unwrap_model(trainer.model)
+
+
+def _every_rank(ranks: Ranks, versions: list[int | None]) -> list[int | None]:
+    """Every rank's policy versions, in rank order (``None``: a row without one)."""
+    if ranks.count == 1:
+        return versions
+    every = ranks.gather([-1 if v is None else v for v in versions])
+    return [None if v == -1 else v for v in every]
 
 
 def as_trl_rollout_func(

@@ -15,18 +15,13 @@ import torch
 from tensordict import TensorDictBase, lazy_stack
 from torchrl.modules.llm import TransformersWrapper
 
-from .._conversation import is_message_list
 from .._padding import pad_rows, position_mask
 from ._episodes import NO_TURN
 from ._policy_output import PolicyKeys
 
 __all__ = [
     "TrainerModelPolicy",
-    "check_pad_is_not_eos",
-    "check_same_tokenizer",
-    "check_same_turn_counts",
     "completion_lengths",
-    "is_torchrl_transformers_wrapper",
     "score_tokens",
     "trainer_generation_config",
     "trainer_tokenizer",
@@ -89,6 +84,10 @@ class TrainerModelPolicy(TransformersWrapper):
 
     #: from the second turn of a rollout, ``run_episodes`` gives it the prompt's mask too
     reads_prompt_mask = True
+    #: passed to ``generate``: ``True`` where every forward is a collective (ZeRO-3, FSDP on
+    #: several ranks), so a rank whose rows ended keeps taking part; ``None`` lets transformers
+    #: decide
+    synced_gpus: bool | None = None
 
     def __init__(
         self, model: Any, tokenizer: Any, generation_config: Any, temperature: float
@@ -143,7 +142,10 @@ class TrainerModelPolicy(TransformersWrapper):
         ids = pad_rows(prompts, self.padding_value, padding_side="left").to(self._device)
         mask = position_mask(lengths, width, "left").long().to(self._device)
         generated = self.model.generate(
-            input_ids=ids, attention_mask=mask, generation_config=config
+            input_ids=ids,
+            attention_mask=mask,
+            generation_config=config,
+            synced_gpus=self.synced_gpus,
         )
         response = generated.sequences[:, width:]
         logits = torch.stack(list(generated.logits), 1).float() / self.temperature
@@ -283,71 +285,6 @@ def _generation_config(args: Any, tokenizer: Any, eos_token_ids: list[int]) -> A
         **(args.generation_kwargs or {}),
     }
     return GenerationConfig(**kwargs, disable_compile=True)
-
-
-def check_same_tokenizer(policy_tokenizer: Any, trainer_tokenizer: Any, owner: str) -> None:
-    """Raises ``ValueError`` unless both tokenizers map the same tokens to the same ids."""
-    fields = ("pad_token_id", "eos_token_id")
-    mismatch = [
-        f"{field}: policy {getattr(policy_tokenizer, field)!r}, trainer "
-        f"{getattr(trainer_tokenizer, field)!r}"
-        for field in fields
-        if getattr(policy_tokenizer, field) != getattr(trainer_tokenizer, field)
-    ]
-    if len(policy_tokenizer) != len(trainer_tokenizer):
-        mismatch.append(
-            f"vocabulary size: policy {len(policy_tokenizer)}, trainer {len(trainer_tokenizer)}"
-        )
-    elif policy_tokenizer.get_vocab() != trainer_tokenizer.get_vocab():
-        mismatch.append("vocabulary: same size, different token ids")
-    if mismatch:
-        raise ValueError(
-            f"{owner}: the policy's tokenizer is not the trainer's processing_class ("
-            + "; ".join(mismatch)
-            + "). The trainer scores the policy's token ids with its own model, so both must "
-            "use one tokenizer: build the policy with tokenizer=trainer.processing_class."
-        )
-
-
-def is_torchrl_transformers_wrapper(policy: Any) -> bool:
-    """torchrl 0.14.1's own ``TransformersWrapper`` (not ours, whose generate path differs)."""
-    return isinstance(policy, TransformersWrapper) and not isinstance(policy, TrainerModelPolicy)
-
-
-def check_pad_is_not_eos(policy: Any, owner: str) -> None:
-    """torchrl's ``TransformersWrapper`` drops every pad-id token: with pad == eos, the eos."""
-    tokenizer = getattr(policy, "tokenizer", None)
-    pad = getattr(tokenizer, "pad_token_id", None)
-    config_eos = getattr(getattr(policy.model, "generation_config", None), "eos_token_id", None)
-    eos = config_eos if isinstance(config_eos, (list, tuple)) else [config_eos]
-    eos = sorted({getattr(tokenizer, "eos_token_id", None), *eos} - {None})
-    if pad is not None and pad in eos:
-        raise ValueError(
-            f"{owner}: the policy is torchrl's TransformersWrapper and its tokenizer's pad token "
-            f"is an eos token (pad_token_id={pad}, eos ids {eos}). torchrl 0.14.1's wrapper tells "
-            "padding from tokens by comparing ids with the pad id, so it drops the eos token an "
-            "answer ends with: TRL would see every completion as truncated and the policy would "
-            "never learn to stop. Leave policy=None (the trainer's model, cut by lengths and "
-            "masks), or give the tokenizer a pad token that is not an eos token (a vLLMWrapper "
-            "keeps the eos too, for single-turn rollouts)."
-        )
-
-
-def check_same_turn_counts(policy: Any, prompts: list, start: int, owner: str) -> None:
-    """torchrl's ``TransformersWrapper`` cannot extend conversations of different lengths."""
-    if not is_torchrl_transformers_wrapper(policy) or not is_message_list(prompts[0]):
-        return
-    sizes = [len(p) for p in prompts]
-    other = next((i for i, n in enumerate(sizes) if n != sizes[0]), None)
-    if other is not None:
-        raise ValueError(
-            f"{owner}: prompts {start} and {start + other} share an env batch but have "
-            f"{sizes[0]} and {sizes[other]} messages. torchrl 0.14.1's TransformersWrapper "
-            "cannot answer conversations of different lengths in one batch (it fails with "
-            "'zip() argument ... is shorter'). Leave policy=None (the trainer's model answers "
-            "each row on its own), use a vLLMWrapper, or make the env's batch_size a divisor of "
-            "num_generations (each env batch then holds one prompt's copies)."
-        )
 
 
 def score_tokens(

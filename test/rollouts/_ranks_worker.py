@@ -1,0 +1,207 @@
+"""One rank of the online loop on several ranks (``test_ranks.py``; gloo, CPU).
+
+Scenarios, each writing what this rank saw to ``OUT_DIR/<scenario>.rank<R>.json``:
+
+* ``train``: ``GRPOTrainer`` (DDP) with ``rollout_func=as_trl_rollout_func(ChatEnv)`` on the
+  toy task's questions, a global batch of one prompt x ``num_generations=4``: on 2 ranks each
+  rank holds half a group. Records every rollout call, every reward call, the logged reward,
+  KL, loss and gradient norm per step, and saves the final weights (``weights.rank<R>.pt``).
+* ``fsdp2``: the trainer's model sharded with ``torch.distributed.fsdp.fully_shard`` (every
+  forward is a collective); multi-turn episodes that end after 1 turn on rank 0 and after 3 on
+  rank 1. Records the rollouts, the model's forward and ``generate`` calls, and the same rollouts
+  by an unsharded copy of the model with the same seed.
+
+The toy model is read from ``OUT_DIR/model`` (rank 0 writes it when missing). Usage::
+
+    torchrun --nproc_per_node=N test/rollouts/_ranks_worker.py OUT_DIR SCENARIO [STEPS]
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import torch  # noqa: E402
+
+from torchrl_trl_interop import as_reward_transform, as_trl_rollout_func  # noqa: E402
+from torchrl_trl_interop.testing import (  # noqa: E402
+    IM_START,
+    arithmetic_questions,
+    toy_answer_length,
+    toy_causal_lm,
+    toy_chat_env,
+    toy_tokenizer,
+    toy_trainer_args,
+)
+
+GLOBAL_BATCH = 4  # one prompt x num_generations per step, whatever the number of ranks
+GROUP = 4
+
+
+class Recorder:
+    """A rollout function that keeps every call's prompts and output (JSON-ready)."""
+
+    def __init__(self, rollout_func):
+        self.rollout_func = rollout_func
+        self.calls = []
+
+    def __call__(self, prompts, trainer):
+        out = self.rollout_func(prompts, trainer)
+        self.calls.append({"prompts": prompts, **out})
+        return out
+
+
+class EnvReward:
+    """A GRPO reward function: the environment's reward. Records what it scored."""
+
+    __name__ = "env_reward"
+
+    def __init__(self):
+        self.calls = []
+
+    def __call__(self, prompts, completions, completion_ids, env_reward, **kwargs):
+        self.calls.append({"prompts": prompts, "completion_ids": completion_ids})
+        return list(env_reward)
+
+
+def save_model(model_dir: Path) -> None:
+    """The toy model and tokenizer on disk: ``beta > 0`` builds its reference model by path."""
+    tok = toy_tokenizer()
+    toy_causal_lm(tokenizer=tok).save_pretrained(model_dir)
+    tok.save_pretrained(model_dir)
+
+
+def grpo_trainer(out_dir, rollout_func, reward, *, world: int, steps: int, model):
+    """The GRPO run of the ``train`` scenario, for ``world`` ranks; the same global batch.
+
+    ``model`` is a saved toy model's folder (or a model, with ``beta=0``).
+    """
+    from datasets import Dataset
+    from trl import GRPOConfig, GRPOTrainer
+
+    tok = toy_tokenizer()
+    prompts = [[{"role": "user", "content": q}] for q in arithmetic_questions()]
+    args = GRPOConfig(
+        num_generations=GROUP,
+        max_completion_length=6,
+        learning_rate=1e-2,
+        beta=0.04 if isinstance(model, (str, Path)) else 0.0,  # a KL to the reference model
+        bf16=False,
+        generation_kwargs={"suppress_tokens": [tok.convert_tokens_to_ids(IM_START)]},
+        **toy_trainer_args(
+            out_dir, max_steps=steps, per_device_train_batch_size=GLOBAL_BATCH // world
+        ),
+    )
+    return GRPOTrainer(
+        model=str(model) if isinstance(model, Path) else model,
+        reward_funcs=reward,
+        args=args,
+        train_dataset=Dataset.from_dict({"prompt": prompts}),
+        processing_class=tok,
+        rollout_func=rollout_func,
+    )
+
+
+LOGGED = ("reward", "kl", "loss", "grad_norm")
+
+
+def train(out_dir: Path, rank: int, world: int, steps: int) -> dict:
+    env = toy_chat_env(batch_size=2, transforms=[as_reward_transform(toy_answer_length)])
+    recorder, reward = Recorder(as_trl_rollout_func(env)), EnvReward()
+    trainer = grpo_trainer(
+        out_dir / f"rank{rank}", recorder, reward, world=world, steps=steps, model=out_dir / "model"
+    )
+    trainer.train()
+    torch.save(trainer.model.state_dict(), out_dir / f"weights.rank{rank}.pt")
+    logs = [h for h in trainer.state.log_history if "loss" in h]
+    return {
+        "global_step": trainer.state.global_step,
+        "rollouts": recorder.calls,
+        "rewards": reward.calls,
+        "logs": [{k: h[k] for k in LOGGED} for h in logs],
+    }
+
+
+class CallCounter:
+    """Counts a model's forward calls (hook) and ``generate`` calls (instance attribute)."""
+
+    def __init__(self, model):
+        self.forwards = self.generates = 0
+        model.register_forward_pre_hook(self._forward)
+        generate = model.generate
+
+        def counted(*args, **kwargs):
+            self.generates += 1
+            return generate(*args, **kwargs)
+
+        model.generate = counted
+
+    def _forward(self, module, args):
+        self.forwards += 1
+
+
+def fsdp2(out_dir: Path, rank: int) -> dict:
+    from torch.distributed.fsdp import fully_shard
+
+    from torchrl_trl_interop import TrainerModelPolicy, trainer_generation_config
+
+    tok = toy_tokenizer()
+    model = toy_causal_lm(tokenizer=tok, num_hidden_layers=2)
+    reference = toy_causal_lm(tokenizer=tok, num_hidden_layers=2)  # same seed: same weights
+    trainer = grpo_trainer(out_dir, lambda p, t: None, EnvReward(), world=2, steps=1, model=model)
+    for layer in model.model.layers:  # in place: the trainer's model is now sharded
+        fully_shard(layer)
+    fully_shard(model)
+    counter = CallCounter(model)
+
+    turns = 1 if rank == 0 else 3  # episodes end after different numbers of turns
+    prompts = [[{"role": "user", "content": arithmetic_questions()[5]}]] * 2  # half a group
+    env = toy_chat_env(tok, batch_size=2, reply=True, max_steps=turns)
+    torch.manual_seed(100 + rank)
+    sharded = as_trl_rollout_func(env, max_turns=3)(prompts, trainer)
+
+    config = trainer_generation_config(trainer, tok)
+    policy = TrainerModelPolicy(reference, tok, config, trainer.temperature)
+    torch.manual_seed(100 + rank)
+    plain = as_trl_rollout_func(env, policy=policy, max_turns=3, recompute_logprobs=False)(
+        prompts, trainer
+    )
+    weight = model.model.layers[0].mlp.up_proj.weight  # a DTensor: this rank holds half
+    return {
+        "sharded": sharded,
+        "plain": plain,
+        "forwards": counter.forwards,
+        "generates": counter.generates,
+        "shard_rows": [weight.to_local().shape[0], weight.shape[0]],
+    }
+
+
+def main() -> None:
+    import torch.distributed as dist
+
+    out_dir, scenario = Path(sys.argv[1]), sys.argv[2]
+    steps = int(sys.argv[3]) if len(sys.argv) > 3 else 2
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    torch.set_num_threads(1)
+    if rank == 0 and not (out_dir / "model").exists():
+        save_model(out_dir / "model")
+    dist.barrier()
+    if scenario == "train":
+        out = train(out_dir, rank, world, steps)
+    elif scenario == "fsdp2":
+        out = fsdp2(out_dir / f"rank{rank}", rank)
+    else:
+        raise ValueError(f"unknown scenario {scenario!r}")
+    (out_dir / f"{scenario}.rank{rank}.json").write_text(json.dumps(out))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
