@@ -31,6 +31,7 @@ import torch
 
 __all__ = [
     "CANDIDATES",
+    "DROPPED_ZERO_STD",
     "ENV_REWARD",
     "ZERO_STD_AFTER",
     "ZERO_STD_BEFORE",
@@ -39,6 +40,7 @@ __all__ = [
     "has_spread",
     "sample_candidates",
     "select_candidates",
+    "select_group",
 ]
 
 #: the rollout function's column the candidates are scored by: the environment's own reward
@@ -49,6 +51,8 @@ CANDIDATES = "rollout/candidates"
 ZERO_STD_BEFORE = "rollout/zero_std_groups_before"
 #: share of groups returned with no reward spread
 ZERO_STD_AFTER = "rollout/zero_std_groups_after"
+#: samples the rollout worker dropped for having no reward spread
+DROPPED_ZERO_STD = "rollout/dropped_zero_std_total"
 
 _SPREAD_ATOL = 1e-8  # TRL's frac_reward_zero_std: torch.isclose(std, 0) (atol=1e-8)
 
@@ -171,6 +175,31 @@ def select_candidates(
     rest = [i for i in range(len(rewards)) if i not in (best, worst)]
     fill = [rest[int(i)] for i in torch.randperm(len(rest))[: keep - 2]]
     return sorted([best, worst, *fill])
+
+
+def select_group(
+    rewards: Sequence[float], keep: int, drop_zero_std: bool = False
+) -> tuple[list[int], dict[str, Any]]:
+    """The worker's filter: the kept candidates (none: dropped) and the group's metrics.
+
+    Shares are ``(numerator, denominator)`` rates, as ``AsyncGRPOTrainer`` reduces them.
+
+    Examples:
+        >>> kept, metrics = select_group([1.0, 1.0, 1.0], 2, drop_zero_std=True)
+        >>> kept, metrics["rollout/zero_std_groups_after"], metrics["rollout/dropped_zero_std_total"]
+        ([], (1.0, 1.0), 2.0)
+    """
+    kept = select_candidates(rewards, keep)
+    flat = not has_spread([rewards[i] for i in kept])
+    metrics: dict[str, Any] = {
+        CANDIDATES: float(len(rewards)),
+        ZERO_STD_BEFORE: (float(not has_spread(rewards[:keep])), 1.0),
+        ZERO_STD_AFTER: (float(flat), 1.0),
+    }
+    if flat and drop_zero_std:
+        metrics[DROPPED_ZERO_STD] = float(len(kept))
+        kept = []
+    return kept, metrics
 
 
 def trainer_group_size(trainer: Any) -> int:
