@@ -129,7 +129,10 @@ def test_worker_over_a_collector(collector_setup):
 
     collector, policy = collector_setup
     trainer_model = toy_causal_lm(tokenizer=toy_tokenizer())  # seed 0: not the policy's weights
-    worker = TorchRLRolloutWorker(collector, num_generations=2)
+    # a bounded queue: after a transfer at most 4 queued samples + the rows the thread holds (one
+    # batch of 4 here: groups never span batches) come from older weights. Unbounded, the thread
+    # may queue any number of version-1 samples before the second transfer takes its lock.
+    worker = TorchRLRolloutWorker(collector, num_generations=2, queue_maxsize=4)
     transfer = TorchRLWeightTransfer(collector, worker=worker)
 
     # _TrainBeginCallback: init, cold sync (version 0 -> 1), start
@@ -148,14 +151,16 @@ def test_worker_over_a_collector(collector_setup):
             p.add_(0.05 * torch.randn_like(p))
     version = sync(transfer, worker, trainer_model, version)
     snapshots[2] = snapshot(trainer_model)
-    later = take_samples(worker, 12)
+    later = take_samples(worker, 12)  # at most 8 of version 1, then version 2 only
     worker.stop()
     assert worker.metrics_queue.get_nowait() == {"rollout/groups_total": 1.0}
 
     samples = first + later
     assert all(isinstance(s, RolloutSample) for s in samples)
     assert {s.model_version for s in first} == {1}
-    assert samples[-1].model_version == 2  # the versions advanced after the push
+    # the versions advanced after the push, within the queue's bound
+    versions = [s.model_version for s in later]
+    assert versions == sorted(versions) and versions.count(1) <= 4 + 4 and versions[-1] == 2
     groups = defaultdict(list)
     for s in samples:
         groups[s.group_id].append(s)
@@ -178,16 +183,15 @@ def test_worker_over_a_collector(collector_setup):
         expected = (rewards - rewards.mean()) / (rewards.std() + 1e-8)
         np.testing.assert_allclose([s.advantage for s in group], expected, atol=1e-6)
 
-    # TRL's consumer reads our queue; at trainer version 2 with max_staleness=0 it drops v1
+    # TRL's consumer reads such a queue; at trainer version 2 with max_staleness=0 it drops v1
+    replay = queue.Queue()
     for s in samples:
-        worker.rollout_buffer.put(s)
+        replay.put(s)
     from accelerate import PartialState
 
     PartialState()  # TRL's dataset logs through accelerate, as inside its trainer
     metrics = defaultdict(list)
-    dataset = RolloutQueueDataset(
-        worker.rollout_buffer, lambda: 2, lambda _: None, 60, metrics, max_staleness=0
-    )
+    dataset = RolloutQueueDataset(replay, lambda: 2, lambda _: None, 60, metrics, max_staleness=0)
     fresh = [s for s in samples if s.model_version == 2]
     stream = iter(dataset)
     read = [next(stream) for _ in fresh]
@@ -286,3 +290,116 @@ def test_check_health_says_why_the_thread_ended():
     waiting.stop()
     with pytest.raises(RuntimeError, match=r"stop\(\) was called"):
         waiting.check_health(10)
+
+
+def spread_reward(prompts, completions, **kwargs):
+    """Answer length parity, but a constant for two of the toy prompts: their groups never spread."""
+    flat = ("What is 0 plus 0?", "What is 2 plus 4?")
+    return [
+        0.0 if p[-1]["content"] in flat else float(len(c[-1]["content"]) % 2)
+        for p, c in zip(prompts, completions)
+    ]
+
+
+def drain(q):
+    items = []
+    while True:
+        try:
+            items.append(q.get_nowait())
+        except queue.Empty:
+            return items
+
+
+class TestWorkerDynamicSampling:
+    def test_no_zero_std_group_is_queued(self):
+        from torchrl.collectors.llm import LLMCollector
+
+        from torchrl_trl_interop.testing import toy_generator_policy
+
+        # K = 4 candidates per prompt (the primer's repeats), num_generations = 2 kept
+        env = toy_primed_chat_env(
+            repeats=4, batch_size=4, transforms=[as_reward_transform(spread_reward)]
+        )
+        collector = LLMCollector(env, policy=toy_generator_policy(), dialog_turns_per_batch=4)
+        worker = TorchRLRolloutWorker(
+            collector, num_generations=2, candidate_group_size=4, drop_zero_std=True
+        )
+        worker.start()
+        try:
+            samples = take_samples(worker, 8)
+        finally:
+            worker.stop()
+            collector.shutdown()
+        samples += drain(worker.rollout_buffer)
+        metrics = drain(worker.metrics_queue)
+
+        groups = defaultdict(list)
+        for s in samples:
+            groups[s.group_id].append(s)
+            assert s.prompt[-1]["content"] not in ("What is 0 plus 0?", "What is 2 plus 4?")
+        for group in groups.values():
+            rewards = [s.metrics["reward"] for s in group]
+            assert len(group) == 2 and len(set(rewards)) == 2  # spread, whole
+            assert group[0].metrics["reward_std"] > 0 and {s.advantage > 0 for s in group} == {
+                True,
+                False,
+            }
+        selected = [m for m in metrics if "rollout/candidates" in m]
+        dropped = [m for m in selected if "rollout/dropped_zero_std_total" in m]
+        queued = sum(m.get("rollout/groups_total", 0.0) for m in metrics)
+        assert all(m["rollout/candidates"] == 4.0 for m in selected)
+        assert len(selected) == len(dropped) + queued and queued == len(groups)
+        assert dropped and all(m["rollout/dropped_zero_std_total"] == 2.0 for m in dropped)
+        # the rates: a group is flat after selection only if it was before, and then dropped
+        for m in selected:
+            (before, one), (after, _) = (
+                m["rollout/zero_std_groups_before"],
+                m["rollout/zero_std_groups_after"],
+            )
+            assert one == 1.0 and after <= before and (after == 1.0) == (m in dropped)
+
+    def test_groups_are_queued_whole(self):
+        """A bounded queue with room for half a group: the group waits, and is not queued at stop."""
+        from torchrl.collectors.llm import LLMCollector
+
+        from torchrl_trl_interop.testing import toy_generator_policy
+
+        collector = LLMCollector(
+            toy_primed_chat_env(), policy=toy_generator_policy(), dialog_turns_per_batch=2
+        )
+        worker = TorchRLRolloutWorker(collector, num_generations=2, queue_maxsize=3)
+        worker.start()
+        deadline = time.monotonic() + 120
+        while worker._batches < 2 and time.monotonic() < deadline:  # the 2nd group is waiting
+            worker.check_health(120)
+            time.sleep(0.05)
+        worker.stop()
+        collector.shutdown()
+        queued = drain(worker.rollout_buffer)
+        assert len(queued) == 2 and queued[0].group_id == queued[1].group_id == 0
+
+    def test_errors(self):
+        from torchrl.collectors.llm import LLMCollector
+
+        from torchrl_trl_interop.testing import toy_generator_policy
+
+        source = toy_buffer(0)
+        with pytest.raises(
+            ValueError, match="candidate_group_size=3 is smaller than num_generations=4"
+        ):
+            TorchRLRolloutWorker(source, num_generations=4, candidate_group_size=3)
+        with pytest.raises(ValueError, match="queue_maxsize=1 cannot hold a whole group"):
+            TorchRLRolloutWorker(source, num_generations=2, queue_maxsize=1)
+        with pytest.raises(TypeError, match="drop_zero_std must be a bool"):
+            TorchRLRolloutWorker(source, num_generations=2, drop_zero_std="yes")
+        # no reward to select by: the thread fails, check_health says why
+        collector = LLMCollector(
+            toy_primed_chat_env(), policy=toy_generator_policy(), dialog_turns_per_batch=2
+        )
+        worker = TorchRLRolloutWorker(collector, num_generations=2, drop_zero_std=True)
+        worker.start()
+        worker._thread.join(timeout=120)
+        collector.shutdown()
+        with pytest.raises(RuntimeError, match="rollout thread failed") as info:
+            worker.check_health(10)
+        assert "select groups by their reward at ('next', 'reward')" in info.value.__cause__.args[0]

@@ -19,10 +19,11 @@ import torch
 from tensordict import TensorDictBase, set_list_to_stack
 from tensordict.utils import NestedKey
 
-from .._checks import check_positive_int
+from .._checks import check_bool, check_positive_int
 from .._conversation import history_to_messages
 from .._keys import NEXT_POLICY_VERSION_KEY, NEXT_REWARD_KEY, POLICY_VERSION_KEY, as_nested_key
 from ..weights._staleness import check_max_staleness
+from ._dynamic_sampling import check_candidate_group_size, select_group
 from ._policy_output import PolicyKeys, read_policy_rows
 from ._trainer_policy import TrainerModelPolicy, score_tokens
 
@@ -99,6 +100,20 @@ class TorchRLRolloutWorker:
     so with the very weights that sampled it. Pass ``score_model=`` to rescore with another
     model (e.g. for a buffer source), or ``score_model=False`` to keep the collector's values.
 
+    **Dynamic sampling.** With ``candidate_group_size=K`` a group is complete at ``K`` rows (the
+    collector's ``DataLoadingPrimer(repeats=K)``) and keeps ``num_generations`` of them, chosen
+    for reward spread as :func:`~torchrl_trl_interop.as_trl_rollout_func` chooses them; with
+    ``drop_zero_std=True`` a group left without spread is dropped, not queued (its advantages
+    would all be 0). This changes the sampling distribution (as DAPO does). Metrics per group:
+    ``rollout/candidates``, the rates ``rollout/zero_std_groups_before`` and ``_after``, and
+    ``rollout/dropped_zero_std_total`` (samples dropped).
+
+    **The queue.** A group is queued whole or not at all (the worker, the queue's only producer,
+    waits for room for all of it; at :meth:`stop` a waiting group is not queued). With
+    ``queue_maxsize=N``, once a weight transfer resumes, at most ``N`` queued samples
+    plus the rows the thread holds (the batch a weight transfer waited for, groups not yet
+    complete) come from older weights; unbounded (``0``), every sample collected before.
+
     Args:
         source: a torchrl collector (``LLMCollector``: iterated) or a replay buffer written by
             collectors elsewhere (``ReplayBuffer``, ``RayReplayBuffer``: each row read once, by
@@ -113,12 +128,17 @@ class TorchRLRolloutWorker:
         temperature (float, optional): of the rescoring. Defaults to the policy's
             ``generate_kwargs["temperature"]`` or ``1.0``.
         queue_maxsize (int, optional): bound of :attr:`rollout_buffer` (0: unbounded; a full
-            queue makes the worker wait). Defaults to ``0``.
+            queue makes the worker wait), at least ``num_generations``. Defaults to ``0``.
+        candidate_group_size (int, optional): rows collected per prompt, of which
+            ``num_generations`` are queued (see above). Defaults to ``None``
+            (``num_generations``).
+        drop_zero_std (bool, optional): drop groups without reward spread. Defaults to ``False``.
 
     Attributes:
         rollout_buffer (queue.Queue): ``RolloutSample``\\ s for the trainer.
         metrics_queue (queue.Queue): ``{name: value}`` dicts (``rollout/groups_total``,
-            ``rollout/dropped_stale_total``).
+            ``rollout/dropped_stale_total`` and the dynamic-sampling metrics above), a value or
+            a ``(numerator, denominator)`` rate, as ``AsyncGRPOTrainer`` reduces them.
         model_version (int): the version live in the policy (set by
             :meth:`update_model_version`).
         lock (threading.Lock): held while a batch is collected and scored;
@@ -144,11 +164,25 @@ class TorchRLRolloutWorker:
         score_model: Any = None,
         temperature: float | None = None,
         queue_maxsize: int = 0,
+        candidate_group_size: int | None = None,
+        drop_zero_std: bool = False,
     ) -> None:
         check_positive_int(num_generations, "num_generations", _OWNER)
         check_max_staleness(max_staleness, _OWNER)
+        check_candidate_group_size(candidate_group_size, _OWNER, group_size=num_generations)
+        check_bool(drop_zero_std, "drop_zero_std", _OWNER)
+        if isinstance(queue_maxsize, bool) or not isinstance(queue_maxsize, int):
+            raise TypeError(f"{_OWNER}: queue_maxsize must be an int, got {queue_maxsize!r}.")
+        if queue_maxsize < 0 or 0 < queue_maxsize < num_generations:
+            raise ValueError(
+                f"{_OWNER}: queue_maxsize={queue_maxsize} cannot hold a whole group of "
+                f"num_generations={num_generations} samples, and groups are queued whole: pass 0 "
+                f"(unbounded) or at least {num_generations}."
+            )
         self.source = source
         self.num_generations = num_generations
+        self.candidate_group_size = candidate_group_size or num_generations
+        self.drop_zero_std = drop_zero_std
         self.reward_key = as_nested_key(reward_key, "reward_key")
         self.max_staleness = max_staleness
         self.is_collector = hasattr(source, "update_policy_weights_") and hasattr(
@@ -290,6 +324,13 @@ class TorchRLRolloutWorker:
             # stamped after the step, so after the action (the root one dates from the reset,
             # which a collector may have run before the last weight update)
             versions = batch.get(NEXT_POLICY_VERSION_KEY, batch.get(POLICY_VERSION_KEY, None))
+        if reward is None and self._selects:
+            raise KeyError(
+                f"{_OWNER}: candidate_group_size/drop_zero_std select groups by their reward at "
+                f"{self.reward_key!r}, which the collected batch does not hold (keys: "
+                f"{sorted(map(str, batch.keys(True, True)))}). Give the collector's environment "
+                "a reward transform (e.g. as_reward_transform(reward_func)) or pass reward_key=."
+            )
         logprobs = tokens.log_probs
         if self.score_model is not None:
             scores = score_tokens(
@@ -326,17 +367,27 @@ class TorchRLRolloutWorker:
             for i in range(len(prompts))
         ]
 
+    @property
+    def _selects(self) -> bool:
+        return self.candidate_group_size > self.num_generations or self.drop_zero_std
+
     def _add(self, row: dict) -> None:
         group = self._pending.setdefault(tuple(row["prompt_ids"]), [])
         group.append(row)
-        if len(group) < self.num_generations:
+        if len(group) < self.candidate_group_size:
             return
         del self._pending[tuple(row["prompt_ids"])]
         oldest = min(r["version"] for r in group)
         if self.max_staleness is not None and self.model_version - oldest > self.max_staleness:
             self.metrics_queue.put({"rollout/dropped_stale_total": float(len(group))})
             return
-        self._emit(group)
+        if self._selects:
+            rewards = [r["reward"] for r in group]
+            kept, metrics = select_group(rewards, self.num_generations, self.drop_zero_std)
+            self.metrics_queue.put(metrics)
+            group = [group[i] for i in kept]
+        if group:
+            self._emit(group)
 
     def _emit(self, group: list[dict]) -> None:
         import numpy as np
@@ -347,6 +398,7 @@ class TorchRLRolloutWorker:
         scored = [r for r in rewards if not math.isnan(r)]
         std = float(np.std(scored)) if scored else float("nan")
         group_id, self._group_id = self._group_id, self._group_id + 1
+        samples = []
         for row, advantage in zip(group, advantages):
             n_prompt, n_completion = len(row["prompt_ids"]), len(row["completion_ids"])
             metrics = {"reward": row["reward"], "reward_std": std}
@@ -364,10 +416,13 @@ class TorchRLRolloutWorker:
                 metrics=metrics,
                 enqueued_at=time.time(),
             )
-            while not self._stop.is_set():
-                try:
-                    self.rollout_buffer.put(sample, timeout=0.1)
-                    break
-                except queue.Full:
-                    continue
+            samples.append(sample)
+        # whole or not at all: this thread is the queue's only producer, so the room it sees
+        # can only grow until it puts
+        bound = self.rollout_buffer.maxsize
+        while bound and bound - self.rollout_buffer.qsize() < len(samples):
+            if self._stop.wait(0.05):
+                return  # stopping: the group is not queued
+        for sample in samples:
+            self.rollout_buffer.put_nowait(sample)
         self.metrics_queue.put({"rollout/groups_total": 1.0})

@@ -22,6 +22,7 @@ from torchrl.modules.llm import TransformersWrapper
 from .._checks import check_bool, require
 from .._keys import NEXT_DONE_KEY, NEXT_REWARD_KEY, POLICY_VERSION_KEY, as_nested_key
 from ..weights._staleness import check_max_staleness, check_staleness
+from ._dynamic_sampling import check_candidate_group_size, sample_candidates
 from ._episodes import RolloutRow, find_env_problem, run_episodes
 from ._final_answer import (
     FINAL_ANSWER,
@@ -64,9 +65,11 @@ class _EnvRolloutFunc:
         reward_key: NestedKey,
         done_key: NestedKey,
         max_staleness: int | None = None,
+        candidate_group_size: int | None = None,
     ) -> None:
         self.env = env
         self.max_staleness = max_staleness
+        self.candidate_group_size = candidate_group_size
         self.policy = policy
         self.max_turns = max_turns
         self.recompute_logprobs = recompute_logprobs
@@ -125,7 +128,7 @@ class _EnvRolloutFunc:
         group = group or getattr(trainer, "num_generations", 1) or 1
         check_prompt_slice(prompts, group, ranks, _OWNER)
         size = self.env.batch_size[0]
-        if len(prompts) % size:
+        if self.candidate_group_size is None and len(prompts) % size:  # else: the candidates'
             raise ValueError(
                 f"{_OWNER}: got {len(prompts)} prompts for an env of batch_size ({size},); the "
                 "count must be a multiple of it. Make generation_batch_size (per process) a "
@@ -134,8 +137,21 @@ class _EnvRolloutFunc:
 
     def __call__(self, prompts: list, trainer: Any) -> dict[str, list]:
         require("transformers", _OWNER)
+        self._check_prompts(prompts, trainer, Ranks.of(trainer))
+        if self.candidate_group_size is not None:  # dynamic sampling: K candidates per group
+            return sample_candidates(
+                self._rollout,
+                prompts,
+                trainer,
+                candidate_group_size=self.candidate_group_size,
+                env_batch_size=self.env.batch_size[0],
+                owner=_OWNER,
+            )
+        return self._rollout(prompts, trainer)
+
+    def _rollout(self, prompts: list, trainer: Any) -> dict[str, list]:
+        """One row per prompt entry, in order (the table of :func:`as_trl_rollout_func`)."""
         ranks = Ranks.of(trainer)
-        self._check_prompts(prompts, trainer, ranks)
         tokenizer = trainer_tokenizer(trainer)
         recompute = self._recompute()
         size = self.env.batch_size[0]
@@ -239,6 +255,7 @@ def as_trl_rollout_func(
     reward_key: NestedKey = NEXT_REWARD_KEY,
     done_key: NestedKey = NEXT_DONE_KEY,
     max_staleness: int | None = None,
+    candidate_group_size: int | None = None,
 ):
     """Turns a TorchRL LLM environment into ``GRPOTrainer``'s rollout engine (``rollout_func=``).
 
@@ -321,6 +338,16 @@ def as_trl_rollout_func(
             (``trainer.state.global_step - policy_version``). A call with an older row raises
             :class:`~torchrl_trl_interop.StaleRolloutError`. Defaults to ``None`` (no bound; the
             staleness is still recorded).
+        candidate_group_size (int, optional): dynamic sampling: each group of
+            ``num_generations`` prompts is sampled this many times (``>= num_generations``; the
+            candidates go through ``env`` in whole batches), scored by the environment's reward
+            (``env_reward``), and gets back ``num_generations`` candidates, as sampled, chosen to
+            keep its reward spread (the best, the worst, the rest at random). Not uniform: it
+            changes the sampling distribution, as DAPO does. Logs ``rollout/candidates``,
+            ``rollout/zero_std_groups_before`` and ``rollout/zero_std_groups_after``. A process
+            holding ``n`` rows of a group split across processes samples
+            ``ceil(n * candidate_group_size / num_generations)`` candidates for them (see
+            :doc:`online`). Defaults to ``None`` (one rollout per row).
 
     When the policy stamps versions, every row also has ``policy_version`` (reaching the reward
     functions as a keyword) and the trainer logs ``rollout/staleness_mean`` and
@@ -332,8 +359,9 @@ def as_trl_rollout_func(
         not a multiple of ``num_generations`` (or of the env's batch size), the prompts are not
         grouped, the policy's tokenizer is not the trainer's, or a torchrl
         ``TransformersWrapper`` policy gets conversations of different lengths in one env batch
-        (torchrl 0.14.1 cannot extend them); ``KeyError`` if the policy writes no log-probs (and
-        they are not recomputed); ``RuntimeError`` if a multi-turn policy does not continue from
+        (torchrl 0.14.1 cannot extend them), or ``candidate_group_size`` does not fit (see
+        :doc:`online`); ``KeyError`` if the policy writes no log-probs (and they are not
+        recomputed); ``RuntimeError`` if a multi-turn policy does not continue from
         the tokens it is given.
 
     Raises:
@@ -341,7 +369,8 @@ def as_trl_rollout_func(
             not a TensorDict module, ``recompute_logprobs`` not a bool or ``None``, or a key
             not a key.
         ValueError: if ``env`` is not in history mode, has more than one batch dimension or holds
-            a ``DataLoadingPrimer``; if ``max_turns`` is not a positive int; if ``policy``
+            a ``DataLoadingPrimer``; if ``max_turns`` is not a positive int, or
+            ``candidate_group_size`` not ``None`` or an int ``>= 2``; if ``policy``
             returns no log-probs (``return_log_probs=False``) and ``recompute_logprobs=False``,
             samples several answers per prompt (``num_samples``), has ``prefer_tokens=False``
             with ``max_turns > 1``, or is torchrl's ``TransformersWrapper`` with a tokenizer whose
@@ -403,6 +432,14 @@ def as_trl_rollout_func(
         if is_torchrl_transformers_wrapper(policy):
             check_pad_is_not_eos(policy, _OWNER)
     check_max_staleness(max_staleness, _OWNER)
+    check_candidate_group_size(candidate_group_size, _OWNER)
     return _EnvRolloutFunc(
-        env, policy, max_turns, recompute_logprobs, reward_key, done_key, max_staleness
+        env,
+        policy,
+        max_turns,
+        recompute_logprobs,
+        reward_key,
+        done_key,
+        max_staleness,
+        candidate_group_size,
     )
