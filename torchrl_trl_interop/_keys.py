@@ -38,10 +38,6 @@ NEXT_DONE_KEY: tuple[str, str] = ("next", "done")
 POLICY_VERSION_KEY: str = "policy_version"
 NEXT_POLICY_VERSION_KEY: tuple[str, str] = ("next", "policy_version")
 
-#: The legacy internal form (a flat tuple of str); being replaced by :func:`as_nested_key`.
-Key = tuple[str, ...]
-
-
 # -- keys ----------------------------------------------------------------------------------------
 
 
@@ -49,27 +45,6 @@ def _is_nested_key(key: Any) -> bool:
     if isinstance(key, str):
         return True
     return isinstance(key, tuple) and len(key) > 0 and all(_is_nested_key(k) for k in key)
-
-
-def as_key(key: NestedKey, arg: str = "key") -> Key:
-    """Returns ``key`` in the package's one internal form: a flat tuple of str.
-
-    Any tensordict ``NestedKey`` is accepted (``"a"``, ``("a", "b")``, ``("a", ("b", "c"))``);
-    it is flattened with :func:`tensordict.utils.unravel_key`.
-
-    Raises:
-        TypeError: if ``key`` is not a str or a non-empty (nested) tuple of str; the message
-            names ``arg``.
-    """
-    if type(key) is tuple and key and all(type(k) is str for k in key):
-        return key  # already in internal form (the hot path: keys resolved once, used per batch)
-    if not _is_nested_key(key):
-        raise TypeError(
-            f"{arg}={key!r} is not a key. Expected a key: a str or a non-empty tuple of str (a "
-            f"tensordict NestedKey), got {type(key).__name__}."
-        )
-    flat = unravel_key(key)
-    return (flat,) if isinstance(flat, str) else flat
 
 
 def as_nested_key(key: NestedKey, arg: str = "key") -> NestedKey:
@@ -108,27 +83,6 @@ def key_parts(key: NestedKey) -> tuple[str, ...]:
     return (key,) if isinstance(key, str) else key
 
 
-def as_optional_key(key: NestedKey | None, arg: str = "key") -> Key | None:
-    """:func:`as_key`, passing ``None`` through (an optional input that is not used)."""
-    return None if key is None else as_key(key, arg)
-
-
-def as_keys(keys: NestedKey | Iterable[NestedKey], arg: str) -> list[Key]:
-    """A list of keys in internal form; a single str or tuple key counts as one key."""
-    if isinstance(keys, (str, tuple)):
-        return [as_key(keys, arg)]
-    if not isinstance(keys, Iterable) or isinstance(keys, (bytes, dict)):
-        raise TypeError(
-            f"{arg} should be a list of keys (str or tuple of str), got {type(keys).__name__}."
-        )
-    return [as_key(k, f"{arg}[{i}]") for i, k in enumerate(keys)]
-
-
-def public_key(key: Key) -> NestedKey:
-    """tensordict's canonical form of an internal key (``("a",)`` -> ``"a"``), for ``in_keys``."""
-    return key[0] if len(key) == 1 else key
-
-
 def key_to_str(key: NestedKey, sep: str = ".") -> str:
     """Joins a key into one string: ``("tokens", "full")`` -> ``"tokens.full"``, ``"a"`` -> ``"a"``."""
     return key if isinstance(key, str) else sep.join(key)
@@ -138,7 +92,7 @@ def format_keys(keys: Iterable[Any]) -> str:
     """Formats a collection of keys for an error message, sorted for readability."""
     return (
         "["
-        + ", ".join(sorted(repr(public_key(k) if isinstance(k, tuple) else k) for k in keys))
+        + ", ".join(sorted(repr(unravel_key(k) if isinstance(k, tuple) else k) for k in keys))
         + "]"
     )
 
@@ -155,7 +109,7 @@ def keys_present(td: TensorDictBase) -> str:
 
 def get_entry(
     td: TensorDictBase,
-    key: Key,
+    key: NestedKey,
     arg: str,
     owner: str,
     hint: str = "",
@@ -170,7 +124,7 @@ def get_entry(
     if key not in td.keys(include_nested=True):
         hint = hint or f"Pass {arg}=... naming the entry that holds it."
         raise KeyError(
-            f"{owner}: {arg}={public_key(key)!r} not found in {where} (found {keys_present(td)}). "
+            f"{owner}: {arg}={unravel_key(key)!r} not found in {where} (found {keys_present(td)}). "
             f"{hint}"
         )
     try:
@@ -180,7 +134,7 @@ def get_entry(
         return td.get(key, as_list=True)
 
 
-def row_entries(batch: Any, key: Key) -> list | None:
+def row_entries(batch: Any, key: tuple[str, ...]) -> list | None:
     """The entry at ``key`` of every row of a lazy stack (stacked along dim 0), read from the
     rows' own dicts, so no stacked value is built; ``None`` if ``batch`` is not such a stack."""
     if not (hasattr(batch, "tensordicts") and getattr(batch, "stack_dim", None) == 0):

@@ -7,7 +7,7 @@ import torch
 from tensordict import TensorDict, lazy_stack
 
 from torchrl_trl_interop import split_columns
-from torchrl_trl_interop._keys import as_key
+from torchrl_trl_interop._keys import as_nested_key
 from torchrl_trl_interop.data._selection import Selection, column_keys
 
 
@@ -46,9 +46,9 @@ class TestKeyForms:
         with pytest.raises(TypeError, match="keys"):
             split_columns(nested_batch(), keys=[bad])
 
-    def test_as_key_names_the_argument(self):
+    def test_as_nested_key_names_the_argument(self):
         with pytest.raises(TypeError, match=r"reward_key=3 is not a key"):
-            as_key(3, "reward_key")
+            as_nested_key(3, "reward_key")
 
 
 class TestSplit:
