@@ -66,8 +66,11 @@ class _EnvRolloutFunc:
         done_key: NestedKey,
         max_staleness: int | None = None,
         candidate_group_size: int | None = None,
+        env_seed: int | None = None,
     ) -> None:
         self.env = env
+        self.env_seed = env_seed
+        self._seeded = env_seed is None
         self.max_staleness = max_staleness
         self.candidate_group_size = candidate_group_size
         self.policy = policy
@@ -137,7 +140,11 @@ class _EnvRolloutFunc:
 
     def __call__(self, prompts: list, trainer: Any) -> dict[str, list]:
         require("transformers", _OWNER)
-        self._check_prompts(prompts, trainer, Ranks.of(trainer))
+        ranks = Ranks.of(trainer)
+        self._check_prompts(prompts, trainer, ranks)
+        if not self._seeded:  # once, before the first reset: each rank its own seed
+            self.env.set_seed(self.env_seed + ranks.index)
+            self._seeded = True
         if self.candidate_group_size is not None:  # dynamic sampling: K candidates per group
             return sample_candidates(
                 self._rollout,
@@ -256,6 +263,7 @@ def as_trl_rollout_func(
     done_key: NestedKey = NEXT_DONE_KEY,
     max_staleness: int | None = None,
     candidate_group_size: int | None = None,
+    env_seed: int | None = None,
 ):
     """Turns a TorchRL LLM environment into ``GRPOTrainer``'s rollout engine (``rollout_func=``).
 
@@ -348,6 +356,12 @@ def as_trl_rollout_func(
             holding ``n`` rows of a group split across processes samples
             ``ceil(n * candidate_group_size / num_generations)`` candidates for them (see
             :doc:`online`). Defaults to ``None`` (one rollout per row).
+        env_seed (int, optional): seeds ``env`` once, before its first reset, with ``env_seed +
+            rank`` (``env.set_seed``; the process index of ``trainer.accelerator``), as
+            ``GRPOTrainer`` seeds torch on each rank (``set_seed(seed, device_specific=True)``):
+            on several ranks each rank's environment draws its own random numbers. Defaults to
+            ``None`` (``env`` is not seeded; a ``ChatEnv`` ignores seeds, and environments that
+            draw from torch's generator already differ per rank).
 
     When the policy stamps versions, every row also has ``policy_version`` (reaching the reward
     functions as a keyword) and the trainer logs ``rollout/staleness_mean`` and
@@ -370,7 +384,8 @@ def as_trl_rollout_func(
             not a key.
         ValueError: if ``env`` is not in history mode, has more than one batch dimension or holds
             a ``DataLoadingPrimer``; if ``max_turns`` is not a positive int, or
-            ``candidate_group_size`` not ``None`` or an int ``>= 2``; if ``policy``
+            ``candidate_group_size`` not ``None`` or an int ``>= 2``, or ``env_seed`` not ``None``
+            or an int; if ``policy``
             returns no log-probs (``return_log_probs=False``) and ``recompute_logprobs=False``,
             samples several answers per prompt (``num_samples``), has ``prefer_tokens=False``
             with ``max_turns > 1``, or is torchrl's ``TransformersWrapper`` with a tokenizer whose
@@ -433,6 +448,11 @@ def as_trl_rollout_func(
             check_pad_is_not_eos(policy, _OWNER)
     check_max_staleness(max_staleness, _OWNER)
     check_candidate_group_size(candidate_group_size, _OWNER)
+    if env_seed is not None and (isinstance(env_seed, bool) or not isinstance(env_seed, int)):
+        raise ValueError(
+            f"{_OWNER}: env_seed must be None or an int (each rank seeds env with env_seed + "
+            f"rank), got env_seed={env_seed!r}."
+        )
     return _EnvRolloutFunc(
         env,
         policy,
@@ -442,4 +462,5 @@ def as_trl_rollout_func(
         done_key,
         max_staleness,
         candidate_group_size,
+        env_seed,
     )
