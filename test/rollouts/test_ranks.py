@@ -225,6 +225,14 @@ class TestSlices:
             check_prompt_slice([], 2, Ranks(), "f")
 
 
+class TestEnvSeed:
+    def test_env_seed_must_be_an_int(self):
+        from torchrl_trl_interop.testing import toy_chat_env
+
+        with pytest.raises(TypeError, match=r"env_seed must be None or an int.*got env_seed='7'"):
+            as_trl_rollout_func(toy_chat_env(), env_seed="7")
+
+
 class TestAgreement:
     def test_ranks_that_would_run_different_calls_all_raise(self):
         ranks = Ranks(0, 2, collective=True, accelerator=two_rank_accelerator([4, 2]))

@@ -380,12 +380,11 @@ def as_trl_rollout_func(
 
     Raises:
         TypeError: if ``env`` cannot receive a prompt at reset (not a ChatEnv), ``policy`` is
-            not a TensorDict module, ``recompute_logprobs`` not a bool or ``None``, or a key
-            not a key.
+            not a TensorDict module, ``recompute_logprobs`` not a bool or ``None``, ``env_seed``
+            not an int or ``None``, or a key not a key.
         ValueError: if ``env`` is not in history mode, has more than one batch dimension or holds
             a ``DataLoadingPrimer``; if ``max_turns`` is not a positive int, or
-            ``candidate_group_size`` not ``None`` or an int ``>= 2``, or ``env_seed`` not ``None``
-            or an int; if ``policy``
+            ``candidate_group_size`` not ``None`` or an int ``>= 2``; if ``policy``
             returns no log-probs (``return_log_probs=False``) and ``recompute_logprobs=False``,
             samples several answers per prompt (``num_samples``), has ``prefer_tokens=False``
             with ``max_turns > 1``, or is torchrl's ``TransformersWrapper`` with a tokenizer whose
@@ -449,7 +448,7 @@ def as_trl_rollout_func(
     check_max_staleness(max_staleness, _OWNER)
     check_candidate_group_size(candidate_group_size, _OWNER)
     if env_seed is not None and (isinstance(env_seed, bool) or not isinstance(env_seed, int)):
-        raise ValueError(
+        raise TypeError(
             f"{_OWNER}: env_seed must be None or an int (each rank seeds env with env_seed + "
             f"rank), got env_seed={env_seed!r}."
         )
