@@ -319,6 +319,14 @@ def as_trl_rollout_func(
     Each turn generates up to ``max_completion_length`` tokens, so a multi-turn completion can be
     up to ``max_turns`` times longer (plus environment tokens): nothing is cut.
 
+    On several processes (``accelerate launch`` / ``torchrun``: DDP, ZeRO, FSDP) each process
+    calls it with its own contiguous slice of the generation batch, which may start or end inside
+    a group: grouping is TRL's job (it gathers every process's rewards before it normalises them
+    per group), and each process returns exactly its own rows, in order. Under ZeRO-3 and FSDP
+    the default policy generates as ``GRPOTrainer`` does (parameters gathered, ``synced_gpus``),
+    and every process runs the same number of ``generate`` calls, also when its episodes end at
+    other turns than another's (see :doc:`scale`, "The online loop on N ranks").
+
     Args:
         env (EnvBase): a :class:`~torchrl.envs.llm.ChatEnv` in ``input_mode="history"``, or a
             ``TransformedEnv`` around one (tool, reward, KL transforms...), with one batch
@@ -369,9 +377,10 @@ def as_trl_rollout_func(
 
     Returns:
         a callable ``rollout_func(prompts, trainer) -> dict`` for
-        ``GRPOTrainer(rollout_func=...)``. Calling it raises ``ValueError`` if the prompt count is
-        not a multiple of ``num_generations`` (or of the env's batch size), the prompts are not
-        grouped, the policy's tokenizer is not the trainer's, or a torchrl
+        ``GRPOTrainer(rollout_func=...)``. Calling it raises ``ValueError`` if the prompt count of
+        all processes is not a multiple of ``num_generations`` (or this process's count one of
+        the env's batch size), the prompts are not grouped, the processes would run different
+        numbers of ``generate`` calls under ZeRO-3/FSDP, the policy's tokenizer is not the trainer's, or a torchrl
         ``TransformersWrapper`` policy gets conversations of different lengths in one env batch
         (torchrl 0.14.1 cannot extend them), or ``candidate_group_size`` does not fit (see
         :doc:`online`); ``KeyError`` if the policy writes no log-probs (and they are not
