@@ -1,15 +1,20 @@
 """One rank of the online loop on several ranks (``test_ranks.py``; gloo, CPU).
 
-Scenarios, each writing what this rank saw to ``OUT_DIR/<scenario>.rank<R>.json``:
+Scenarios (``SCENARIO``: one, or several comma-separated, run in turn in the same processes),
+each writing what this rank saw to ``OUT_DIR/<scenario>.rank<R>.json``:
 
-* ``train``: ``GRPOTrainer`` (DDP) with ``rollout_func=as_trl_rollout_func(ChatEnv)`` on the
-  toy task's questions, a global batch of one prompt x ``num_generations=4``: on 2 ranks each
-  rank holds half a group. Records every rollout call, every reward call, the logged reward,
-  KL, loss and gradient norm per step, and saves the final weights (``weights.rank<R>.pt``).
+* ``train``: ``GRPOTrainer`` (DDP) with ``rollout_func=as_trl_rollout_func(ChatEnv,
+  env_seed=7)`` on the toy task's questions, a global batch of one prompt x
+  ``num_generations=4``: on 2 ranks each rank holds half a group. Records every rollout call,
+  every reward call, the logged reward, KL, loss and gradient norm per step, the seeds the
+  environment got, and saves the final weights (``weights.rank<R>.pt``). A
+  ``BufferCheckpointCallback`` saves a buffer with the last step's checkpoint (in
+  ``OUT_DIR/run``); each rank records whether that save was whole when it went on.
 * ``fsdp2``: the trainer's model sharded with ``torch.distributed.fsdp.fully_shard`` (every
   forward is a collective); multi-turn episodes that end after 1 turn on rank 0 and after 3 on
-  rank 1. Records the rollouts, the model's forward and ``generate`` calls, and the same rollouts
-  by an unsharded copy of the model with the same seed.
+  rank 1. Records the rollouts, the model's forward and ``generate`` calls, the same rollouts
+  by an unsharded copy of the model with the same seed, and rollouts with dynamic sampling
+  (``candidate_group_size=8``: each rank's half group samples 4 candidates, in 2 env batches).
 
 The toy model is read from ``OUT_DIR/model`` (rank 0 writes it when missing). Usage::
 
@@ -27,6 +32,7 @@ os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import torch  # noqa: E402
+from transformers import TrainerCallback  # noqa: E402
 
 from torchrl_trl_interop import as_reward_transform, as_trl_rollout_func  # noqa: E402
 from torchrl_trl_interop.testing import (  # noqa: E402
@@ -76,10 +82,13 @@ def save_model(model_dir: Path) -> None:
     tok.save_pretrained(model_dir)
 
 
-def grpo_trainer(out_dir, rollout_func, reward, *, world: int, steps: int, model):
+def grpo_trainer(
+    out_dir, rollout_func, reward, *, world: int, steps: int, model, callbacks=None, **overrides
+):
     """The GRPO run of the ``train`` scenario, for ``world`` ranks; the same global batch.
 
-    ``model`` is a saved toy model's folder (or a model, with ``beta=0``).
+    ``model`` is a saved toy model's folder (or a model, with ``beta=0``); ``overrides`` go to
+    ``GRPOConfig``.
     """
     from datasets import Dataset
     from trl import GRPOConfig, GRPOTrainer
@@ -94,7 +103,7 @@ def grpo_trainer(out_dir, rollout_func, reward, *, world: int, steps: int, model
         bf16=False,
         generation_kwargs={"suppress_tokens": [tok.convert_tokens_to_ids(IM_START)]},
         **toy_trainer_args(
-            out_dir, max_steps=steps, per_device_train_batch_size=GLOBAL_BATCH // world
+            out_dir, max_steps=steps, per_device_train_batch_size=GLOBAL_BATCH // world, **overrides
         ),
     )
     return GRPOTrainer(
@@ -104,17 +113,49 @@ def grpo_trainer(out_dir, rollout_func, reward, *, world: int, steps: int, model
         train_dataset=Dataset.from_dict({"prompt": prompts}),
         processing_class=tok,
         rollout_func=rollout_func,
+        callbacks=callbacks,
     )
 
 
 LOGGED = ("reward", "kl", "loss", "grad_norm")
+ENV_SEED = 7
+
+
+class SavedBeforeOn(TrainerCallback):
+    """A callback placed after ``BufferCheckpointCallback``: whether the buffer's save (rank 0's)
+    was whole when this rank's callbacks went on past a save step."""
+
+    def __init__(self):
+        self.seen = []
+
+    def on_step_end(self, args, state, control, **kwargs):
+        from torchrl_trl_interop.data._buffer_files import is_complete
+
+        if control.should_save:
+            path = Path(args.output_dir) / f"checkpoint-{state.global_step}" / "replay_buffer"
+            self.seen.append(is_complete(path))
 
 
 def train(out_dir: Path, rank: int, world: int, steps: int) -> dict:
+    from torchrl_trl_interop import BufferCheckpointCallback
+    from torchrl_trl_interop.testing import toy_buffer
+
     env = toy_chat_env(batch_size=2, transforms=[as_reward_transform(toy_answer_length)])
-    recorder, reward = Recorder(as_trl_rollout_func(env)), EnvReward()
+    seeds = []
+    env.base_env._set_seed = seeds.append  # a ChatEnv ignores its seed: record it
+    rollout_func = as_trl_rollout_func(env, env_seed=ENV_SEED)
+    recorder, reward, order = Recorder(rollout_func), EnvReward(), SavedBeforeOn()
+    callbacks = [BufferCheckpointCallback(toy_buffer(8)), order]
     trainer = grpo_trainer(
-        out_dir / f"rank{rank}", recorder, reward, world=world, steps=steps, model=out_dir / "model"
+        out_dir / "run",  # one output_dir for every rank, as in a real launch
+        recorder,
+        reward,
+        world=world,
+        steps=steps,
+        model=out_dir / "model",
+        callbacks=callbacks,
+        save_strategy="steps",
+        save_steps=steps,
     )
     trainer.train()
     torch.save(trainer.model.state_dict(), out_dir / f"weights.rank{rank}.pt")
@@ -124,6 +165,8 @@ def train(out_dir: Path, rank: int, world: int, steps: int) -> dict:
         "rollouts": recorder.calls,
         "rewards": reward.calls,
         "logs": [{k: h[k] for k in LOGGED} for h in logs],
+        "env_seeds": seeds,
+        "buffer_saved_before_on": order.seen,
     }
 
 
@@ -171,12 +214,21 @@ def fsdp2(out_dir: Path, rank: int) -> dict:
     plain = as_trl_rollout_func(env, policy=policy, max_turns=3, recompute_logprobs=False)(
         prompts, trainer
     )
+    generates = counter.generates
+
+    # dynamic sampling on the sharded model: this rank's half group samples 4 candidates (2 env
+    # batches), keeps 2; the ranks' episodes still end after 1 and 3 turns
+    reward = [as_reward_transform(toy_answer_length)]
+    env = toy_chat_env(tok, batch_size=2, reply=True, max_steps=turns, transforms=reward)
+    dynamic = as_trl_rollout_func(env, max_turns=3, candidate_group_size=8)(prompts, trainer)
     weight = model.model.layers[0].mlp.up_proj.weight  # a DTensor: this rank holds half
     return {
         "sharded": sharded,
         "plain": plain,
+        "dynamic": dynamic,
         "forwards": counter.forwards,
-        "generates": counter.generates,
+        "generates": generates,
+        "dynamic_generates": counter.generates - generates,
         "shard_rows": [weight.to_local().shape[0], weight.shape[0]],
     }
 
@@ -192,13 +244,14 @@ def main() -> None:
     if rank == 0 and not (out_dir / "model").exists():
         save_model(out_dir / "model")
     dist.barrier()
-    if scenario == "train":
-        out = train(out_dir, rank, world, steps)
-    elif scenario == "fsdp2":
-        out = fsdp2(out_dir / f"rank{rank}", rank)
-    else:
-        raise ValueError(f"unknown scenario {scenario!r}")
-    (out_dir / f"{scenario}.rank{rank}.json").write_text(json.dumps(out))
+    for name in scenario.split(","):  # several in one launch: the start-up is paid once
+        if name == "train":
+            out = train(out_dir, rank, world, steps)
+        elif name == "fsdp2":
+            out = fsdp2(out_dir / f"rank{rank}", rank)
+        else:
+            raise ValueError(f"unknown scenario {name!r}")
+        (out_dir / f"{name}.rank{rank}.json").write_text(json.dumps(out))
     dist.barrier()
     dist.destroy_process_group()
 

@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
 from pathlib import Path
 from types import SimpleNamespace
 
+import _ranks_worker as worker
 import pytest
 import torch
 
@@ -42,7 +44,8 @@ def _free_port() -> int:
 
 
 def torchrun(out_dir: Path, scenario: str, *, nproc: int = 2, steps: int = 2) -> list[dict]:
-    """Runs the worker on ``nproc`` ranks (a timeout fails the test: no hang); each rank's JSON."""
+    """Runs the worker's ``scenario`` (comma-separated: several, in turn) on ``nproc`` ranks; a
+    timeout fails the test (no hang). Each scenario's JSON of each rank, in rank order."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
     env["PYTHONPATH"] = str(Path(__file__).resolve().parents[2])  # this checkout's package
     for name in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE"):
@@ -58,9 +61,22 @@ def torchrun(out_dir: Path, scenario: str, *, nproc: int = 2, steps: int = 2) ->
         scenario,
         str(steps),
     ]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
-    return [json.loads((out_dir / f"{scenario}.rank{r}.json").read_text()) for r in range(nproc)]
+    pipe = subprocess.PIPE
+    # its own process group: a timeout kills torchrun and every rank it started
+    proc = subprocess.Popen(
+        cmd, env=env, stdout=pipe, stderr=pipe, text=True, start_new_session=True
+    )
+    try:
+        out, err = proc.communicate(timeout=300)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        pytest.fail(f"torchrun did not finish in 300 s (a hang?):\n{err[-6000:]}")
+    assert proc.returncode == 0, out[-3000:] + err[-6000:]
+    return {
+        name: [json.loads((out_dir / f"{name}.rank{r}.json").read_text()) for r in range(nproc)]
+        for name in scenario.split(",")
+    }
 
 
 def mask_runs(mask: list[int]) -> list[int]:
@@ -69,9 +85,16 @@ def mask_runs(mask: list[int]) -> list[int]:
 
 
 @pytest.fixture(scope="module")
-def two_ranks(tmp_path_factory):
+def launch(tmp_path_factory):
+    """Both scenarios in one ``torchrun`` launch (the start-up is most of its time)."""
     out_dir = tmp_path_factory.mktemp("ranks")
-    return out_dir, torchrun(out_dir, "train")
+    return out_dir, torchrun(out_dir, "train,fsdp2")
+
+
+@pytest.fixture
+def two_ranks(launch):
+    out_dir, scenarios = launch
+    return out_dir, scenarios["train"]
 
 
 @pytest.mark.slow
@@ -97,9 +120,26 @@ class TestTwoRanks:
             assert not set(map(tuple, a["completion_ids"])) & set(map(tuple, b["completion_ids"]))
         assert ranks[0]["logs"] == ranks[1]["logs"]  # rewards are gathered before logging
 
-    def test_one_rank_computes_the_same_on_the_same_global_batch(self, two_ranks, tmp_path):
-        import _ranks_worker as worker
+    def test_each_rank_seeds_its_own_environment(self, two_ranks):
+        _, ranks = two_ranks
+        # once, before the first reset, env_seed + rank (as TRL seeds torch: device_specific)
+        assert [r["env_seeds"] for r in ranks] == [[worker.ENV_SEED], [worker.ENV_SEED + 1]]
 
+    def test_ranks_wait_for_each_other_at_a_checkpoint(self, two_ranks):
+        from torchrl_trl_interop import last_complete_checkpoint
+
+        out_dir, ranks = two_ranks
+        # rank 0 saves the buffer; neither rank goes on before that save is whole
+        assert [r["buffer_saved_before_on"] for r in ranks] == [[True], [True]]
+        checkpoint = out_dir / "run" / "checkpoint-2"
+        assert last_complete_checkpoint(out_dir / "run") == str(checkpoint)
+        # each rank's own random state (torch, numpy, python) is in it: transformers saves it
+        assert {p.name for p in checkpoint.glob("rng_state_*.pth")} == {
+            "rng_state_0.pth",
+            "rng_state_1.pth",
+        }
+
+    def test_one_rank_computes_the_same_on_the_same_global_batch(self, two_ranks, tmp_path):
         out_dir, ranks = two_ranks
         calls = [
             {k: a[k] + b[k] for k in a} for a, b in zip(ranks[0]["rollouts"], ranks[1]["rollouts"])
@@ -126,8 +166,8 @@ class TestTwoRanks:
         for name, value in trainer.model.state_dict().items():
             torch.testing.assert_close(value, two_rank_weights[name], atol=TOL, rtol=0)
 
-    def test_fsdp2_multi_turn_lockstep(self, tmp_path):
-        ranks = torchrun(tmp_path, "fsdp2")
+    def test_fsdp2_multi_turn_lockstep(self, launch):
+        ranks = launch[1]["fsdp2"]
         # every forward is a collective: both ranks ran the same forwards and generate calls
         assert ranks[0]["forwards"] == ranks[1]["forwards"] > 0
         assert ranks[0]["generates"] == ranks[1]["generates"] == 3  # rank 0: 1 turn + 2 idle
@@ -142,6 +182,13 @@ class TestTwoRanks:
             assert sharded["env_mask"] == plain["env_mask"]
             for a, b in zip(sharded["logprobs"], plain["logprobs"]):
                 torch.testing.assert_close(torch.tensor(a), torch.tensor(b), atol=TOL, rtol=0)
+            # dynamic sampling: a rank's part of a group samples its candidates in lockstep
+            dynamic = out["dynamic"]
+            assert {k: len(v) for k, v in dynamic.items()} == dict.fromkeys(dynamic, 2)
+            for mask in dynamic["env_mask"]:
+                assert mask_runs(mask) == turns
+        # 2 env batches of candidates x 3 turns on both ranks (rank 0: 1 turn + 2 idle each)
+        assert ranks[0]["dynamic_generates"] == ranks[1]["dynamic_generates"] == 6
 
 
 # -- the rank logic, in one process --------------------------------------------------------------
@@ -176,6 +223,14 @@ class TestSlices:
         assert Ranks.of(SimpleNamespace()) == Ranks()
         with pytest.raises(TypeError, match="non-empty list of prompts"):
             check_prompt_slice([], 2, Ranks(), "f")
+
+
+class TestEnvSeed:
+    def test_env_seed_must_be_an_int(self):
+        from torchrl_trl_interop.testing import toy_chat_env
+
+        with pytest.raises(TypeError, match=r"env_seed must be None or an int.*got env_seed='7'"):
+            as_trl_rollout_func(toy_chat_env(), env_seed="7")
 
 
 class TestAgreement:

@@ -67,7 +67,9 @@ class BufferCheckpointCallback(TrainerCallback):
     When the trainer is about to save ``output_dir/checkpoint-N``, the buffer is saved into
     ``checkpoint-N/<dirname>`` (``save_replay_buffer``: atomically, by the main process
     only), *before* the trainer writes its own files, so an older checkpoint is never rotated
-    away (``save_total_limit``) before the new one holds the buffer. When ``trainer.train(
+    away (``save_total_limit``) before the new one holds the buffer. On several ranks the ranks
+    then wait for each other (a barrier): every rank's files are in the checkpoint before the
+    trainer writes ``trainer_state.json``. When ``trainer.train(
     resume_from_checkpoint=...)`` resumes, the buffer is loaded back in ``on_train_begin``, so
     an online run continues with the buffer as it was at that step.
 
@@ -156,6 +158,7 @@ class BufferCheckpointCallback(TrainerCallback):
             self._save_dataloader(target, train_dataloader)
         if state.is_world_process_zero:
             save_replay_buffer(self.replay_buffer, target / self.dirname)
+        _wait_for_every_rank()  # every rank's files are written before the trainer writes its own
 
     def _dataloader_file(self, checkpoint: Path) -> Path:
         from accelerate import PartialState
@@ -232,6 +235,21 @@ class BufferCheckpointCallback(TrainerCallback):
                 "training (docs/scale.rst, 'Resuming').",
                 stacklevel=2,
             )
+
+
+def _wait_for_every_rank() -> None:
+    """A barrier over the trainer's processes (none with one process).
+
+    The trainer writes ``trainer_state.json`` (what makes a checkpoint resumable) and rotates
+    old checkpoints away (``save_total_limit``) on the main process right after this callback:
+    without the barrier, another rank could still be writing its DataLoader state into the
+    checkpoint, or rank 0 its buffer while another rank went on training.
+    """
+    from accelerate import PartialState
+
+    state = PartialState()
+    if state.num_processes > 1:
+        state.wait_for_everyone()
 
 
 def _resume_dataloader(loader: Any, state: dict, epoch: int) -> None:

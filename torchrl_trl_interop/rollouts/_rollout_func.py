@@ -66,8 +66,11 @@ class _EnvRolloutFunc:
         done_key: NestedKey,
         max_staleness: int | None = None,
         candidate_group_size: int | None = None,
+        env_seed: int | None = None,
     ) -> None:
         self.env = env
+        self.env_seed = env_seed
+        self._seeded = env_seed is None
         self.max_staleness = max_staleness
         self.candidate_group_size = candidate_group_size
         self.policy = policy
@@ -137,7 +140,11 @@ class _EnvRolloutFunc:
 
     def __call__(self, prompts: list, trainer: Any) -> dict[str, list]:
         require("transformers", _OWNER)
-        self._check_prompts(prompts, trainer, Ranks.of(trainer))
+        ranks = Ranks.of(trainer)
+        self._check_prompts(prompts, trainer, ranks)
+        if not self._seeded:  # once, before the first reset: each rank its own seed
+            self.env.set_seed(self.env_seed + ranks.index)
+            self._seeded = True
         if self.candidate_group_size is not None:  # dynamic sampling: K candidates per group
             return sample_candidates(
                 self._rollout,
@@ -256,6 +263,7 @@ def as_trl_rollout_func(
     done_key: NestedKey = NEXT_DONE_KEY,
     max_staleness: int | None = None,
     candidate_group_size: int | None = None,
+    env_seed: int | None = None,
 ):
     """Turns a TorchRL LLM environment into ``GRPOTrainer``'s rollout engine (``rollout_func=``).
 
@@ -311,6 +319,14 @@ def as_trl_rollout_func(
     Each turn generates up to ``max_completion_length`` tokens, so a multi-turn completion can be
     up to ``max_turns`` times longer (plus environment tokens): nothing is cut.
 
+    On several processes (``accelerate launch`` / ``torchrun``: DDP, ZeRO, FSDP) each process
+    calls it with its own contiguous slice of the generation batch, which may start or end inside
+    a group: grouping is TRL's job (it gathers every process's rewards before it normalises them
+    per group), and each process returns exactly its own rows, in order. Under ZeRO-3 and FSDP
+    the default policy generates as ``GRPOTrainer`` does (parameters gathered, ``synced_gpus``),
+    and every process runs the same number of ``generate`` calls, also when its episodes end at
+    other turns than another's (see :doc:`scale`, "The online loop on N ranks").
+
     Args:
         env (EnvBase): a :class:`~torchrl.envs.llm.ChatEnv` in ``input_mode="history"``, or a
             ``TransformedEnv`` around one (tool, reward, KL transforms...), with one batch
@@ -348,6 +364,12 @@ def as_trl_rollout_func(
             holding ``n`` rows of a group split across processes samples
             ``ceil(n * candidate_group_size / num_generations)`` candidates for them (see
             :doc:`online`). Defaults to ``None`` (one rollout per row).
+        env_seed (int, optional): seeds ``env`` once, before its first reset, with ``env_seed +
+            rank`` (``env.set_seed``; the process index of ``trainer.accelerator``), as
+            ``GRPOTrainer`` seeds torch on each rank (``set_seed(seed, device_specific=True)``):
+            on several ranks each rank's environment draws its own random numbers. Defaults to
+            ``None`` (``env`` is not seeded; a ``ChatEnv`` ignores seeds, and environments that
+            draw from torch's generator already differ per rank).
 
     When the policy stamps versions, every row also has ``policy_version`` (reaching the reward
     functions as a keyword) and the trainer logs ``rollout/staleness_mean`` and
@@ -355,9 +377,10 @@ def as_trl_rollout_func(
 
     Returns:
         a callable ``rollout_func(prompts, trainer) -> dict`` for
-        ``GRPOTrainer(rollout_func=...)``. Calling it raises ``ValueError`` if the prompt count is
-        not a multiple of ``num_generations`` (or of the env's batch size), the prompts are not
-        grouped, the policy's tokenizer is not the trainer's, or a torchrl
+        ``GRPOTrainer(rollout_func=...)``. Calling it raises ``ValueError`` if the prompt count of
+        all processes is not a multiple of ``num_generations`` (or this process's count one of
+        the env's batch size), the prompts are not grouped, the processes would run different
+        numbers of ``generate`` calls under ZeRO-3/FSDP, the policy's tokenizer is not the trainer's, or a torchrl
         ``TransformersWrapper`` policy gets conversations of different lengths in one env batch
         (torchrl 0.14.1 cannot extend them), or ``candidate_group_size`` does not fit (see
         :doc:`online`); ``KeyError`` if the policy writes no log-probs (and they are not
@@ -366,8 +389,8 @@ def as_trl_rollout_func(
 
     Raises:
         TypeError: if ``env`` cannot receive a prompt at reset (not a ChatEnv), ``policy`` is
-            not a TensorDict module, ``recompute_logprobs`` not a bool or ``None``, or a key
-            not a key.
+            not a TensorDict module, ``recompute_logprobs`` not a bool or ``None``, ``env_seed``
+            not an int or ``None``, or a key not a key.
         ValueError: if ``env`` is not in history mode, has more than one batch dimension or holds
             a ``DataLoadingPrimer``; if ``max_turns`` is not a positive int, or
             ``candidate_group_size`` not ``None`` or an int ``>= 2``; if ``policy``
@@ -433,6 +456,11 @@ def as_trl_rollout_func(
             check_pad_is_not_eos(policy, _OWNER)
     check_max_staleness(max_staleness, _OWNER)
     check_candidate_group_size(candidate_group_size, _OWNER)
+    if env_seed is not None and (isinstance(env_seed, bool) or not isinstance(env_seed, int)):
+        raise TypeError(
+            f"{_OWNER}: env_seed must be None or an int (each rank seeds env with env_seed + "
+            f"rank), got env_seed={env_seed!r}."
+        )
     return _EnvRolloutFunc(
         env,
         policy,
@@ -442,4 +470,5 @@ def as_trl_rollout_func(
         done_key,
         max_staleness,
         candidate_group_size,
+        env_seed,
     )
