@@ -12,8 +12,8 @@ the trainer got: with candidates, a biased sample, chosen for spread), the mean 
 *every* candidate sampled (the policy's accuracy, unbiased), our
 ``rollout/zero_std_groups_before`` (what plain sampling would have returned) and the time spent
 generating (inside ``GRPOTrainer._generate``: the rollout function, candidates included). Run
-with ``python benchmarks/bench_dynamic_sampling.py`` (quick: ~2 min on one core);
-``--steps 20 --sft-steps 300`` for longer curves.
+with ``python benchmarks/bench_dynamic_sampling.py`` (quick: ~4 min on one core);
+``--steps 30`` for longer curves.
 """
 
 from __future__ import annotations
@@ -44,7 +44,6 @@ from torchrl_trl_interop.testing import (  # noqa: E402
 )
 
 GROUP = 4  # num_generations
-PROMPTS_PER_STEP = 2
 
 
 def env_reward(completions, env_reward, **kwargs):
@@ -78,7 +77,9 @@ def warm_start(model_dir: str, out_dir: str, steps: int, accuracy: float) -> Non
     tok.save_pretrained(model_dir)
 
 
-def run(candidates: int | None, model_dir: str, out_dir: str, steps: int) -> dict:
+def run(
+    candidates: int | None, model_dir: str, out_dir: str, steps: int, groups: int, seed: int
+) -> dict:
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, PrinterCallback
     from trl import GRPOConfig, GRPOTrainer
@@ -86,7 +87,7 @@ def run(candidates: int | None, model_dir: str, out_dir: str, steps: int) -> dic
     tok = toy_tokenizer(padding_side="left")
     questions = arithmetic_questions()
     data = Dataset.from_dict({"prompt": [[{"role": "user", "content": q}] for q in questions]})
-    env_batch = PROMPTS_PER_STEP * (candidates or GROUP)  # one environment batch per step
+    env_batch = groups * (candidates or GROUP)  # one environment batch per step
     env = toy_chat_env(tok, batch_size=env_batch, transforms=[as_reward_transform(correct_answer)])
     rollout_func = as_trl_rollout_func(env, candidate_group_size=candidates)
     sampled: list[list[float]] = []  # every candidate's reward, per call
@@ -98,7 +99,7 @@ def run(candidates: int | None, model_dir: str, out_dir: str, steps: int) -> dic
         return out
 
     rollout_func._rollout = recorded
-    torch.manual_seed(0)
+    torch.manual_seed(seed)
     trainer = GRPOTrainer(
         model=AutoModelForCausalLM.from_pretrained(model_dir),
         reward_funcs=env_reward,
@@ -109,7 +110,10 @@ def run(candidates: int | None, model_dir: str, out_dir: str, steps: int) -> dic
             bf16=False,
             generation_kwargs={"suppress_tokens": [tok.convert_tokens_to_ids(IM_START)]},
             **toy_trainer_args(
-                out_dir, max_steps=steps, per_device_train_batch_size=PROMPTS_PER_STEP * GROUP
+                out_dir,
+                max_steps=steps,
+                per_device_train_batch_size=groups * GROUP,
+                seed=seed,
             ),
         ),
         train_dataset=data,
@@ -151,8 +155,10 @@ def table(rows: list[list[str]], header: list[str]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--prompts", type=int, default=4, help="groups per step")
     parser.add_argument("--sft-steps", type=int, default=150)
     parser.add_argument("--accuracy", type=float, default=0.15, help="the teacher's")
+    parser.add_argument("--seed", type=int, default=0, help="of the GRPO runs")
     parser.add_argument("--candidates", type=int, nargs="*", default=[8, 16])
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
@@ -161,13 +167,15 @@ def main() -> None:
         warm_start(model_dir, os.path.join(tmp, "sft"), args.sft_steps, args.accuracy)
         print(f"warm start: {args.sft_steps} SFT steps, {time.perf_counter() - start:.0f} s")
         results = {
-            k: run(k, model_dir, os.path.join(tmp, f"grpo-{k}"), args.steps)
+            k: run(
+                k, model_dir, os.path.join(tmp, f"grpo-{k}"), args.steps, args.prompts, args.seed
+            )
             for k in [None, *args.candidates]
         }
     name = lambda k: "plain" if k is None else f"K={k}"  # noqa: E731
     print(
-        f"\nGRPO on the toy task, {args.steps} steps, {PROMPTS_PER_STEP} prompts x "
-        f"num_generations={GROUP} per step, teacher accuracy {args.accuracy}\n"
+        f"\nGRPO on the toy task, {args.steps} steps, {args.prompts} prompts x "
+        f"num_generations={GROUP} per step, teacher accuracy {args.accuracy}, seed {args.seed}\n"
     )
     keys = list(results)
     shares = [["step", *(f"{name(k)}: {w}" for k in keys for w in ("before", "after") if k)]]
