@@ -22,6 +22,8 @@ import argparse
 import os
 import tempfile
 import time
+from collections.abc import Callable
+from typing import Any
 
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 
@@ -48,6 +50,19 @@ GROUP = 4  # num_generations
 
 def env_reward(completions, env_reward, **kwargs):
     return list(env_reward)
+
+
+def timed(f: Callable, spent: list[float]) -> Callable:
+    """``f``, appending the seconds each call takes to ``spent``."""
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        start = time.perf_counter()
+        try:
+            return f(*args, **kwargs)
+        finally:
+            spent.append(time.perf_counter() - start)
+
+    return call
 
 
 def warm_start(model_dir: str, out_dir: str, steps: int, accuracy: float) -> None:
@@ -120,20 +135,11 @@ def run(
         processing_class=tok,
         rollout_func=rollout_func,
     )
-    generate, spent = trainer._generate, []
-
-    def timed_generate(prompts):
-        start = time.perf_counter()
-        try:
-            return generate(prompts)
-        finally:
-            spent.append(time.perf_counter() - start)
-
-    trainer._generate = timed_generate
+    spent: list[float] = []  # seconds in GRPOTrainer._generate, per step
+    trainer._generate = timed(trainer._generate, spent)
     trainer.remove_callback(PrinterCallback)  # the tables below say it all
-    start = time.perf_counter()
-    trainer.train()
-    total = time.perf_counter() - start
+    took: list[float] = []
+    timed(trainer.train, took)()
     logs = [log for log in trainer.state.log_history if "reward" in log]
     return {
         "zero_std": [log["frac_reward_zero_std"] for log in logs],
@@ -141,7 +147,7 @@ def run(
         "reward": [log["reward"] for log in logs],
         "accuracy": [sum(r) / len(r) for r in sampled],
         "generation": spent,
-        "total": total,
+        "total": took[0],
     }
 
 

@@ -25,19 +25,19 @@ from torchrl_trl_interop import (
 )
 from torchrl_trl_interop.testing import (
     IM_START,
+    arithmetic_questions,
     toy_answer_length,
     toy_causal_lm,
     toy_chat_env,
     toy_generator_policy,
-    toy_prompts,
     toy_tokenizer,
     toy_trainer_args,
 )
 
-pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore:You are using 'rollout_func'")]
-
 TOL = 1e-4
 DELTA = 0.05  # OPSM's threshold on a sequence's mean log(pi_old / pi_theta)
+
+pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore:You are using 'rollout_func'")]
 
 
 def grpo_args(tmp_path, **overrides):
@@ -111,13 +111,8 @@ def test_logprobs_are_the_sampling_weights_per_turn(remote):
     tok = toy_tokenizer()
     first, second = toy_causal_lm(tokenizer=tok, seed=2), toy_causal_lm(tokenizer=tok, seed=3)
     remote.update_policy_weights_(first, policy_version=0)
-    env = toy_chat_env(
-        tok,
-        batch_size=8,
-        reply=True,
-        max_steps=2,
-        transforms=[as_reward_transform(toy_answer_length)],
-    )
+    scored = [as_reward_transform(toy_answer_length)]
+    env = toy_chat_env(tok, batch_size=8, reply=True, max_steps=2, transforms=scored)
     policy = PushAfterFirstTurn(remote, second)
     rollout_func = as_trl_rollout_func(env, policy=policy, max_turns=2, candidate_group_size=4)
     trainer = SimpleNamespace(
@@ -126,7 +121,9 @@ def test_logprobs_are_the_sampling_weights_per_turn(remote):
         num_generations=2,
         model=SimpleNamespace(training=True),
     )
-    prompts = [[{"role": "user", "content": p}] for p in toy_prompts(2) for _ in range(2)]
+    prompts = [
+        [{"role": "user", "content": p}] for p in arithmetic_questions()[:2] for _ in range(2)
+    ]
     out = rollout_func(prompts, trainer)
 
     assert policy.calls == 2 and out["policy_version"] == [0] * 4  # the oldest turn's version
@@ -165,7 +162,7 @@ def test_opsm_masks_a_stale_diverged_rollout_and_keeps_a_fresh_one(remote, tmp_p
         reward_funcs=env_reward,
         args=grpo_args(tmp_path, max_steps=2, learning_rate=0.3, off_policy_mask_threshold=DELTA),
         train_dataset=Dataset.from_dict(
-            {"prompt": [[{"role": "user", "content": p}] for p in toy_prompts(8)]}
+            {"prompt": [[{"role": "user", "content": p}] for p in arithmetic_questions()[:8]]}
         ),
         processing_class=tok,
         rollout_func=rollout_func,
