@@ -348,6 +348,9 @@ class TestWorkerDynamicSampling:
         dropped = [m for m in selected if "rollout/dropped_zero_std_total" in m]
         queued = sum(m.get("rollout/groups_total", 0.0) for m in metrics)
         assert all(m["rollout/candidates"] == 4.0 for m in selected)
+        # every candidate's reward, kept or not: (sum, count) of the 4
+        assert all(m["rollout/candidate_reward_mean"][1] == 4.0 for m in selected)
+        assert {m["rollout/candidate_reward_mean"][0] for m in dropped} <= {0.0, 4.0}
         assert len(selected) == len(dropped) + queued and queued == len(groups)
         assert dropped and all(m["rollout/dropped_zero_std_total"] == 2.0 for m in dropped)
         # the rates: a group is flat after selection only if it was before, and then dropped

@@ -186,6 +186,8 @@ class TestSplitGroups:
             ("rollout/zero_std_groups_before", 0.0),
             ("rollout/zero_std_groups_after", 1.0),
             ("rollout/zero_std_groups_after", 0.0),
+            ("rollout/candidate_reward_mean", 0.5),  # every candidate: 0.0, 1.0
+            ("rollout/candidate_reward_mean", 3.5),  # 2.0 ... 5.0
         ]
         with pytest.raises(ValueError, match=r"makes 6 candidate rollouts .* batch_size \(4,\)"):
             sample_candidates(
@@ -268,6 +270,8 @@ class TestGRPO:
             if has_spread(rewards):
                 assert sorted(cand["env_reward"][j] for j in kept) == [min(rewards), max(rewards)]
         assert trainer._pending_metrics["rollout/candidates"] == [float(K)] * 2
+        means = [sum(cand["env_reward"][g * K : (g + 1) * K]) / K for g in range(2)]
+        assert trainer._pending_metrics["rollout/candidate_reward_mean"] == pytest.approx(means)
 
     def test_errors(self, trainer):
         prompts = [[{"role": "user", "content": "Hi"}]] * 2

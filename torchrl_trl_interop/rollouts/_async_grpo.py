@@ -105,7 +105,8 @@ class TorchRLRolloutWorker:
     for reward spread as :func:`~torchrl_trl_interop.as_trl_rollout_func` chooses them; with
     ``drop_zero_std=True`` a group left without spread is dropped, not queued (its advantages
     would all be 0). This changes the sampling distribution (as DAPO does). Metrics per group:
-    ``rollout/candidates``, the rates ``rollout/zero_std_groups_before`` and ``_after``, and
+    ``rollout/candidates``, the rates ``rollout/zero_std_groups_before`` and ``_after``,
+    ``rollout/candidate_reward_mean`` (every candidate's, kept or not) and
     ``rollout/dropped_zero_std_total`` (samples dropped).
 
     **The queue.** A group is queued whole or not at all (the worker, the queue's only producer,

@@ -17,8 +17,10 @@ keeps those whose rewards differ. Here:
 The selection is not uniform: it changes the distribution the policy gradient is estimated on
 (as DAPO does, knowingly). What was done is logged: ``rollout/candidates`` (candidates sampled per
 group), ``rollout/zero_std_groups_before`` (share of groups whose first candidates, what plain
-sampling would have returned, have no reward spread) and ``rollout/zero_std_groups_after`` (share
-of groups returned without spread).
+sampling would have returned, have no reward spread), ``rollout/zero_std_groups_after`` (share
+of groups returned without spread) and ``rollout/candidate_reward_mean`` (the mean reward of every
+candidate: the policy's own, while TRL's ``reward`` is the mean over the rows kept, biased by the
+selection).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ import torch
 
 __all__ = [
     "CANDIDATES",
+    "CANDIDATE_REWARD",
     "DROPPED_ZERO_STD",
     "ENV_REWARD",
     "ZERO_STD_AFTER",
@@ -47,6 +50,8 @@ __all__ = [
 ENV_REWARD = "env_reward"
 #: candidate rollouts sampled per group
 CANDIDATES = "rollout/candidates"
+#: mean reward of every candidate sampled (the kept rows' mean is biased by the selection)
+CANDIDATE_REWARD = "rollout/candidate_reward_mean"
 #: share of groups whose first candidates (plain sampling's rows) have no reward spread
 ZERO_STD_BEFORE = "rollout/zero_std_groups_before"
 #: share of groups returned with no reward spread
@@ -89,7 +94,7 @@ def has_spread(rewards: Sequence[float | None]) -> bool:
         >>> has_spread([1.0, 0.0]), has_spread([1.0, 1.0]), has_spread([1.0, float("nan")])
         (True, False, False)
     """
-    scored = [r for r in rewards if r is not None and math.isfinite(r)]
+    scored = finite(rewards)
     return len(scored) >= 2 and max(scored) - min(scored) > _SPREAD_ATOL
 
 
@@ -113,6 +118,16 @@ def group_runs(n_rows: int, group_size: int, offset: int = 0) -> list[tuple[int,
         runs.append((start, stop, position))
         start = stop
     return runs
+
+
+def finite(rewards: Sequence[float | None]) -> list[float]:
+    """The rewards that score a row: not ``None``, not NaN.
+
+    Examples:
+        >>> finite([1.0, None, float("nan"), 0.0])
+        [1.0, 0.0]
+    """
+    return [r for r in rewards if r is not None and math.isfinite(r)]
 
 
 def candidates_for(keep: int, group_size: int, candidate_group_size: int) -> int:
@@ -182,7 +197,8 @@ def select_group(
 ) -> tuple[list[int], dict[str, Any]]:
     """The worker's filter: the kept candidates (none: dropped) and the group's metrics.
 
-    Shares are ``(numerator, denominator)`` rates, as ``AsyncGRPOTrainer`` reduces them.
+    Shares and the candidates' mean reward are ``(numerator, denominator)`` rates, as
+    ``AsyncGRPOTrainer`` reduces them.
 
     Examples:
         >>> kept, metrics = select_group([1.0, 1.0, 1.0], 2, drop_zero_std=True)
@@ -195,6 +211,7 @@ def select_group(
         CANDIDATES: float(len(rewards)),
         ZERO_STD_BEFORE: (float(not has_spread(rewards[:keep])), 1.0),
         ZERO_STD_AFTER: (float(flat), 1.0),
+        CANDIDATE_REWARD: (float(sum(finite(rewards))), float(len(finite(rewards)))),
     }
     if flat and drop_zero_std:
         metrics[DROPPED_ZERO_STD] = float(len(kept))
@@ -268,7 +285,12 @@ def sample_candidates(
             "as_reward_transform(reward_func)), check reward_key=, or drop candidate_group_size."
         )
     kept: list[int] = []
-    metrics: dict[str, list[float]] = {CANDIDATES: [], ZERO_STD_BEFORE: [], ZERO_STD_AFTER: []}
+    metrics: dict[str, list[float]] = {
+        CANDIDATES: [],
+        ZERO_STD_BEFORE: [],
+        ZERO_STD_AFTER: [],
+        CANDIDATE_REWARD: [],
+    }
     first = 0
     for (start, stop, position), count in zip(runs, counts):
         scores = rewards[first : first + count]
@@ -277,6 +299,8 @@ def sample_candidates(
         metrics[CANDIDATES].append(float(count))
         metrics[ZERO_STD_BEFORE].append(float(not has_spread(scores[: stop - start])))
         metrics[ZERO_STD_AFTER].append(float(not has_spread([scores[i] for i in chosen])))
+        if finite(scores):
+            metrics[CANDIDATE_REWARD].append(sum(finite(scores)) / len(finite(scores)))
         first += count
     log_metrics(trainer, metrics)
     return {key: [values[i] for i in kept] for key, values in out.items()}

@@ -360,7 +360,8 @@ def as_trl_rollout_func(
             (``env_reward``), and gets back ``num_generations`` candidates, as sampled, chosen to
             keep its reward spread (the best, the worst, the rest at random). Not uniform: it
             changes the sampling distribution, as DAPO does. Logs ``rollout/candidates``,
-            ``rollout/zero_std_groups_before`` and ``rollout/zero_std_groups_after``. A process
+            ``rollout/zero_std_groups_before``, ``rollout/zero_std_groups_after`` and
+            ``rollout/candidate_reward_mean`` (every candidate's: the policy's). A process
             holding ``n`` rows of a group split across processes samples
             ``ceil(n * candidate_group_size / num_generations)`` candidates for them (see
             :doc:`online`). Defaults to ``None`` (one rollout per row).
