@@ -1,9 +1,10 @@
 """Pushing a Hugging Face trainer's weights to a TorchRL policy: :class:`WeightSyncCallback`.
 
 A ``transformers.TrainerCallback``: after every ``every_n_steps`` optimizer steps (and once when
-training begins) it takes the trainer's model out of its accelerate wrapper, reads its weights
-(:func:`~torchrl_trl_interop.weights._tensors.model_weights`) and pushes them with the package's
-one weight push (:func:`~torchrl_trl_interop.weights._push.push`). Every push carries a policy
+training begins) it takes the trainer's model out of its accelerate wrapper and pushes it with
+the package's one weight push (:func:`~torchrl_trl_interop.weights._push.push`), which streams
+its weights one tensor at a time
+(:func:`~torchrl_trl_interop.weights._stream.stream_weights`). Every push carries a policy
 version: the trainer's ``global_step`` whose weights are pushed, so a rollout stamped with
 version ``v`` was sampled by the weights of optimizer step ``v``.
 
@@ -21,7 +22,7 @@ from tensordict import TensorDictBase
 
 from .._checks import check_positive_int, require
 from ._push import push, target_kind
-from ._tensors import model_weights
+from ._stream import stream_weights
 
 try:
     from transformers import TrainerCallback
@@ -143,16 +144,19 @@ class WeightSyncCallback(TrainerCallback):
     def push(self, model: torch.nn.Module | TensorDictBase, step: int, state: Any = None) -> None:
         """Pushes ``model``'s weights (or a weights TensorDict) as version ``step``.
 
-        With ``state`` (a ``TrainerState``), every rank gathers and only rank 0 sends.
+        With ``state`` (a ``TrainerState``), every rank gathers (one parameter at a time) and
+        only rank 0 sends.
 
         Raises:
             KeyError: if the weights' names differ from the receiving model's (when known).
             ValueError: if their shapes differ from the receiving model's (when known).
         """
         start = time.perf_counter()
-        weights = model if isinstance(model, TensorDictBase) else model_weights(model)
         if state is not None and not getattr(state, "is_world_process_zero", True):
+            if not isinstance(model, TensorDictBase):  # its part of each gather, nothing sent
+                for _ in stream_weights(model):
+                    pass
             return
-        push(self.target, weights, step, owner=_OWNER, policy_version=self.policy_version)
+        push(self.target, model, step, owner=_OWNER, policy_version=self.policy_version)
         self.version = step
         self.sync_seconds.append(time.perf_counter() - start)

@@ -1,9 +1,10 @@
 """The process a :class:`~torchrl_trl_interop.RemotePolicy` runs: it serves calls and weight commits,
 and it ends when the process that started it ends.
 
-Requests arrive in order on one queue, replies leave in order on another. Weights come through
-torchrl's ``MultiProcessWeightSyncScheme`` into a staging copy and go live at the next
-``"commit"``. The process exits when its parent is gone, however the parent died (a SIGKILL,
+Requests arrive in order on one queue, replies leave in order on another. The trainer writes
+weights into a shared-memory staging buffer this process allocates
+(:class:`~torchrl_trl_interop.weights._staging.StagingBuffer`); they go live at the next
+``"commit"``, between two calls. The process exits when its parent is gone, however the parent died (a SIGKILL,
 the OOM killer): on Linux the kernel kills it (``prctl(PR_SET_PDEATHSIG)``), and everywhere it
 checks its parent's pid while it waits for a request.
 """
@@ -23,6 +24,7 @@ import torch
 from tensordict import TensorDict
 
 from .._keys import POLICY_VERSION_KEY
+from ._staging import StagingBuffer
 from ._tensors import policy_model, weights_checksum, weights_layout
 
 __all__ = ["POLL_SECONDS", "exit_with_parent", "serve"]
@@ -59,36 +61,30 @@ def _next_request(requests: Any, parent_pid: int) -> tuple[str, Any]:
 
 def serve(
     policy_factory: Any,
-    scheme: Any,
     requests: Any,
     replies: Any,
     num_threads: int | None,
     parent_pid: int,
     kernel_signal: bool,
 ) -> None:
-    """The generator process: builds the policy, reports its weights' layout, receives the first
-    weights, then serves calls, commits and checksums in order, until ``"stop"``."""
+    """The generator process: builds the policy, allocates the shared staging buffer and sends it
+    with its weights' layout, then serves calls, commits and checksums in order, until
+    ``"stop"``."""
     exit_with_parent(parent_pid, kernel_signal=kernel_signal)
     if num_threads is not None:
         torch.set_num_threads(num_threads)
     try:
         policy = policy_factory()
         model = policy_model(policy)
-        live = TensorDict.from_module(model).data
-        staging = live.clone()  # torchrl's scheme writes here; commits copy it into `live`
+        weights = TensorDict.from_module(model).data
+        live = {  # the model's own tensors: a commit copies into them
+            key if isinstance(key, str) else ".".join(key): tensor
+            for key, tensor in weights.items(include_nested=True, leaves_only=True)
+        }
+        staging = StagingBuffer.like(live)  # the trainer writes here; commits copy it into `live`
         keys = {k: list(getattr(policy, k, [])) for k in ("in_keys", "out_keys")}
-        replies.put(("ok", {**keys, "layout": weights_layout(live)}))
+        replies.put(("ok", {**keys, "layout": weights_layout(weights), "staging": staging}))
     except BaseException:  # noqa: BLE001 - reported to the trainer's process
-        replies.put(("error", traceback.format_exc()))
-        return
-    if _next_request(requests, parent_pid)[0] != "connect":  # the weights did not fit: stop
-        return
-    try:
-        scheme.init_on_receiver(model_id="policy", model=staging, worker_idx=0)
-        scheme.connect(worker_idx=0)  # the initial weights, received by value
-        staging.update(staging.data.clone())  # own memory, not the sender's shared tensors
-        replies.put(("ok", None))
-    except BaseException:  # noqa: BLE001
         replies.put(("error", traceback.format_exc()))
         return
     version = None
@@ -98,8 +94,8 @@ def serve(
             break
         try:
             if kind == "commit":
-                live.data.update_(staging)
-                version = int(payload)
+                version, names = payload
+                staging.commit(live, live if names is None else names)
                 reply = version
             elif kind == "call":
                 td = pickle.loads(payload)
@@ -109,10 +105,9 @@ def serve(
                 out.set(POLICY_VERSION_KEY, torch.full(out.batch_size, stamp, dtype=torch.int64))
                 reply = pickle.dumps(out)
             elif kind == "checksum":
-                reply = (version, weights_checksum(live))
+                reply = (version, weights_checksum(weights))
             else:
                 raise ValueError(f"unknown request {kind!r}")
             replies.put(("ok", reply))
         except BaseException:  # noqa: BLE001
             replies.put(("error", traceback.format_exc()))
-    scheme.shutdown()

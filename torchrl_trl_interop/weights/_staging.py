@@ -1,0 +1,89 @@
+"""The shared-memory staging buffer a :class:`~torchrl_trl_interop.RemotePolicy` pushes into.
+
+The generator process allocates it once, at its start, shaped and typed like its own model's
+weights: one flat shared-memory tensor per dtype, a view per weight. The trainer's process gets
+the same memory (torch multiprocessing hands it over as file descriptors, once) and a push copies
+each weight into its view as :func:`~torchrl_trl_interop.weights._stream.stream_weights` yields
+it: one ``copy_`` per tensor, nothing pickled, nothing allocated. The generator then copies the
+staged weights into its live model between two calls (:meth:`StagingBuffer.commit`), so a
+generation never sees half-updated weights.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+import torch
+
+__all__ = ["StagingBuffer"]
+
+#: ``{name: (dtype, offset, shape)}``: where each weight lives in the flat buffers
+Slots = dict[str, tuple[torch.dtype, int, tuple[int, ...]]]
+
+
+class StagingBuffer:
+    """Flat shared-memory buffers (one per dtype) with a view per weight name.
+
+    Pickled through a ``torch.multiprocessing`` queue, it arrives in the other process on the same
+    memory. Build it with :meth:`like`.
+
+    Examples:
+        >>> staging = StagingBuffer.like({"w": torch.zeros(2, 2), "b": torch.zeros(2)})
+        >>> staging.fill([("w", torch.ones(2, 2))])
+        ['w']
+        >>> live = {"w": torch.zeros(2, 2), "b": torch.zeros(2)}
+        >>> staging.commit(live, ["w"])
+        >>> live["w"].sum().item(), staging.nbytes
+        (4.0, 24)
+    """
+
+    def __init__(self, buffers: dict[torch.dtype, torch.Tensor], slots: Slots) -> None:
+        self.buffers, self.slots = buffers, slots
+        self.views = {
+            name: buffers[dtype].narrow(0, offset, _numel(shape)).view(shape)
+            for name, (dtype, offset, shape) in slots.items()
+        }
+
+    @classmethod
+    def like(cls, weights: Mapping[str, torch.Tensor]) -> StagingBuffer:
+        """A buffer in shared memory with a slot per tensor of ``weights`` (its shape and dtype)."""
+        slots: Slots = {}
+        sizes: dict[torch.dtype, int] = {}
+        for name, tensor in weights.items():
+            offset = sizes.get(tensor.dtype, 0)
+            slots[name] = (tensor.dtype, offset, tuple(tensor.shape))
+            sizes[tensor.dtype] = offset + tensor.numel()
+        buffers = {dtype: torch.empty(n, dtype=dtype).share_memory_() for dtype, n in sizes.items()}
+        return cls(buffers, slots)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(b.numel() * b.element_size() for b in self.buffers.values())
+
+    def __reduce__(self):
+        return StagingBuffer, (self.buffers, self.slots)
+
+    def fill(self, stream: Iterable[tuple[str, torch.Tensor]]) -> list[str]:
+        """Copies each ``(name, tensor)`` into its slot as it comes; returns the names filled.
+
+        The names and shapes must have been checked against the slots first
+        (:func:`~torchrl_trl_interop.weights._tensors.check_weights_fit`).
+        """
+        names = []
+        for name, tensor in stream:
+            self.views[name].copy_(tensor)
+            names.append(name)
+        return names
+
+    def commit(self, live: Mapping[str, torch.Tensor], names: Iterable[str]) -> None:
+        """Copies the staged ``names`` into the ``live`` tensors (the generator's model)."""
+        with torch.no_grad():
+            for name in names:
+                live[name].copy_(self.views[name])
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    n = 1
+    for size in shape:
+        n *= size
+    return n
