@@ -12,6 +12,8 @@ the tutorial and the benchmarks all run offline on CPU from the same objects:
 * stand-ins for measuring the reward wrapper (``_stubs.py``);
 * the tutorial's toy task: small additions, a sloppy teacher, a checkable reward
   (``_toy_task.py``);
+* weight-sync fixtures: a toy Llama with many parameters, a LoRA model, a peak-memory probe
+  (``_weights.py``);
 * a toy that calls tools: TRL's Qwen2.5 template, a calculator environment, a caller model
   (``_tool_task.py``).
 
@@ -70,8 +72,10 @@ from ._toy_task import (
     printable_share,
     worked_answer,
 )
+from ._weights import BIG_LLAMA_SIZES, peak_memory_growth, toy_big_llama, toy_lora_model
 
 __all__ = [
+    "BIG_LLAMA_SIZES",
     "CHATML_TEMPLATE",
     "DEMO_WARNING_FILTERS",
     "IM_END",
@@ -89,6 +93,7 @@ __all__ = [
     "correct_answer",
     "demo_setup",
     "parse_question",
+    "peak_memory_growth",
     "printable_share",
     "scripted_episode",
     "worked_answer",
@@ -96,12 +101,14 @@ __all__ = [
     "stub_reward_model",
     "toy_add",
     "toy_answer_length",
+    "toy_big_llama",
     "toy_buffer",
     "toy_causal_lm",
     "toy_chat_env",
     "toy_chats",
     "toy_collected_buffer",
     "toy_generator_policy",
+    "toy_lora_model",
     "toy_padded",
     "toy_grpo_step",
     "toy_primed_chat_env",

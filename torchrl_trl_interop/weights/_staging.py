@@ -70,9 +70,10 @@ class StagingBuffer:
         (:func:`~torchrl_trl_interop.weights._tensors.check_weights_fit`).
         """
         names = []
-        for name, tensor in stream:
-            self.views[name].copy_(tensor)
-            names.append(name)
+        with torch.no_grad():
+            for name, tensor in stream:
+                self.views[name].copy_(tensor)
+                names.append(name)
         return names
 
     def commit(self, live: Mapping[str, torch.Tensor], names: Iterable[str]) -> None:

@@ -63,7 +63,7 @@ def _merged_entries(model: Any) -> Iterator[tuple[str, Any, str, torch.Tensor]]:
             yield merged, modules.get(owner.removesuffix(_BASE)), attribute, tensor
 
 
-def _lora_delta(layer: Any, attribute: str) -> torch.Tensor | None:
+def _merge_delta(layer: Any, attribute: str) -> torch.Tensor | None:
     """The weight delta of a LoRA layer's active, unmerged adapters (``None`` when there is none)."""
     from peft.tuners.lora import LoraLayer
 
@@ -73,7 +73,8 @@ def _lora_delta(layer: Any, attribute: str) -> torch.Tensor | None:
     for adapter in layer.active_adapters:
         known = adapter in layer.lora_A or adapter in getattr(layer, "lora_embedding_A", {})
         if known and adapter not in layer.merged_adapters:
-            step = layer.get_delta_weight(adapter)
+            with torch.no_grad():
+                step = layer.get_delta_weight(adapter)
             step = step.full_tensor() if hasattr(step, "full_tensor") else step  # sharded LoRA
             delta = step if delta is None else delta + step
     return delta
@@ -158,9 +159,11 @@ def stream_weights(
     """
     for name, owner, attribute, tensor in _entries(model, adapter_only):
         with _gathered(tensor) as whole:
-            delta = _lora_delta(owner, attribute) if owner is not None else None
-            yield name, whole if delta is None else whole + delta.to(whole.dtype)
-            del whole, delta  # freed before the next gather, not after it
+            if owner is not None and (delta := _merge_delta(owner, attribute)) is not None:
+                with torch.no_grad():
+                    whole = whole + delta.to(whole.dtype)
+            yield name, whole
+            del whole  # freed before the next gather, not after it
 
 
 def sendable(
