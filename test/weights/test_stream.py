@@ -7,12 +7,19 @@
   ``RemotePolicy``), and as the adapter alone in the same PEFT model.
 * The peak extra memory of a push of a 12-layer toy Llama (111 tensors, 40 MB) is a few of its
   tensors, not the model: measured with the kernel's resident-memory high-water mark, which
-  sees the whole model when it is materialised.
+  sees the whole model when it is materialised. Also for an FSDP2 model sharded on 2 ranks
+  (``torchrun``, gloo): every rank gathers one parameter at a time.
 """
 
 from __future__ import annotations
 
 import copy
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -146,3 +153,36 @@ class TestPeakMemory:
             assert policy.weights_checksum() == (1, weights_checksum(trainer))
         finally:
             policy.close()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_fsdp2_sharded_push_gathers_one_parameter_at_a_time(tmp_path):
+    """``torchrun --nproc_per_node=2`` (gloo, CPU): FSDP2 ``DTensor`` parameters, gathered one by
+    one on both ranks while rank 0 copies each into its receiver; gathering them all at once
+    (what the push did before) is the size of the model."""
+    script = Path(__file__).with_name("_fsdp_worker.py")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[2])  # this checkout's package
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node=2",
+        f"--master_port={_free_port()}",
+        str(script),
+        str(tmp_path),
+    ]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=360)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    for rank in (0, 1):
+        result = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        assert result["sharded"] and result["synced"], result
+        assert result["streamed"] <= 4 * result["largest"], result  # 4 MB; the model 40 MB
+        assert result["whole"] >= 0.5 * result["model"], result  # the probe sees a gather
