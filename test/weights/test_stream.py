@@ -186,3 +186,48 @@ def test_fsdp2_sharded_push_gathers_one_parameter_at_a_time(tmp_path):
         assert result["sharded"] and result["synced"], result
         assert result["streamed"] <= 4 * result["largest"], result  # 4 MB; the model 40 MB
         assert result["whole"] >= 0.5 * result["model"], result  # the probe sees a gather
+
+
+class ZeroThreeStandIn:
+    """A stand-in for DeepSpeed ZeRO-3 (not installed here): each parameter holds an empty
+    partition, ``ds_id`` and ``ds_shape``, and ``deepspeed.zero.GatheredParameters`` restores
+    its full data for the block, counting how many are whole at once."""
+
+    def __init__(self, model):
+        self.full, self.whole, self.most = {}, 0, 0
+        for ds_id, param in enumerate(model.parameters()):
+            self.full[ds_id] = param.data
+            param.ds_id, param.ds_shape = ds_id, tuple(param.shape)
+            param.data = torch.empty(0)
+        self.zero = type("zero", (), {"GatheredParameters": self.gathered})
+
+    def gathered(self, params, modifier_rank=None):
+        stand_in = self
+
+        class Gathered:
+            def __enter__(self):
+                for p in params:
+                    p.data = stand_in.full[p.ds_id]
+                stand_in.whole += len(params)
+                stand_in.most = max(stand_in.most, stand_in.whole)
+
+            def __exit__(self, *exc):
+                for p in params:
+                    p.data = torch.empty(0)
+                stand_in.whole -= len(params)
+
+        return Gathered()
+
+
+def test_zero3_parameters_are_gathered_one_at_a_time(monkeypatch):
+    """The ``GatheredParameters`` path, on a stand-in: the push checks the full shapes
+    (``ds_shape``), gathers one parameter at a time, and the receiver gets the full weights."""
+    trainer, receiver = toy_causal_lm(seed=1), toy_causal_lm(seed=2)
+    expected = weights_checksum(trainer)
+    stand_in = ZeroThreeStandIn(trainer)
+    monkeypatch.setitem(sys.modules, "deepspeed", stand_in)
+    assert stream_layout(trainer) == weights_layout(receiver)
+    WeightSyncCallback(receiver).push(trainer, 1)
+    assert stand_in.most == 1 and stand_in.whole == 0
+    assert weights_checksum(receiver) == expected
+    assert all(p.numel() == 0 for p in trainer.parameters())  # partitioned again
