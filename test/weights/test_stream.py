@@ -138,19 +138,20 @@ class TestPeakMemory:
     @pytest.mark.slow
     @pytest.mark.timeout(300)
     def test_a_remote_push_allocates_nothing_in_the_trainer(self):
-        """Into a ``RemotePolicy``: each tensor is copied into the staging buffer, shared with
-        the generator, that the first push already made resident here."""
+        """Into a ``RemotePolicy``: each tensor is copied into a staging buffer shared with the
+        generator, which the first two pushes (two buffers, used in turn) made resident here."""
         trainer = toy_big_llama(seed=1)
         policy = RemotePolicy(toy_big_llama, num_threads=1, timeout=120)
         try:
             policy.update_policy_weights_(trainer, policy_version=0)
+            policy.update_policy_weights_(trainer, policy_version=1)  # both buffers mapped here
             with torch.no_grad():
                 for p in trainer.parameters():
                     p.add_(1.0)
             with peak_memory_growth() as grown:
-                WeightSyncCallback(policy).push(trainer, 1)
+                WeightSyncCallback(policy).push(trainer, 2)
             assert grown["bytes"] <= 2 * largest_tensor_bytes(trainer)
-            assert policy.weights_checksum() == (1, weights_checksum(trainer))
+            assert policy.weights_checksum() == (2, weights_checksum(trainer))
         finally:
             policy.close()
 

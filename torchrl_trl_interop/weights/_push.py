@@ -33,7 +33,7 @@ from torchrl.weight_update import WeightSyncScheme
 
 from ._remote_policy import RemotePolicy
 from ._stream import sendable
-from ._tensors import check_weights_fit, policy_model, weights_layout
+from ._tensors import check_weights_fit, named_tensors, policy_model, weights_layout
 
 __all__ = ["push", "set_policy_version", "target_kind"]
 
@@ -68,12 +68,6 @@ def set_policy_version(tracker: Any, version: int) -> None:
     """Sets an integer torchrl ``PolicyVersion`` to ``version`` (others are left to their owner)."""
     if tracker is not None and getattr(tracker, "version_type", None) in (int, "int"):
         tracker.version = int(version)
-
-
-def _live(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """The tensors of ``model`` by dotted name (its own storage: copying into them updates it)."""
-    items = TensorDict.from_module(model).data.items(include_nested=True, leaves_only=True)
-    return {k if isinstance(k, str) else ".".join(k): t for k, t in items}
 
 
 def _whole(stream: Any) -> TensorDictBase:
@@ -144,7 +138,7 @@ def push(
     elif kind == "scheme":
         target.send(_whole(sendable(weights, None)[1]))
     else:  # a module here: each tensor copied in place as it comes
-        live = _live(policy_model(target))
+        live = named_tensors(policy_model(target))
         receiver = {name: tuple(t.shape) for name, t in live.items()}
         layout, stream, partial = sendable(weights, receiver, partial=partial)
         check_weights_fit(layout, receiver, owner=owner, receiver_name="policy", partial=partial)

@@ -121,7 +121,8 @@ class RemotePolicy(TensorDictModuleBase):
         self.policy_version: int | None = None
         self._process = None
         self._requests = self._replies = None
-        self._staging: StagingBuffer | None = None
+        self._stagings: list[StagingBuffer] = []  # the generator's; the push fills [_turn]
+        self._turn = 0
         self._layout: dict[str, tuple[int, ...]] = {}
         self._finalizer = None
 
@@ -210,7 +211,7 @@ class RemotePolicy(TensorDictModuleBase):
         except BaseException:
             self.close()
             raise
-        self._layout, self._staging = info["layout"], info["staging"]
+        self._layout, self._stagings, self._turn = info["layout"], info["stagings"], 0
         self.in_keys = info["in_keys"]
         self.out_keys = info["out_keys"] + [POLICY_VERSION_KEY]
 
@@ -257,11 +258,12 @@ class RemotePolicy(TensorDictModuleBase):
             if self.policy_version is None:  # the first push: the generator has no weights yet
                 self.close()
             raise
-        names = self._staging.fill(stream)  # one copy_ per tensor, into shared memory
+        names = self._stagings[self._turn].fill(stream)  # a copy_ per tensor, to shared memory
         self._check_alive(what)
         self._requests.put(("commit", (int(policy_version), names if partial else None)))
         try:
             self.policy_version = self._reply(what)
+            self._turn = (self._turn + 1) % len(self._stagings)  # as the generator switched
         except TimeoutError:  # a late commit could read the next push's half-written weights
             self.close()
             raise

@@ -4,9 +4,11 @@ The generator process allocates it once, at its start, shaped and typed like its
 weights: one flat shared-memory tensor per dtype, a view per weight. The trainer's process gets
 the same memory (torch multiprocessing hands it over as file descriptors, once) and a push copies
 each weight into its view as :func:`~torchrl_trl_interop.weights._stream.stream_weights` yields
-it: one ``copy_`` per tensor, nothing pickled, nothing allocated. The generator then copies the
-staged weights into its live model between two calls (:meth:`StagingBuffer.commit`), so a
-generation never sees half-updated weights.
+it: one ``copy_`` per tensor, nothing pickled, nothing allocated. The generator then commits the
+staged weights between two calls, so a generation never sees half-updated weights: a model on
+the CPU has two buffers and its tensors switch to the staged one (:meth:`StagingBuffer.adopt`,
+no copy; the other becomes the next push's staging), a model elsewhere (a GPU) copies the
+staged weights in (:meth:`StagingBuffer.commit`).
 """
 
 from __future__ import annotations
@@ -81,6 +83,23 @@ class StagingBuffer:
         with torch.no_grad():
             for name in names:
                 live[name].copy_(self.views[name])
+
+    def adopt(
+        self,
+        live: Mapping[str, torch.Tensor],
+        names: Iterable[str] | None = None,
+        *,
+        current: StagingBuffer | None = None,
+    ) -> None:
+        """Makes the ``live`` tensors (a CPU model's own) use this buffer's memory (``.data``):
+        a commit without a copy. The tensors not among ``names`` (a partial push) are first
+        copied here from ``current``, the buffer they use now."""
+        with torch.no_grad():
+            if current is not None and names is not None:
+                for name in set(live) - set(names):
+                    self.views[name].copy_(current.views[name])
+            for name, tensor in live.items():
+                tensor.data = self.views[name]
 
 
 def _numel(shape: tuple[int, ...]) -> int:

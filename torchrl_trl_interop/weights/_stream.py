@@ -157,7 +157,11 @@ def stream_weights(
         >>> [(name, tuple(t.shape)) for name, t in stream_weights(model)]
         [('0.weight', (3, 2)), ('0.bias', (3,)), ('2.weight', (1, 3)), ('2.bias', (1,))]
     """
-    for name, owner, attribute, tensor in _entries(model, adapter_only):
+    yield from _stream(list(_entries(model, adapter_only)))
+
+
+def _stream(entries: list) -> Iterator[tuple[str, torch.Tensor]]:
+    for name, owner, attribute, tensor in entries:
         with _gathered(tensor) as whole:
             if owner is not None and (delta := _merge_delta(owner, attribute)) is not None:
                 with torch.no_grad():
@@ -189,5 +193,6 @@ def sendable(
     if receiver is not None and is_peft_model(weights) and not _several_ranks():
         adapters = stream_layout(weights, adapter_only=True)
         adapter_only = bool(adapters) and all(name in receiver for name in adapters)
-    layout = stream_layout(weights, adapter_only=adapter_only)
-    return layout, stream_weights(weights, adapter_only=adapter_only), partial or adapter_only
+    entries = list(_entries(weights, adapter_only))  # read once: for the layout and the stream
+    layout = {name: _shape(t) for name, _, _, t in entries}
+    return layout, _stream(entries), partial or adapter_only
