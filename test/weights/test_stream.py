@@ -15,18 +15,17 @@ from __future__ import annotations
 
 import copy
 import json
-import os
-import socket
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+from tensordict import TensorDict
 
 from torchrl_trl_interop import RemotePolicy, WeightSyncCallback, weights_checksum
 from torchrl_trl_interop.testing import (
     peak_memory_growth,
+    run_torchrun,
     toy_big_llama,
     toy_causal_lm,
     toy_generator_policy,
@@ -156,31 +155,13 @@ class TestPeakMemory:
             policy.close()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.slow
 @pytest.mark.timeout(400)
 def test_fsdp2_sharded_push_gathers_one_parameter_at_a_time(tmp_path):
     """``torchrun --nproc_per_node=2`` (gloo, CPU): FSDP2 ``DTensor`` parameters, gathered one by
     one on both ranks while rank 0 copies each into its receiver; gathering them all at once
     (what the push did before) is the size of the model."""
-    script = Path(__file__).with_name("_fsdp_worker.py")
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
-    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[2])  # this checkout's package
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nproc_per_node=2",
-        f"--master_port={_free_port()}",
-        str(script),
-        str(tmp_path),
-    ]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=360)
+    proc = run_torchrun(Path(__file__).with_name("_fsdp_worker.py"), tmp_path, timeout=360)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     for rank in (0, 1):
         result = json.loads((tmp_path / f"rank{rank}.json").read_text())
@@ -232,3 +213,24 @@ def test_zero3_parameters_are_gathered_one_at_a_time(monkeypatch):
     assert stand_in.most == 1 and stand_in.whole == 0
     assert weights_checksum(receiver) == expected
     assert all(p.numel() == 0 for p in trainer.parameters())  # partitioned again
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_partial_pushes_into_a_remote_policy_keep_the_other_tensors():
+    """Partial pushes (TRL streams trainable parameters only) alternate between the generator's
+    two buffers: each keeps every tensor it was not sent."""
+    first, second = toy_causal_lm(seed=1), toy_causal_lm(seed=2)
+    expected = copy.deepcopy(first)
+    policy = RemotePolicy(toy_generator_policy, num_threads=1, timeout=120)
+    try:
+        policy.update_policy_weights_(first, policy_version=0)
+        for version, part in enumerate(["q_proj", "k_proj", "v_proj"], start=1):
+            sent = {n: t for n, t in second.state_dict().items() if part in n}
+            policy.update_policy_weights_(
+                TensorDict(sent).unflatten_keys("."), policy_version=version, partial=True
+            )
+            expected.load_state_dict(sent, strict=False)
+            assert policy.weights_checksum() == (version, weights_checksum(expected))
+    finally:
+        policy.close()

@@ -14,6 +14,7 @@ the tutorial and the benchmarks all run offline on CPU from the same objects:
   (``_toy_task.py``);
 * weight-sync fixtures: a toy Llama with many parameters, a LoRA model, a peak-memory probe
   (``_weights.py``);
+* running a script on several local ranks under ``torchrun`` (``_torchrun.py``);
 * a toy that calls tools: TRL's Qwen2.5 template, a calculator environment, a caller model
   (``_tool_task.py``).
 
@@ -62,6 +63,7 @@ from ._tool_task import (
     toy_tool_grpo_args,
     toy_tool_tokenizer,
 )
+from ._torchrun import free_port, run_torchrun
 from ._toy_task import (
     DEMO_WARNING_FILTERS,
     arithmetic_chats,
@@ -93,8 +95,10 @@ __all__ = [
     "correct_answer",
     "demo_setup",
     "parse_question",
+    "free_port",
     "peak_memory_growth",
     "printable_share",
+    "run_torchrun",
     "scripted_episode",
     "worked_answer",
     "count_host_syncs",

@@ -58,8 +58,11 @@ class WeightSyncCallback(TrainerCallback):
 
     It works with any HF/TRL trainer (``callbacks=[...]``, ``trainer.add_callback``,
     ``trainer.pop_callback(WeightSyncCallback)``). The model is taken out of its accelerate/DDP
-    wrapper; on several processes every rank gathers sharded parameters and only the main
-    process (``state.is_world_process_zero``) pushes.
+    wrapper and its weights are streamed one tensor at a time: sharded parameters (FSDP2
+    ``DTensor``, DeepSpeed ZeRO-3) are gathered one by one on every rank and only the main
+    process (``state.is_world_process_zero``) sends; a PEFT LoRA model sends its merged weights,
+    or its adapter alone into the same PEFT model. A push needs about one tensor of extra
+    memory, not one model.
 
     ``target`` decides which TorchRL machinery moves the weights:
 
@@ -67,9 +70,9 @@ class WeightSyncCallback(TrainerCallback):
     target                                        push
     ============================================  ===============================================
     :class:`~torchrl_trl_interop.RemotePolicy`    ``target.update_policy_weights_(weights,
-                                                  policy_version=step)``: torchrl's
-                                                  ``MultiProcessWeightSyncScheme`` into another
-                                                  process, then the version is committed there
+                                                  policy_version=step)``: streamed into the
+                                                  other process's shared staging buffer, then
+                                                  committed there with the version
     a torchrl collector (``LLMCollector``,        ``target.update_policy_weights_(weights)``;
     ``RayLLMCollector``, any ``Collector``)       its ``PolicyVersion`` tracker, when local and
                                                   integer, is set to ``step``

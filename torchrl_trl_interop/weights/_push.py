@@ -9,17 +9,17 @@ model's names and shapes are known, and stamps the version once:
 target                                        push
 ============================================  ================================================
 :class:`~torchrl_trl_interop.RemotePolicy`    ``update_policy_weights_(weights,
-                                              policy_version=version)``: torchrl's
-                                              ``MultiProcessWeightSyncScheme``, checked against
-                                              the generator's names and shapes, then committed
-                                              there with its version
+                                              policy_version=version)``: checked against the
+                                              generator's names and shapes, streamed into its
+                                              shared staging buffer, then committed there with
+                                              its version
 a torchrl collector (``LLMCollector``,        ``update_policy_weights_(weights)`` (its own
 ``RayLLMCollector``, any ``Collector``)       weight-sync scheme); its ``PolicyVersion``
                                               tracker, when local and integer, is set
 a ``torchrl.weight_update.WeightSyncScheme``  ``send(weights)`` (initialised on the sender
                                               side and connected by the caller)
-an ``nn.Module`` in this process (a torchrl   copied in place, into a wrapper's ``.model``
-LLM wrapper, a model)
+an ``nn.Module`` in this process (a torchrl   copied in place, one tensor at a time, into a
+LLM wrapper, a model)                         wrapper's ``.model``
 ============================================  ================================================
 """
 
