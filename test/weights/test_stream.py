@@ -131,7 +131,8 @@ class TestPeakMemory:
         callback.push(lora, 0)  # first use: lazy initialisations out of the measurement
         with peak_memory_growth() as grown:
             callback.push(lora, 1)
-        assert grown["bytes"] <= 8 * largest_tensor_bytes(receiver)  # 8 MB, the model 40 MB
+        # a few 1 MB tensors at a time (the merge's delta, the merged weight), not the 40 MB model
+        assert grown["bytes"] <= model_bytes(receiver) / 4, grown
         assert weights_checksum(receiver) == weights_checksum(merged_copy(lora))
 
     @pytest.mark.slow
@@ -166,7 +167,8 @@ def test_fsdp2_sharded_push_gathers_one_parameter_at_a_time(tmp_path):
     for rank in (0, 1):
         result = json.loads((tmp_path / f"rank{rank}.json").read_text())
         assert result["sharded"] and result["synced"], result
-        assert result["streamed"] <= 4 * result["largest"], result  # 4 MB; the model 40 MB
+        # one parameter's gather buffers at a time (1 MB tensors), not the 40 MB model
+        assert result["streamed"] <= result["model"] / 4, result
         assert result["whole"] >= 0.5 * result["model"], result  # the probe sees a gather
 
 
