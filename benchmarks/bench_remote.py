@@ -1,22 +1,29 @@
-"""Benchmark: generation apart from training, on CPU.
+"""Benchmark: weight pushes, and generation apart from training, on CPU.
 
-Three figures, each measured in one run (the machines are shared: compare within a run):
+Each figure is measured in one run (the machines are shared: compare within a run):
 
-* **GRPOTrainer, generation in the same process vs in another process.** ``GRPOTrainer`` with
-  ``as_trl_rollout_func(env)`` (the trainer's model generates) and with
-  ``as_trl_rollout_func(env, policy=RemotePolicy(...))`` plus ``WeightSyncCallback`` after every
-  step. ``GRPOTrainer`` calls its rollout function synchronously, so there is no overlap here:
-  the figure is the price of the process boundary and the weight sync.
-* **Overlap: a collector apart from the trainer.** A GRPO step on 2 groups of 2 completions,
-  (a) sequential: a torchrl ``LLMCollector`` in this process collects one batch, then the step
-  trains on it; (b) overlapped: the same collector runs in a Ray actor (``ToyGenerator``), writing
-  into a ``RayReplayBuffer`` that a ``TorchRLRolloutWorker`` drains, while the trainer trains; it
-  pushes its weights after every step (``max_staleness=1``). Steps/s and the ratio.
-* **The cost of one weight sync** for a ~10M-parameter Llama, and its throughput in GB/s: into a
-  ``RemotePolicy`` (torchrl's ``MultiProcessWeightSyncScheme``, then the commit), into a policy
-  in this process, and into a Ray actor's collector.
+* **One weight push** (the default, seconds): a 12-layer toy Llama (``toy_big_llama``, 40 MB of
+  fp32 weights) pushed by ``WeightSyncCallback`` into a ``RemotePolicy`` (another process: the
+  weights streamed into its shared staging buffer, then committed there) and into a model in
+  this process, against the floor: one ``copy_`` of every tensor into a preallocated
+  shared-memory buffer in this process. Interleaved, one torch thread per process; median
+  time, GB/s and the ratio to the floor. Then the peak extra memory of the trainer's process
+  during a push (plain, and with a LoRA adapter merged on the way), against the model's size.
+* ``--full`` adds, in minutes:
 
-Run with ``python benchmarks/bench_remote.py``.
+  * **GRPOTrainer, generation in the same process vs in another process.** ``GRPOTrainer``
+    with ``as_trl_rollout_func(env)`` (the trainer's model generates) and with
+    ``as_trl_rollout_func(env, policy=RemotePolicy(...))`` plus ``WeightSyncCallback`` after
+    every step. ``GRPOTrainer`` calls its rollout function synchronously, so there is no
+    overlap here: the figure is the price of the process boundary and the weight sync.
+  * **Overlap: a collector apart from the trainer.** A GRPO step on 2 groups of 2
+    completions, (a) sequential: a torchrl ``LLMCollector`` in this process collects one
+    batch, then the step trains on it; (b) overlapped: the same collector runs in a Ray actor
+    (``ToyGenerator``), writing into a ``RayReplayBuffer`` that a ``TorchRLRolloutWorker``
+    drains, while the trainer trains; it pushes its weights after every step
+    (``max_staleness=1``). Steps/s and the ratio. And one push into the Ray actor's model.
+
+Run with ``python benchmarks/bench_remote.py [--full]``.
 """
 
 from __future__ import annotations
@@ -43,11 +50,14 @@ from torchrl_trl_interop import (
 from torchrl_trl_interop.testing import (
     IM_START,
     ToyGenerator,
+    peak_memory_growth,
     toy_answer_length,
+    toy_big_llama,
     toy_causal_lm,
     toy_chat_env,
     toy_generator_policy,
     toy_grpo_step,
+    toy_lora_model,
     toy_prompts,
     toy_tokenizer,
     toy_trainer_args,
@@ -158,33 +168,95 @@ def overlap_steps(ray, overlapped: bool, steps: int, new_tokens: int) -> tuple[f
     return steps / span, sum(waited[-steps:]) / span
 
 
-def ten_million_llama():
-    return toy_causal_lm(
-        hidden_size=256,
-        intermediate_size=1024,
-        num_hidden_layers=12,
-        num_attention_heads=4,
-        num_key_value_heads=4,
+def _median_ms(seconds: list[float]) -> float:
+    return 1000 * statistics.median(seconds)
+
+
+def push_figures(repeats: int) -> dict[str, float]:
+    """One push of a 12-layer toy Llama (``toy_big_llama``), timed against its floor, in one run.
+
+    Interleaved, ``repeats`` times each (after one warm-up): the floor, one ``copy_`` of every
+    tensor into a preallocated shared-memory buffer in this process; ``WeightSyncCallback`` into
+    a policy in this process; ``WeightSyncCallback`` into a ``RemotePolicy``. Then the peak extra
+    memory of the trainer's process during a ``RemotePolicy`` push, and during a push of the
+    same model with a LoRA adapter on every linear layer (merged on the way).
+    """
+    model = toy_big_llama(seed=1)
+    tensors = list(model.state_dict(keep_vars=True).items())
+    named = dict(model.named_parameters(remove_duplicate=False))
+    named.update(model.named_buffers(remove_duplicate=False))
+    floor = {name: torch.empty_like(t).share_memory_() for name, t in named.items()}
+    size = sum(t.numel() * t.element_size() for t in named.values())
+    remote = RemotePolicy(toy_big_llama, num_threads=1)
+    local = toy_big_llama()
+
+    def copy(step):
+        with torch.no_grad():
+            for name, tensor in named.items():
+                floor[name].copy_(tensor)
+
+    ways = {
+        "floor: one copy_ per tensor into shared memory": copy,
+        "WeightSyncCallback into a model in this process": WeightSyncCallback(local).push,
+        "WeightSyncCallback into a RemotePolicy": WeightSyncCallback(remote).push,
+    }
+    seconds = {name: [] for name in ways}
+    for step in range(repeats + 1):
+        for name, way in ways.items():
+            start = time.perf_counter()
+            if name.startswith("floor"):
+                way(step)
+            else:
+                way(model, step)
+            if step:  # the first (process start, first touch of the buffers) left out
+                seconds[name].append(time.perf_counter() - start)
+    results = {"bytes": float(size), "tensors": float(len(named)), "largest": 0.0}
+    results["largest"] = float(max(t.numel() * t.element_size() for _, t in tensors))
+    results.update({name: statistics.median(s) for name, s in seconds.items()})
+    with peak_memory_growth() as grown:
+        WeightSyncCallback(remote).push(model, repeats + 1)
+    results["peak, RemotePolicy push"] = float(grown["bytes"])
+    try:
+        lora = toy_lora_model(model)
+        WeightSyncCallback(remote).push(lora, repeats + 2)
+        with peak_memory_growth() as grown:
+            WeightSyncCallback(remote).push(lora, repeats + 3)
+        results["peak, RemotePolicy push of a LoRA model (merged)"] = float(grown["bytes"])
+    except (KeyError, RuntimeError) as error:  # a version without LoRA support
+        print(f"  (LoRA push failed: {type(error).__name__}: {str(error)[:120]})")
+    remote.close()
+    return results
+
+
+def print_push_figures(figures: dict[str, float]) -> None:
+    size = figures.pop("bytes")
+    print(
+        f"\nOne weight push of a 12-layer toy Llama, {figures.pop('tensors'):.0f} tensors, "
+        f"{size / 1e6:.0f} MB fp32 (median, one torch thread per process)"
     )
+    largest = figures.pop("largest")
+    floor = next(v for k, v in figures.items() if k.startswith("floor"))
+    for name, value in figures.items():
+        if name.startswith("peak"):
+            print(
+                f"  {name}: {value / 1e6:.1f} MB (the model {size / 1e6:.0f} MB, its largest "
+                f"tensor {largest / 1e6:.1f} MB)"
+            )
+        else:
+            print(
+                f"  {name}: {1000 * value:.1f} ms ({size / value / 1e9:.2f} GB/s, "
+                f"{value / floor:.1f}x the copy)"
+            )
 
 
 def sync_cost(ray, repeats: int) -> dict[str, float]:
-    """Median seconds of one WeightSyncCallback push of a ~10M-parameter model."""
-    from torchrl.modules.llm import TransformersWrapper
-
-    model = ten_million_llama()
-    results = {"parameters": float(sum(p.numel() for p in model.parameters()))}
-    tensors = model_weights(model).values(include_nested=True, leaves_only=True)
-    results["bytes"] = float(sum(t.numel() * t.element_size() for t in tensors))
-    remote = RemotePolicy(ten_million_llama, num_threads=1)
-    local = TransformersWrapper(
-        ten_million_llama(), tokenizer=toy_tokenizer(padding_side="left"), input_mode="history"
-    )
+    """Median seconds of one push of the same model into a Ray actor's model."""
+    model = toy_big_llama(seed=1)
 
     @ray.remote(num_cpus=0)
     class Holder:
         def __init__(self):
-            self.model = ten_million_llama()
+            self.model = toy_big_llama()
 
         def update(self, weights, version):
             WeightSyncCallback(self.model).push(weights, version)
@@ -192,39 +264,35 @@ def sync_cost(ray, repeats: int) -> dict[str, float]:
 
     holder = Holder.remote()
     ray.get(holder.update.remote(model_weights(model), 0))  # warm-up
-    for name, push in (
-        ("RemotePolicy (torchrl MultiProcessWeightSyncScheme)", WeightSyncCallback(remote).push),
-        ("policy in this process (in-place copy)", WeightSyncCallback(local).push),
-        ("Ray actor (ray.get of a remote push)", None),
-    ):
-        seconds = []
-        for step in range(repeats + 1):
-            start = time.perf_counter()
-            if push is None:
-                ray.get(holder.update.remote(model_weights(model), step))
-            else:
-                push(model, step)
-            seconds.append(time.perf_counter() - start)
-        results[name] = statistics.median(seconds[1:])  # the first (process start) left out
-    remote.close()
-    return results
+    seconds = []
+    for step in range(repeats):
+        start = time.perf_counter()
+        ray.get(holder.update.remote(model_weights(model), step + 1))
+        seconds.append(time.perf_counter() - start)
+    return {"Ray actor (ray.get of a remote push)": statistics.median(seconds)}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--overlap-steps", type=int, default=12)
-    parser.add_argument("--sync-repeats", type=int, default=5)
+    parser.add_argument("--sync-repeats", type=int, default=9)
     parser.add_argument("--new-tokens", type=int, default=48, help="per completion (overlap)")
+    parser.add_argument(
+        "--full", action="store_true", help="also GRPOTrainer and the Ray overlap (minutes)"
+    )
     args = parser.parse_args()
     torch.set_num_threads(1)
+    print(f"load average before: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
+    print_push_figures(push_figures(args.sync_repeats))
+    if not args.full:
+        return
     import ray
 
     with tempfile.TemporaryDirectory() as tmp:
         same = grpo_trainer_steps(False, args.steps, os.path.join(tmp, "a"))
         other = grpo_trainer_steps(True, args.steps, os.path.join(tmp, "b"))
-    print(f"load average before: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
-    print(f"GRPOTrainer, {args.steps} steps of 8 completions (2 prompts x 4), 16 tokens")
+    print(f"\nGRPOTrainer, {args.steps} steps of 8 completions (2 prompts x 4), 16 tokens")
     print(f"  generation in the trainer's process:   {same:.3f} steps/s")
     print(f"  generation in another process (sync):  {other:.3f} steps/s ({other / same:.2f}x)")
 
@@ -244,16 +312,10 @@ def main() -> None:
             f"  overlapped (collector in a Ray actor):  {overlapped:.3f} steps/s "
             f"({overlapped / sequential:.2f}x), {100 * ovl_wait:.0f}% of the time waiting"
         )
-        costs = sync_cost(ray, args.sync_repeats)
+        for name, seconds in sync_cost(ray, args.sync_repeats).items():
+            print(f"  one push into a {name}: {1000 * seconds:.0f} ms")
     finally:
         ray.shutdown()
-    size = costs.pop("bytes")
-    print(
-        f"\nOne weight sync, {costs.pop('parameters') / 1e6:.1f}M parameters, "
-        f"{size / 1e6:.0f} MB (median)"
-    )
-    for name, seconds in costs.items():
-        print(f"  {name}: {1000 * seconds:.0f} ms ({size / seconds / 1e9:.2f} GB/s)")
 
 
 if __name__ == "__main__":

@@ -100,19 +100,25 @@ def test_a_push_into_a_dead_generator_raises_with_its_exit_code(remote):
     assert time.monotonic() - start < 10
 
 
-def test_a_generator_dying_during_a_push_is_noticed(remote):
-    """Killed between the send and its acknowledgement: the wait notices within a second."""
+@pytest.mark.parametrize("when", ["copy", "commit"])
+def test_a_generator_dying_during_a_push_is_noticed(remote, when):
+    """Killed while the weights are copied into the staging buffer, or once the commit is asked
+    for: the push raises with the exit code within seconds."""
     policy, trainer_model = remote
-    ack = policy._scheme.send  # the weights go out, then the generator dies before it answers
+    staging = policy._stagings[policy._turn]
+    holder, name = (staging, "fill") if when == "copy" else (policy._requests, "put")
+    original = getattr(holder, name)
 
-    def send_then_die(weights):
+    def then_die(*args, **kwargs):
+        out = original(*args, **kwargs)
         os.kill(policy._process.pid, signal.SIGKILL)
         policy._process.join(timeout=30)
-        ack(weights)
+        return out
 
-    policy._scheme.send = send_then_die
+    setattr(holder, name, then_die)
     start = time.monotonic()
-    with pytest.raises(RuntimeError, match=r"died \(exit code -9\) while serving the weights"):
+    pattern = r"died \(exit code -9\) (before|while serving) the weights of version 1"
+    with pytest.raises(RuntimeError, match=pattern):
         policy.update_policy_weights_(trainer_model, policy_version=1)
     assert time.monotonic() - start < 10
 

@@ -12,6 +12,9 @@ the tutorial and the benchmarks all run offline on CPU from the same objects:
 * stand-ins for measuring the reward wrapper (``_stubs.py``);
 * the tutorial's toy task: small additions, a sloppy teacher, a checkable reward
   (``_toy_task.py``);
+* weight-sync fixtures: a toy Llama with many parameters, a LoRA model, a peak-memory probe
+  (``_weights.py``);
+* running a script on several local ranks under ``torchrun`` (``_torchrun.py``);
 * a toy that calls tools: TRL's Qwen2.5 template, a calculator environment, a caller model
   (``_tool_task.py``).
 
@@ -60,6 +63,7 @@ from ._tool_task import (
     toy_tool_grpo_args,
     toy_tool_tokenizer,
 )
+from ._torchrun import free_port, run_torchrun
 from ._toy_task import (
     DEMO_WARNING_FILTERS,
     arithmetic_chats,
@@ -70,8 +74,10 @@ from ._toy_task import (
     printable_share,
     worked_answer,
 )
+from ._weights import BIG_LLAMA_SIZES, peak_memory_growth, toy_big_llama, toy_lora_model
 
 __all__ = [
+    "BIG_LLAMA_SIZES",
     "CHATML_TEMPLATE",
     "DEMO_WARNING_FILTERS",
     "IM_END",
@@ -89,19 +95,24 @@ __all__ = [
     "correct_answer",
     "demo_setup",
     "parse_question",
+    "free_port",
+    "peak_memory_growth",
     "printable_share",
+    "run_torchrun",
     "scripted_episode",
     "worked_answer",
     "count_host_syncs",
     "stub_reward_model",
     "toy_add",
     "toy_answer_length",
+    "toy_big_llama",
     "toy_buffer",
     "toy_causal_lm",
     "toy_chat_env",
     "toy_chats",
     "toy_collected_buffer",
     "toy_generator_policy",
+    "toy_lora_model",
     "toy_padded",
     "toy_grpo_step",
     "toy_primed_chat_env",

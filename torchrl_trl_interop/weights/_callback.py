@@ -1,9 +1,10 @@
 """Pushing a Hugging Face trainer's weights to a TorchRL policy: :class:`WeightSyncCallback`.
 
 A ``transformers.TrainerCallback``: after every ``every_n_steps`` optimizer steps (and once when
-training begins) it takes the trainer's model out of its accelerate wrapper, reads its weights
-(:func:`~torchrl_trl_interop.weights._tensors.model_weights`) and pushes them with the package's
-one weight push (:func:`~torchrl_trl_interop.weights._push.push`). Every push carries a policy
+training begins) it takes the trainer's model out of its accelerate wrapper and pushes it with
+the package's one weight push (:func:`~torchrl_trl_interop.weights._push.push`), which streams
+its weights one tensor at a time
+(:func:`~torchrl_trl_interop.weights._stream.stream_weights`). Every push carries a policy
 version: the trainer's ``global_step`` whose weights are pushed, so a rollout stamped with
 version ``v`` was sampled by the weights of optimizer step ``v``.
 
@@ -21,7 +22,7 @@ from tensordict import TensorDictBase
 
 from .._checks import check_positive_int, require
 from ._push import push, target_kind
-from ._tensors import model_weights
+from ._stream import stream_weights
 
 try:
     from transformers import TrainerCallback
@@ -57,8 +58,11 @@ class WeightSyncCallback(TrainerCallback):
 
     It works with any HF/TRL trainer (``callbacks=[...]``, ``trainer.add_callback``,
     ``trainer.pop_callback(WeightSyncCallback)``). The model is taken out of its accelerate/DDP
-    wrapper; on several processes every rank gathers sharded parameters and only the main
-    process (``state.is_world_process_zero``) pushes.
+    wrapper and its weights are streamed one tensor at a time: sharded parameters (FSDP2
+    ``DTensor``, DeepSpeed ZeRO-3) are gathered one by one on every rank and only the main
+    process (``state.is_world_process_zero``) sends; a PEFT LoRA model sends its merged weights,
+    or its adapter alone into the same PEFT model. A push needs about one tensor of extra
+    memory, not one model.
 
     ``target`` decides which TorchRL machinery moves the weights:
 
@@ -66,9 +70,9 @@ class WeightSyncCallback(TrainerCallback):
     target                                        push
     ============================================  ===============================================
     :class:`~torchrl_trl_interop.RemotePolicy`    ``target.update_policy_weights_(weights,
-                                                  policy_version=step)``: torchrl's
-                                                  ``MultiProcessWeightSyncScheme`` into another
-                                                  process, then the version is committed there
+                                                  policy_version=step)``: streamed into the
+                                                  other process's shared staging buffer, then
+                                                  committed there with the version
     a torchrl collector (``LLMCollector``,        ``target.update_policy_weights_(weights)``;
     ``RayLLMCollector``, any ``Collector``)       its ``PolicyVersion`` tracker, when local and
                                                   integer, is set to ``step``
@@ -143,16 +147,19 @@ class WeightSyncCallback(TrainerCallback):
     def push(self, model: torch.nn.Module | TensorDictBase, step: int, state: Any = None) -> None:
         """Pushes ``model``'s weights (or a weights TensorDict) as version ``step``.
 
-        With ``state`` (a ``TrainerState``), every rank gathers and only rank 0 sends.
+        With ``state`` (a ``TrainerState``), every rank gathers (one parameter at a time) and
+        only rank 0 sends.
 
         Raises:
             KeyError: if the weights' names differ from the receiving model's (when known).
             ValueError: if their shapes differ from the receiving model's (when known).
         """
         start = time.perf_counter()
-        weights = model if isinstance(model, TensorDictBase) else model_weights(model)
         if state is not None and not getattr(state, "is_world_process_zero", True):
+            if not isinstance(model, TensorDictBase):  # its part of each gather, nothing sent
+                for _ in stream_weights(model):
+                    pass
             return
-        push(self.target, weights, step, owner=_OWNER, policy_version=self.policy_version)
+        push(self.target, model, step, owner=_OWNER, policy_version=self.policy_version)
         self.version = step
         self.sync_seconds.append(time.perf_counter() - start)

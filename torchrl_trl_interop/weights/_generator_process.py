@@ -1,9 +1,11 @@
 """The process a :class:`~torchrl_trl_interop.RemotePolicy` runs: it serves calls and weight commits,
 and it ends when the process that started it ends.
 
-Requests arrive in order on one queue, replies leave in order on another. Weights come through
-torchrl's ``MultiProcessWeightSyncScheme`` into a staging copy and go live at the next
-``"commit"``. The process exits when its parent is gone, however the parent died (a SIGKILL,
+Requests arrive in order on one queue, replies leave in order on another. The trainer writes
+weights into a shared-memory staging buffer this process allocates
+(:class:`~torchrl_trl_interop.weights._staging.StagingBuffer`); they go live at the next
+``"commit"``, between two calls: a CPU model switches to the staged buffer (two buffers, the
+model's tensors in one of them), a model on another device copies it in. The process exits when its parent is gone, however the parent died (a SIGKILL,
 the OOM killer): on Linux the kernel kills it (``prctl(PR_SET_PDEATHSIG)``), and everywhere it
 checks its parent's pid while it waits for a request.
 """
@@ -20,10 +22,10 @@ import traceback
 from typing import Any
 
 import torch
-from tensordict import TensorDict
 
 from .._keys import POLICY_VERSION_KEY
-from ._tensors import policy_model, weights_checksum, weights_layout
+from ._staging import StagingBuffer
+from ._tensors import named_tensors, policy_model, weights_checksum
 
 __all__ = ["POLL_SECONDS", "exit_with_parent", "serve"]
 
@@ -57,38 +59,41 @@ def _next_request(requests: Any, parent_pid: int) -> tuple[str, Any]:
                 os._exit(1)
 
 
+def _stagings(live: dict[str, torch.Tensor]) -> list[StagingBuffer]:
+    """The staging buffers: for a CPU model two, its tensors moved into the second (commits
+    switch between them), else one (commits copy from it)."""
+    staging = StagingBuffer.like(live)
+    if any(t.device.type != "cpu" for t in live.values()):
+        return [staging]
+    current = StagingBuffer.like(live)
+    current.fill(live.items())
+    current.adopt(live)
+    return [staging, current]
+
+
 def serve(
     policy_factory: Any,
-    scheme: Any,
     requests: Any,
     replies: Any,
     num_threads: int | None,
     parent_pid: int,
     kernel_signal: bool,
 ) -> None:
-    """The generator process: builds the policy, reports its weights' layout, receives the first
-    weights, then serves calls, commits and checksums in order, until ``"stop"``."""
+    """The generator process: builds the policy, allocates the shared staging buffers and sends
+    them with its weights' layout, then serves calls, commits and checksums in order, until
+    ``"stop"``."""
     exit_with_parent(parent_pid, kernel_signal=kernel_signal)
     if num_threads is not None:
         torch.set_num_threads(num_threads)
     try:
         policy = policy_factory()
         model = policy_model(policy)
-        live = TensorDict.from_module(model).data
-        staging = live.clone()  # torchrl's scheme writes here; commits copy it into `live`
+        live = named_tensors(model)  # the model's own tensors
+        stagings, turn = _stagings(live), 0  # the trainer fills stagings[turn]
         keys = {k: list(getattr(policy, k, [])) for k in ("in_keys", "out_keys")}
-        replies.put(("ok", {**keys, "layout": weights_layout(live)}))
+        layout = {name: tuple(t.shape) for name, t in live.items()}
+        replies.put(("ok", {**keys, "layout": layout, "stagings": stagings}))
     except BaseException:  # noqa: BLE001 - reported to the trainer's process
-        replies.put(("error", traceback.format_exc()))
-        return
-    if _next_request(requests, parent_pid)[0] != "connect":  # the weights did not fit: stop
-        return
-    try:
-        scheme.init_on_receiver(model_id="policy", model=staging, worker_idx=0)
-        scheme.connect(worker_idx=0)  # the initial weights, received by value
-        staging.update(staging.data.clone())  # own memory, not the sender's shared tensors
-        replies.put(("ok", None))
-    except BaseException:  # noqa: BLE001
         replies.put(("error", traceback.format_exc()))
         return
     version = None
@@ -98,8 +103,12 @@ def serve(
             break
         try:
             if kind == "commit":
-                live.data.update_(staging)
-                version = int(payload)
+                version, names = payload
+                if len(stagings) == 2:  # the model switches to the staged buffer
+                    stagings[turn].adopt(live, names, current=stagings[1 - turn])
+                    turn = 1 - turn
+                else:
+                    stagings[0].commit(live, live if names is None else names)
                 reply = version
             elif kind == "call":
                 td = pickle.loads(payload)
@@ -109,10 +118,9 @@ def serve(
                 out.set(POLICY_VERSION_KEY, torch.full(out.batch_size, stamp, dtype=torch.int64))
                 reply = pickle.dumps(out)
             elif kind == "checksum":
-                reply = (version, weights_checksum(live))
+                reply = (version, weights_checksum(model))
             else:
                 raise ValueError(f"unknown request {kind!r}")
             replies.put(("ok", reply))
         except BaseException:  # noqa: BLE001
             replies.put(("error", traceback.format_exc()))
-    scheme.shutdown()

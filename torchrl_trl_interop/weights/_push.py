@@ -9,17 +9,17 @@ model's names and shapes are known, and stamps the version once:
 target                                        push
 ============================================  ================================================
 :class:`~torchrl_trl_interop.RemotePolicy`    ``update_policy_weights_(weights,
-                                              policy_version=version)``: torchrl's
-                                              ``MultiProcessWeightSyncScheme``, checked against
-                                              the generator's names and shapes, then committed
-                                              there with its version
+                                              policy_version=version)``: checked against the
+                                              generator's names and shapes, streamed into its
+                                              shared staging buffer, then committed there with
+                                              its version
 a torchrl collector (``LLMCollector``,        ``update_policy_weights_(weights)`` (its own
 ``RayLLMCollector``, any ``Collector``)       weight-sync scheme); its ``PolicyVersion``
                                               tracker, when local and integer, is set
 a ``torchrl.weight_update.WeightSyncScheme``  ``send(weights)`` (initialised on the sender
                                               side and connected by the caller)
-an ``nn.Module`` in this process (a torchrl   copied in place, into a wrapper's ``.model``
-LLM wrapper, a model)
+an ``nn.Module`` in this process (a torchrl   copied in place, one tensor at a time, into a
+LLM wrapper, a model)                         wrapper's ``.model``
 ============================================  ================================================
 """
 
@@ -29,10 +29,11 @@ from typing import Any
 
 import torch
 from tensordict import TensorDict, TensorDictBase
-from torchrl.weight_update import WeightStrategy, WeightSyncScheme
+from torchrl.weight_update import WeightSyncScheme
 
 from ._remote_policy import RemotePolicy
-from ._tensors import check_weights_fit, policy_model, weights_layout
+from ._stream import sendable
+from ._tensors import check_weights_fit, named_tensors, policy_model, weights_layout
 
 __all__ = ["push", "set_policy_version", "target_kind"]
 
@@ -69,9 +70,14 @@ def set_policy_version(tracker: Any, version: int) -> None:
         tracker.version = int(version)
 
 
+def _whole(stream: Any) -> TensorDictBase:
+    """A stream gathered into one TensorDict (for receivers that take nothing else)."""
+    return TensorDict(dict(stream), batch_size=[]).unflatten_keys(".")
+
+
 def push(
     target: Any,
-    weights: TensorDictBase,
+    weights: torch.nn.Module | TensorDictBase,
     version: int,
     *,
     owner: str,
@@ -83,7 +89,10 @@ def push(
     Args:
         target: a :class:`~torchrl_trl_interop.RemotePolicy`, a torchrl collector, a torchrl
             ``WeightSyncScheme`` or an ``nn.Module``.
-        weights (TensorDictBase): the trainer model's weights, keyed as its parameters.
+        weights (nn.Module or TensorDictBase): the trainer's model (unwrapped), streamed one
+            tensor at a time (:func:`~torchrl_trl_interop.weights._stream.stream_weights`:
+            sharded parameters gathered one by one, LoRA merged, or a PEFT adapter alone when the
+            receiver is the same PEFT model), or its weights, keyed as its parameters.
         version (int): the policy version rollouts sampled with these weights carry.
 
     Keyword Args:
@@ -108,25 +117,32 @@ def push(
         ValueError: f: the weights do not fit the policy: parameter 'weight': trainer [2, 3], policy [2, 2] (1 of 2 tensors differ). ...
     """
     kind = target_kind(target, owner)
-    if kind == "remote":
+    if kind == "remote":  # streams into its shared staging buffer
         target.update_policy_weights_(weights, policy_version=version, partial=partial)
     elif kind == "collector":
         policy = getattr(target, "policy", None)
         model = policy_model(policy)
-        if isinstance(model, torch.nn.Module):  # a local collector: its policy is here
+        local = isinstance(model, torch.nn.Module)  # a local collector: its policy is here
+        layout, stream, partial = sendable(
+            weights, weights_layout(model) if local else None, partial=partial
+        )
+        if local:
             check_weights_fit(
-                weights, weights_layout(model), owner=owner, receiver_name="policy", partial=partial
+                layout, weights_layout(model), owner=owner, receiver_name="policy", partial=partial
             )
-            if model is not policy:  # a torchrl LLM wrapper keeps its model under "model"
-                weights = TensorDict({"model": weights}, batch_size=[])
+        weights = _whole(stream)  # torchrl's collectors take one TensorDict
+        if local and model is not policy:  # a torchrl LLM wrapper keeps its model under "model"
+            weights = TensorDict({"model": weights}, batch_size=[])
         target.update_policy_weights_(weights)
         set_policy_version(getattr(target, "policy_version_tracker", None), version)
     elif kind == "scheme":
-        target.send(weights)
-    else:
-        model = policy_model(target)
-        check_weights_fit(
-            weights, weights_layout(model), owner=owner, receiver_name="policy", partial=partial
-        )
-        WeightStrategy("tensordict").apply_weights(model, weights, inplace=True)
+        target.send(_whole(sendable(weights, None)[1]))
+    else:  # a module here: each tensor copied in place as it comes
+        live = named_tensors(policy_model(target))
+        receiver = {name: tuple(t.shape) for name, t in live.items()}
+        layout, stream, partial = sendable(weights, receiver, partial=partial)
+        check_weights_fit(layout, receiver, owner=owner, receiver_name="policy", partial=partial)
+        with torch.no_grad():
+            for name, tensor in stream:
+                live[name].copy_(tensor)
     set_policy_version(policy_version, version)

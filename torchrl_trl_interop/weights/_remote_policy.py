@@ -3,10 +3,11 @@
 :class:`RemotePolicy` is a TensorDict module in the trainer's process whose calls run a torchrl
 LLM policy (built by ``policy_factory``) in a spawned process (``_generator_process``).
 TensorDicts go out and come back pickled by value (no shared-memory file descriptors per call);
-every output carries the ``"policy_version"`` of the weights that produced it. Weights arrive
-through torchrl's own ``MultiProcessWeightSyncScheme`` (``torchrl.weight_update``) into a staging
-copy, and are committed to the live model, with their version, between two calls: a generation
-never sees half-updated weights, and its version is exact.
+every output carries the ``"policy_version"`` of the weights that produced it. A push copies
+each weight, as it is read (gathered, merged), into a shared-memory staging buffer the generator
+allocated once (``_staging``); the generator commits them to the live model, with their
+version, between two calls: a generation never sees half-updated weights, and its version is
+exact.
 
 Nothing here waits without a bound: every wait polls the generator's liveness and ends at
 ``timeout``, pushes are checked against the generator's own names and shapes before they are
@@ -25,11 +26,13 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from tensordict import TensorDict, TensorDictBase
+from tensordict import TensorDictBase
 from tensordict.nn import TensorDictModuleBase
 
 from .._keys import POLICY_VERSION_KEY
 from ._generator_process import POLL_SECONDS, serve
+from ._staging import StagingBuffer
+from ._stream import sendable
 from ._tensors import check_weights_fit
 
 __all__ = ["RemotePolicy"]
@@ -37,32 +40,13 @@ __all__ = ["RemotePolicy"]
 _OWNER = "RemotePolicy"
 
 
-def _close(process: Any, requests: Any, scheme: Any) -> None:
+def _close(process: Any, requests: Any) -> None:
     if process is not None and process.is_alive():
         requests.put(("stop", None))
         process.join(timeout=30)
         if process.is_alive():
             process.kill()
             process.join(timeout=5)
-    if scheme is not None:
-        scheme.shutdown()
-
-
-def _ack_queue(scheme: Any) -> Any:
-    """The queue torchrl's ``MultiProcessWeightSyncScheme`` acknowledges received weights on.
-
-    The one reach into torchrl's private attributes here: ``send`` (``sync=True``) waits for the
-    acknowledgement without a timeout and without noticing the receiver's death (torchrl 0.14.1
-    ``_wait_for_ack``), so the scheme runs with ``sync=False`` and :class:`RemotePolicy` waits
-    on this queue itself.
-    """
-    queues = getattr(scheme, "_ack_queues", None)
-    if not queues or 0 not in queues:
-        raise RuntimeError(
-            f"{_OWNER}: torchrl's MultiProcessWeightSyncScheme has no acknowledgement queue "
-            "(_ack_queues[0]); this torchrl version is not supported."
-        )
-    return queues[0]
 
 
 class RemotePolicy(TensorDictModuleBase):
@@ -76,15 +60,18 @@ class RemotePolicy(TensorDictModuleBase):
 
     The process starts at the first :meth:`update_policy_weights_` (which
     :class:`~torchrl_trl_interop.WeightSyncCallback` calls when training begins): the generator
-    reports the names and shapes of its model's weights, the pushed weights are checked against
-    them, and torchrl's ``MultiProcessWeightSyncScheme`` is set up with those weights as the
-    initial ones, so the generator starts from the trainer's weights. Each later push is checked
-    against the same names and shapes, goes through the scheme's ``send``, and is committed,
-    with its version, between two calls. The generator keeps a staging copy of the weights for
-    that (twice the weights' memory in its process).
+    reports the names and shapes of its model's weights and hands over a shared-memory staging
+    buffer shaped like them, once; the pushed weights are checked against those names and
+    shapes, so the generator starts from the trainer's weights. Every push is checked first,
+    then streams the weights into the staging buffer one tensor at a time (a ``copy_`` each:
+    nothing pickled, nothing allocated, one gathered or merged tensor of extra memory at a time
+    in the trainer's process), and the generator commits them, with their version, between two
+    calls. The staging buffer is the size of the generator's weights, in shared memory (the
+    generator's process holds its weights twice).
 
     No wait is unbounded: a call, a push or the start raises ``TimeoutError`` after
-    ``timeout`` seconds, and a ``RuntimeError`` naming the exit code within a second of the
+    ``timeout`` seconds (a push that timed out also stops the generator: its late commit could
+    read the next push's weights half-written), and a ``RuntimeError`` naming the exit code within a second of the
     generator's death. The generator exits when the process that started it dies, even by
     SIGKILL (Linux: the kernel's parent-death signal when started from the main thread; on every
     platform it checks its parent while it waits for requests).
@@ -133,7 +120,9 @@ class RemotePolicy(TensorDictModuleBase):
         self.out_keys: list = []
         self.policy_version: int | None = None
         self._process = None
-        self._requests = self._replies = self._scheme = None
+        self._requests = self._replies = None
+        self._stagings: list[StagingBuffer] = []  # the generator's; the push fills [_turn]
+        self._turn = 0
         self._layout: dict[str, tuple[int, ...]] = {}
         self._finalizer = None
 
@@ -196,21 +185,16 @@ class RemotePolicy(TensorDictModuleBase):
 
     # -- weights ---------------------------------------------------------------------------------
 
-    def _start(self, weights: TensorDictBase, partial: bool) -> None:
+    def _start(self) -> None:
         from torch import multiprocessing as mp
-        from torchrl.weight_update import MultiProcessWeightSyncScheme
 
         ctx = mp.get_context("spawn")
         self._requests, self._replies = ctx.Queue(), ctx.Queue()
-        # sync=False: the acknowledgement is awaited here, with a timeout (see _ack_queue)
-        self._scheme = MultiProcessWeightSyncScheme(sync=False)
-        self._scheme.init_on_sender(weights=weights, devices=[torch.device("cpu")], ctx=ctx)
         kernel_signal = threading.current_thread() is threading.main_thread()
         self._process = ctx.Process(
             target=serve,
             args=(
                 self.policy_factory,
-                self._scheme,
                 self._requests,
                 self._replies,
                 self.num_threads,
@@ -221,18 +205,13 @@ class RemotePolicy(TensorDictModuleBase):
             daemon=True,
         )
         self._process.start()
-        self._finalizer = weakref.finalize(
-            self, _close, self._process, self._requests, self._scheme
-        )
+        self._finalizer = weakref.finalize(self, _close, self._process, self._requests)
         try:
             info = self._reply("its start")
-            self._layout = info["layout"]
-            check_weights_fit(weights, self._layout, owner=_OWNER, partial=partial)
-            self._scheme.connect()  # sends the initial weights
-            self._ask("connect")
         except BaseException:
             self.close()
             raise
+        self._layout, self._stagings, self._turn = info["layout"], info["stagings"], 0
         self.in_keys = info["in_keys"]
         self.out_keys = info["out_keys"] + [POLICY_VERSION_KEY]
 
@@ -245,7 +224,11 @@ class RemotePolicy(TensorDictModuleBase):
     ) -> None:
         """Sends ``weights`` to the generator and makes them live as ``policy_version``.
 
-        The first call starts the generator process with these weights.
+        The first call starts the generator process. A model is streamed one tensor at a time
+        (:func:`~torchrl_trl_interop.weights._stream.stream_weights`: sharded parameters gathered
+        one by one, LoRA merged, or a PEFT adapter alone when the generator holds the same PEFT
+        model), each tensor copied straight into the shared staging buffer; the generator then
+        commits them between two calls.
 
         Args:
             weights (nn.Module or TensorDictBase): the trainer's model or its
@@ -262,22 +245,28 @@ class RemotePolicy(TensorDictModuleBase):
                 PEFT prefix); nothing is sent.
             ValueError: if shapes differ from the generator model's; nothing is sent.
             RuntimeError: if the generator process died (its exit code is named).
-            TimeoutError: if the generator does not acknowledge within ``timeout``.
+            TimeoutError: if the generator does not commit within ``timeout``.
         """
-        if isinstance(weights, torch.nn.Module):
-            weights = TensorDict.from_module(weights).data
-        if self._process is not None:  # checked before the copy below, which can be large
-            self._check_alive(f"the weights of version {policy_version}")
-            check_weights_fit(weights, self._layout, owner=_OWNER, partial=partial)
-        # a copy: sending moves a tensor's storage to shared memory, which must not happen to the
-        # trainer's live parameters (copy.deepcopy of the model would then share them)
-        weights = weights.apply(lambda t: t.detach().to("cpu", copy=True))
+        what = f"the weights of version {policy_version}"
         if self._process is None:
-            self._start(weights, partial)
-        else:
-            self._scheme.send(weights)  # torchrl: weights + instruction, into staging
-            self._get(_ack_queue(self._scheme), f"the weights of version {policy_version}")
-        self.policy_version = self._ask("commit", int(policy_version))
+            self._start()
+        self._check_alive(what)
+        layout, stream, partial = sendable(weights, self._layout, partial=partial)
+        try:
+            check_weights_fit(layout, self._layout, owner=_OWNER, partial=partial)
+        except (KeyError, ValueError):
+            if self.policy_version is None:  # the first push: the generator has no weights yet
+                self.close()
+            raise
+        names = self._stagings[self._turn].fill(stream)  # a copy_ per tensor, to shared memory
+        self._check_alive(what)
+        self._requests.put(("commit", (int(policy_version), names if partial else None)))
+        try:
+            self.policy_version = self._reply(what)
+            self._turn = (self._turn + 1) % len(self._stagings)  # as the generator switched
+        except TimeoutError:  # a late commit could read the next push's half-written weights
+            self.close()
+            raise
 
     def weights_checksum(self) -> tuple[int | None, str]:
         """``(policy_version, checksum)`` of the generator's live weights (see

@@ -17,6 +17,7 @@ from tensordict import TensorDict, TensorDictBase
 __all__ = [
     "check_weights_fit",
     "model_weights",
+    "named_tensors",
     "policy_model",
     "weights_checksum",
     "weights_layout",
@@ -63,6 +64,19 @@ def model_weights(model: torch.nn.Module) -> TensorDictBase:
         return t.full_tensor() if hasattr(t, "full_tensor") else t
 
     return weights.apply(full)
+
+
+def named_tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The parameters and buffers of ``model`` by dotted name, tied ones under each name: the
+    module's own tensors (copying into them, or setting their ``.data``, updates the model).
+
+    Examples:
+        >>> list(named_tensors(torch.nn.Linear(2, 3)))
+        ['weight', 'bias']
+    """
+    tensors = dict(model.named_parameters(remove_duplicate=False))
+    tensors.update(model.named_buffers(remove_duplicate=False))
+    return tensors
 
 
 def weights_checksum(weights: torch.nn.Module | TensorDictBase) -> str:

@@ -1,0 +1,40 @@
+"""Running a script on several local ranks with ``torchrun`` (gloo on CPU), for tests."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+
+def free_port() -> int:
+    """A TCP port free on this machine now (for ``--master_port``).
+
+    Examples:
+        >>> 1024 <= free_port() < 65536
+        True
+    """
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_torchrun(
+    script: str | Path, *args: str, nproc: int = 2, timeout: float = 300.0
+) -> subprocess.CompletedProcess:
+    """Runs ``script`` under ``torchrun --nproc_per_node=nproc`` on a free port, with this
+    checkout's package on ``PYTHONPATH``, one OpenMP thread per rank, offline, within
+    ``timeout`` seconds; returns the finished process (its output captured as text).
+
+    Raises:
+        subprocess.TimeoutExpired: if the ranks do not finish within ``timeout``.
+    """
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[2])  # this checkout's package
+    for name in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE"):
+        env[name] = "1"
+    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}"]
+    cmd += [f"--master_port={free_port()}", str(script), *map(str, args)]
+    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
