@@ -116,9 +116,7 @@ def measure(hidden: int, repeats: int) -> dict:
                 start = time.process_time()
                 trainers[variant]._generate(prompts)
                 times[variant].append(1000 * (time.process_time() - start) / TURNS[variant])
-    ratios = {
-        v: [t / b for t, b in zip(times[v], times["trl"])] for v in VARIANTS if v != "trl"
-    }
+    ratios = {v: [t / b for t, b in zip(times[v], times["trl"])] for v in VARIANTS if v != "trl"}
     return {"hidden": hidden, "ms": times, "ratio": ratios}
 
 
@@ -158,9 +156,11 @@ def overhead(args: argparse.Namespace) -> None:
         print(f"\nhidden {hidden}")
         for side, result in merged.items():
             for variant in VARIANTS:
-                ms = "%.1f ms [%.1f-%.1f]" % _summary(result["ms"][variant])
+                ms = "{:.1f} ms [{:.1f}-{:.1f}]".format(*_summary(result["ms"][variant]))
                 ratio = result["ratio"].get(variant)
-                ratio = "1.00x" if ratio is None else "%.2fx [%.2f-%.2f]" % _summary(ratio)
+                ratio = (
+                    "1.00x" if ratio is None else "{:.2f}x [{:.2f}-{:.2f}]".format(*_summary(ratio))
+                )
                 print(f"  {side:6s}  {variant:13s}  {ms:26s}  vs trl {ratio}")
 
 
