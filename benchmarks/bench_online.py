@@ -15,7 +15,8 @@ one repeat (the machine is shared and noisy) and the median and the min-max spre
 ``--sweep`` repeats the measurement for hidden sizes 64 -> 512 (where the fixed overhead stops
 mattering). ``--before PATH`` measures a second checkout of the package too (``PATH`` on
 ``PYTHONPATH`` in a subprocess), alternating with this one, so "before" and "after" come from one
-run. ``--train`` runs the former demo instead: a short GRPO run that prints rewards and KL per
+run. ``--breakdown`` also times, per policy turn, the torchrl, transformers and package
+functions the loop calls (``_PARTS``). ``--train`` runs the former demo instead: a short GRPO run that prints rewards and KL per
 step for the three variants (``docs/online.rst``).
 
 Run with ``python benchmarks/bench_online.py``.
@@ -90,12 +91,57 @@ def _trainer(variant: str, model, tok, out_dir: str, *, steps: int, beta: float,
     )
 
 
-def measure(hidden: int, repeats: int) -> dict:
-    """Per-turn CPU ms of one generation step for every variant, and per-repeat ratios to trl."""
+#: torchrl and package functions timed by --breakdown: (owner, attribute path, label)
+_PARTS = (
+    ("torchrl.envs", "EnvBase.reset", "torchrl: env.reset"),
+    ("torchrl.envs", "EnvBase.step", "torchrl: env.step (ChatEnv + transforms)"),
+    ("torchrl.envs.transforms", "Transform.inv", "torchrl:   of which Transform.inv's clone"),
+    ("torchrl.envs", "EnvBase.step_mdp", "torchrl: env.step_mdp"),
+    ("transformers", "GenerationMixin.generate", "transformers: model.generate"),
+    ("torchrl.data.llm", "History.from_text", "torchrl: History.from_text (answer parse)"),
+    ("torchrl_trl_interop.rollouts._episodes", "render", "ours: chat-template renders"),
+    ("torchrl_trl_interop.rollouts._episodes", "_render", "ours: chat-template renders"),
+    ("torchrl_trl_interop.rollouts._trainer_policy", "render", "ours: chat-template renders"),
+    ("torchrl_trl_interop.rollouts._episodes", "_to_messages", "ours: History -> messages"),
+    ("torchrl_trl_interop.rollouts._episodes", "read_policy_rows", "ours: policy output rows"),
+)
+
+
+def _timed(parts: dict):
+    """Wraps every function of ``_PARTS`` to add its CPU time to ``parts[label]``."""
+    import importlib
+
+    def wrap(function, label):
+        def timed(*args, **kwargs):
+            start = time.process_time()
+            try:
+                return function(*args, **kwargs)
+            finally:
+                parts[label] = parts.get(label, 0.0) + time.process_time() - start
+
+        return timed
+
+    for module, path, label in _PARTS:
+        owner = importlib.import_module(module)
+        *outer, name = path.split(".")
+        for attr in outer:
+            owner = getattr(owner, attr)
+        if hasattr(owner, name):  # a checkout may lack it (--before)
+            setattr(owner, name, wrap(getattr(owner, name), label))
+
+
+def measure(hidden: int, repeats: int, breakdown: bool) -> dict:
+    """Per-turn CPU ms of one generation step for every variant, and per-repeat ratios to trl.
+
+    With ``breakdown``, the environment variants run ``repeats`` more times with the functions of
+    ``_PARTS`` timed (after the timings: the wrappers cost time too).
+    """
+    from torchrl_trl_interop import __file__ as package
     from torchrl_trl_interop.testing import toy_causal_lm, toy_prompts, toy_tokenizer
 
     tok = toy_tokenizer()
     prompts = [[{"role": "user", "content": p}] for p in toy_prompts(2) for _ in range(4)]
+    parts: dict[str, dict[str, float]] = {variant: {} for variant in VARIANTS[1:]}
     with tempfile.TemporaryDirectory() as tmp:
         trainers = {}
         for variant in VARIANTS:
@@ -116,20 +162,29 @@ def measure(hidden: int, repeats: int) -> dict:
                 start = time.process_time()
                 trainers[variant]._generate(prompts)
                 times[variant].append(1000 * (time.process_time() - start) / TURNS[variant])
+        if breakdown:
+            spent: dict[str, float] = {}
+            _timed(spent)
+            for variant in VARIANTS[1:]:
+                spent.clear()
+                for _ in range(repeats):
+                    trainers[variant]._generate(prompts)
+                scale = 1000 / repeats / TURNS[variant]
+                parts[variant] = {label: t * scale for label, t in spent.items()}
     ratios = {v: [t / b for t, b in zip(times[v], times["trl"])] for v in VARIANTS if v != "trl"}
-    return {"hidden": hidden, "ms": times, "ratio": ratios}
+    return {"ms": times, "ratio": ratios, "parts": parts, "package": os.path.dirname(package)}
 
 
 def _summary(values: list[float]) -> tuple[float, float, float]:
     return statistics.median(values), min(values), max(values)
 
 
-def _measure_in(checkout: str | None, hidden: int, repeats: int) -> dict:
+def _measure_in(checkout: str | None, hidden: int, repeats: int, breakdown: bool) -> dict:
     """:func:`measure` in a fresh process importing the package from ``checkout`` (or here)."""
     env = dict(os.environ)
-    if checkout is not None:
+    if checkout is not None:  # wins: sys.path[0] is this folder, not the repository root
         env["PYTHONPATH"] = os.pathsep.join([checkout, env.get("PYTHONPATH", "")])
-    args = [sys.executable, __file__, "--_child", str(hidden), str(repeats)]
+    args = [sys.executable, __file__, "--_child", str(hidden), str(repeats), str(int(breakdown))]
     out = subprocess.run(args, env=env, capture_output=True, text=True, timeout=1800, check=False)
     if out.returncode:
         raise RuntimeError(f"measurement in {checkout or 'this checkout'} failed:\n{out.stderr}")
@@ -141,27 +196,38 @@ def overhead(args: argparse.Namespace) -> None:
     sizes = (64, 128, 256, 512) if args.sweep else (args.hidden,)
     print(
         "GRPO generation step (GRPOTrainer._generate), toy Llama (2 layers), 8 completions x 16 "
-        f"tokens, CPU ms per policy turn, one torch thread; median of {args.rounds} x "
-        f"{args.repeats} interleaved repeats [min-max]"
+        f"tokens, CPU ms per policy turn, one torch thread; {args.rounds} processes x "
+        f"{args.repeats} interleaved repeats: median [min-max]; 'min/min' is the ratio of the "
+        "fastest repeats (the least disturbed by other load)"
     )
     for hidden in sizes:
         merged: dict[str, dict] = {}
         for _ in range(args.rounds):  # sides alternate: both see the same machine load
             for side, checkout in sides.items():
-                result = _measure_in(checkout, hidden, args.repeats)
-                into = merged.setdefault(side, {"ms": {}, "ratio": {}})
+                result = _measure_in(checkout, hidden, args.repeats, args.breakdown)
+                into = merged.setdefault(side, {"ms": {}, "ratio": {}, "parts": []})
+                into["package"] = result["package"]
+                into["parts"].append(result["parts"])
                 for part in ("ms", "ratio"):
                     for variant, values in result[part].items():
                         into[part].setdefault(variant, []).extend(values)
         print(f"\nhidden {hidden}")
         for side, result in merged.items():
+            print(f"  {side}: {result['package']}")
+            fastest = min(result["ms"]["trl"])
             for variant in VARIANTS:
                 ms = "{:.1f} ms [{:.1f}-{:.1f}]".format(*_summary(result["ms"][variant]))
-                ratio = result["ratio"].get(variant)
-                ratio = (
-                    "1.00x" if ratio is None else "{:.2f}x [{:.2f}-{:.2f}]".format(*_summary(ratio))
-                )
-                print(f"  {side:6s}  {variant:13s}  {ms:26s}  vs trl {ratio}")
+                ratio = result["ratio"].get(variant, [1.0])
+                ratio = "{:.2f}x [{:.2f}-{:.2f}]".format(*_summary(ratio))
+                least = min(result["ms"][variant]) / fastest
+                print(f"    {variant:13s}  {ms:26s}  vs trl {ratio:20s}  min/min {least:.2f}x")
+            if args.breakdown:
+                for variant in VARIANTS[1:]:
+                    print(f"    {variant}, per policy turn (median over processes):")
+                    labels = {label for run in result["parts"] for label in run[variant]}
+                    for label in sorted(labels):
+                        values = [run[variant].get(label, 0.0) for run in result["parts"]]
+                        print(f"      {label:45s} {statistics.median(values):7.1f} ms")
 
 
 def train(args: argparse.Namespace) -> None:
@@ -222,11 +288,12 @@ def train(args: argparse.Namespace) -> None:
 def main() -> None:
     torch.set_num_threads(1)
     if sys.argv[1:2] == ["--_child"]:  # one measurement, as JSON, for _measure_in
-        print(json.dumps(measure(int(sys.argv[2]), int(sys.argv[3]))))
+        print(json.dumps(measure(int(sys.argv[2]), int(sys.argv[3]), sys.argv[4] == "1")))
         return
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--repeats", type=int, default=5, help="timed calls per process")
-    parser.add_argument("--rounds", type=int, default=2, help="processes per side and size")
+    parser.add_argument("--repeats", type=int, default=10, help="timed calls per process")
+    parser.add_argument("--rounds", type=int, default=3, help="processes per side and size")
+    parser.add_argument("--breakdown", action="store_true", help="time torchrl's parts too")
     parser.add_argument("--hidden", type=int, default=64)
     parser.add_argument("--sweep", action="store_true", help="hidden sizes 64, 128, 256, 512")
     parser.add_argument("--before", metavar="PATH", help="another checkout to measure too")
