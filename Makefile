@@ -51,6 +51,7 @@ bench: setup
 	$(PY) benchmarks/bench_hf.py $(if $(BENCH_1M),--scale 10000 100000 1000000)
 	$(PY) benchmarks/bench_grpo_reward.py
 	$(PY) benchmarks/bench_remote.py
+	$(PY) benchmarks/bench_online.py $(if $(BENCH_BEFORE),--before $(BENCH_BEFORE))
 
 clean:
 	rm -rf docs/_build docs/auto_examples docs/generated tutorials/outputs outputs

@@ -1,24 +1,35 @@
-"""Benchmark: a short GRPO run with a TorchRL environment as the rollout engine, on CPU.
+"""Benchmark: the online loop's cost per turn (``as_trl_rollout_func(ChatEnv)``) vs TRL's generate.
 
-``GRPOTrainer`` trains a toy Llama (saved to a temporary folder, so the trainer can build its
-reference model from it and log a KL) for ``--steps`` steps, three ways in the same run:
+One ``GRPOTrainer`` per variant, same toy Llama (2 layers, hidden 64 unless swept), 8 completions
+(2 prompts x 4) of exactly 16 tokens (``min_new_tokens=16``: both sides generate the same work),
+on CPU with one torch thread. What is timed is one GRPO generation step,
+``GRPOTrainer._generate(prompts)``, in process CPU time:
 
 * **trl**: TRL's own generation (no ``rollout_func``), the reference;
 * **env**: ``rollout_func=as_trl_rollout_func(ChatEnv)``, single turn;
-* **env, 2 turns**: a ChatEnv whose tool transform answers every turn, ``max_turns=2``.
+* **env, 2 turns**: a ChatEnv whose tool transform answers every turn, ``max_turns=2``: its time
+  is divided by 2 (per policy turn).
 
-The reward is the environment's own (``env_reward``: the length of each answer, scored in the
-environment by a TRL-style reward function through ``as_reward_transform``); for **trl** the same
-function is a GRPO reward function. For each step it prints the mean reward and the KL to the
-reference (``beta > 0``), and for each variant the time split: generation (inside
-``GRPOTrainer._generate``: the rollout function, or TRL's generate) versus the rest of the step
-(scoring, log-probs, backward, optimizer). Run with ``python benchmarks/bench_online.py``.
+The three run interleaved, ``--repeats`` times, after a warm-up call; each ratio is taken within
+one repeat (the machine is shared and noisy) and the median and the min-max spread are printed.
+``--sweep`` repeats the measurement for hidden sizes 64 -> 512 (where the fixed overhead stops
+mattering). ``--before PATH`` measures a second checkout of the package too (``PATH`` on
+``PYTHONPATH`` in a subprocess), alternating with this one, so "before" and "after" come from one
+run. ``--breakdown`` also times, per policy turn, the torchrl, transformers and package
+functions the loop calls (``_PARTS``). ``--train`` runs the former demo instead: a short GRPO run that prints rewards and KL per
+step for the three variants (``docs/online.rst``).
+
+Run with ``python benchmarks/bench_online.py``.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import statistics
+import subprocess
+import sys
 import tempfile
 import time
 
@@ -26,15 +37,8 @@ os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 
 import torch  # noqa: E402
 
-from torchrl_trl_interop import as_reward_transform, as_trl_rollout_func
-from torchrl_trl_interop.testing import (
-    IM_START,
-    toy_causal_lm,
-    toy_chat_env,
-    toy_prompts,
-    toy_tokenizer,
-    toy_trainer_args,
-)
+VARIANTS = ("trl", "env", "env, 2 turns")
+TURNS = {"trl": 1, "env": 1, "env, 2 turns": 2}
 
 
 def answer_length(completions, **kwargs):
@@ -45,84 +49,229 @@ def env_reward(completions, env_reward, **kwargs):
     return list(env_reward)
 
 
-def run(variant: str, model_dir: str, out_dir: str, steps: int, completion_length: int) -> dict:
+def _trainer(variant: str, model, tok, out_dir: str, *, steps: int, beta: float, exact: bool):
     from datasets import Dataset
-    from transformers import AutoModelForCausalLM
     from trl import GRPOConfig, GRPOTrainer
 
-    tok = toy_tokenizer()
+    from torchrl_trl_interop import as_reward_transform, as_trl_rollout_func
+    from torchrl_trl_interop.testing import IM_START, toy_chat_env, toy_prompts, toy_trainer_args
+
     data = Dataset.from_dict(
         {"prompt": [[{"role": "user", "content": p}] for p in toy_prompts(64)]}
     )
     rollout_func, reward = None, answer_length
     if variant != "trl":
-        two_turns = variant == "env, 2 turns"
         env = toy_chat_env(
             tok,
             batch_size=8,
-            reply=two_turns,
+            reply=TURNS[variant] == 2,
             transforms=[as_reward_transform(answer_length)],
         )
-        rollout_func = as_trl_rollout_func(env, max_turns=2 if two_turns else 1)
+        rollout_func = as_trl_rollout_func(env, max_turns=TURNS[variant])
         reward = env_reward
+    generation_kwargs = {"suppress_tokens": [tok.convert_tokens_to_ids(IM_START)]}
+    if exact:  # every completion exactly max_completion_length tokens, on both sides
+        generation_kwargs["min_new_tokens"] = 16
     torch.manual_seed(0)
-    trainer = GRPOTrainer(
-        model=AutoModelForCausalLM.from_pretrained(model_dir),
+    return GRPOTrainer(
+        model=model,
         reward_funcs=reward,
         args=GRPOConfig(
             num_generations=4,
-            max_completion_length=completion_length,
+            max_completion_length=16,
             learning_rate=1e-2,
-            beta=0.04,
+            beta=beta,
             bf16=False,
-            generation_kwargs={"suppress_tokens": [tok.convert_tokens_to_ids(IM_START)]},
+            generation_kwargs=generation_kwargs,
             **toy_trainer_args(out_dir, max_steps=steps, per_device_train_batch_size=8),
         ),
         train_dataset=data,
         processing_class=tok,
         rollout_func=rollout_func,
     )
-    generate = trainer._generate
-    spent = {"generation": 0.0}
-
-    def timed_generate(prompts):
-        start = time.perf_counter()
-        try:
-            return generate(prompts)
-        finally:
-            spent["generation"] += time.perf_counter() - start
-
-    trainer._generate = timed_generate
-    start = time.perf_counter()
-    trainer.train()
-    total = time.perf_counter() - start
-    logs = [log for log in trainer.state.log_history if "reward" in log]
-    return {
-        "reward": [log["reward"] for log in logs],
-        "kl": [log.get("kl") for log in logs],
-        "length": [log["completions/mean_length"] for log in logs],
-        "generation": spent["generation"],
-        "total": total,
-    }
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--steps", type=int, default=6)
-    parser.add_argument("--completion-length", type=int, default=16)
-    args = parser.parse_args()
-    torch.set_num_threads(1)
+#: torchrl and package functions timed by --breakdown: (owner, attribute path, label)
+_PARTS = (
+    ("torchrl.envs", "EnvBase.reset", "torchrl: env.reset"),
+    ("torchrl.envs", "EnvBase.step", "torchrl: env.step (ChatEnv + transforms)"),
+    ("torchrl.envs.transforms", "Transform.inv", "torchrl:   of which Transform.inv's clone"),
+    ("torchrl.envs", "EnvBase.step_mdp", "torchrl: env.step_mdp"),
+    ("transformers", "GenerationMixin.generate", "transformers: model.generate"),
+    ("torchrl.data.llm", "History.from_text", "torchrl: History.from_text (answer parse)"),
+    ("torchrl_trl_interop.rollouts._episodes", "render", "ours: chat-template renders"),
+    ("torchrl_trl_interop.rollouts._episodes", "_render", "ours: chat-template renders"),
+    ("torchrl_trl_interop.rollouts._trainer_policy", "render", "ours: chat-template renders"),
+    ("torchrl_trl_interop.rollouts._episodes", "_to_messages", "ours: History -> messages"),
+    ("torchrl_trl_interop.rollouts._episodes", "read_policy_rows", "ours: policy output rows"),
+)
+
+
+def _timed(parts: dict):
+    """Wraps every function of ``_PARTS`` to add its CPU time to ``parts[label]``."""
+    import importlib
+
+    def wrap(function, label):
+        def timed(*args, **kwargs):
+            start = time.process_time()
+            try:
+                return function(*args, **kwargs)
+            finally:
+                parts[label] = parts.get(label, 0.0) + time.process_time() - start
+
+        return timed
+
+    for module, path, label in _PARTS:
+        owner = importlib.import_module(module)
+        *outer, name = path.split(".")
+        for attr in outer:
+            owner = getattr(owner, attr)
+        if hasattr(owner, name):  # a checkout may lack it (--before)
+            setattr(owner, name, wrap(getattr(owner, name), label))
+
+
+def measure(hidden: int, repeats: int, breakdown: bool) -> dict:
+    """Per-turn CPU ms of one generation step for every variant, and per-repeat ratios to trl.
+
+    With ``breakdown``, the environment variants run ``repeats`` more times with the functions of
+    ``_PARTS`` timed (after the timings: the wrappers cost time too).
+    """
+    from torchrl_trl_interop import __file__ as package
+    from torchrl_trl_interop.testing import toy_causal_lm, toy_prompts, toy_tokenizer
+
+    tok = toy_tokenizer()
+    prompts = [[{"role": "user", "content": p}] for p in toy_prompts(2) for _ in range(4)]
+    parts: dict[str, dict[str, float]] = {variant: {} for variant in VARIANTS[1:]}
+    with tempfile.TemporaryDirectory() as tmp:
+        trainers = {}
+        for variant in VARIANTS:
+            model = toy_causal_lm(
+                tokenizer=tok,
+                num_hidden_layers=2,
+                hidden_size=hidden,
+                intermediate_size=2 * hidden,
+                num_attention_heads=4,
+                num_key_value_heads=4,
+            )
+            trainers[variant] = _trainer(variant, model, tok, tmp, steps=1, beta=0.0, exact=True)
+            trainers[variant].model.train()
+            trainers[variant]._generate(prompts)  # warm-up
+        times: dict[str, list[float]] = {v: [] for v in VARIANTS}
+        for _ in range(repeats):
+            for variant in VARIANTS:
+                start = time.process_time()
+                trainers[variant]._generate(prompts)
+                times[variant].append(1000 * (time.process_time() - start) / TURNS[variant])
+        if breakdown:
+            spent: dict[str, float] = {}
+            _timed(spent)
+            for variant in VARIANTS[1:]:
+                spent.clear()
+                for _ in range(repeats):
+                    trainers[variant]._generate(prompts)
+                scale = 1000 / repeats / TURNS[variant]
+                parts[variant] = {label: t * scale for label, t in spent.items()}
+    ratios = {v: [t / b for t, b in zip(times[v], times["trl"])] for v in VARIANTS if v != "trl"}
+    return {"ms": times, "ratio": ratios, "parts": parts, "package": os.path.dirname(package)}
+
+
+def _summary(values: list[float]) -> tuple[float, float, float]:
+    return statistics.median(values), min(values), max(values)
+
+
+def _measure_in(checkout: str | None, hidden: int, repeats: int, breakdown: bool) -> dict:
+    """:func:`measure` in a fresh process importing the package from ``checkout`` (or here)."""
+    env = dict(os.environ)
+    if checkout is not None:  # wins: sys.path[0] is this folder, not the repository root
+        env["PYTHONPATH"] = os.pathsep.join([checkout, env.get("PYTHONPATH", "")])
+    args = [sys.executable, __file__, "--_child", str(hidden), str(repeats), str(int(breakdown))]
+    out = subprocess.run(args, env=env, capture_output=True, text=True, timeout=1800, check=False)
+    if out.returncode:
+        raise RuntimeError(f"measurement in {checkout or 'this checkout'} failed:\n{out.stderr}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def overhead(args: argparse.Namespace) -> None:
+    sides = {"after": None} if args.before is None else {"before": args.before, "after": None}
+    sizes = (64, 128, 256, 512) if args.sweep else (args.hidden,)
+    print(
+        "GRPO generation step (GRPOTrainer._generate), toy Llama (2 layers), 8 completions x 16 "
+        f"tokens, CPU ms per policy turn, one torch thread; {args.rounds} processes x "
+        f"{args.repeats} interleaved repeats: median [min-max]; 'min/min' is the ratio of the "
+        "fastest repeats (the least disturbed by other load)"
+    )
+    for hidden in sizes:
+        merged: dict[str, dict] = {}
+        for _ in range(args.rounds):  # sides alternate: both see the same machine load
+            for side, checkout in sides.items():
+                result = _measure_in(checkout, hidden, args.repeats, args.breakdown)
+                into = merged.setdefault(side, {"ms": {}, "ratio": {}, "parts": []})
+                into["package"] = result["package"]
+                into["parts"].append(result["parts"])
+                for part in ("ms", "ratio"):
+                    for variant, values in result[part].items():
+                        into[part].setdefault(variant, []).extend(values)
+        print(f"\nhidden {hidden}")
+        for side, result in merged.items():
+            print(f"  {side}: {result['package']}")
+            fastest = min(result["ms"]["trl"])
+            for variant in VARIANTS:
+                ms = "{:.1f} ms [{:.1f}-{:.1f}]".format(*_summary(result["ms"][variant]))
+                ratio = result["ratio"].get(variant, [1.0])
+                ratio = "{:.2f}x [{:.2f}-{:.2f}]".format(*_summary(ratio))
+                least = min(result["ms"][variant]) / fastest
+                print(f"    {variant:13s}  {ms:26s}  vs trl {ratio:20s}  min/min {least:.2f}x")
+            if args.breakdown:
+                for variant in VARIANTS[1:]:
+                    print(f"    {variant}, per policy turn (median over processes):")
+                    labels = {label for run in result["parts"] for label in run[variant]}
+                    for label in sorted(labels):
+                        values = [run[variant].get(label, 0.0) for run in result["parts"]]
+                        print(f"      {label:45s} {statistics.median(values):7.1f} ms")
+
+
+def train(args: argparse.Namespace) -> None:
+    """The short GRPO run: reward and KL per step, and the generation share of the time."""
+    from transformers import AutoModelForCausalLM
+
+    from torchrl_trl_interop.testing import toy_causal_lm, toy_tokenizer
+
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = os.path.join(tmp, "toy-llama")
         tok = toy_tokenizer()
         toy_causal_lm(tokenizer=tok).save_pretrained(model_dir)
         tok.save_pretrained(model_dir)
-        results = {
-            variant: run(
-                variant, model_dir, os.path.join(tmp, "out"), args.steps, args.completion_length
+        results = {}
+        for variant in VARIANTS:
+            trainer = _trainer(
+                variant,
+                AutoModelForCausalLM.from_pretrained(model_dir),
+                tok,
+                os.path.join(tmp, "out"),
+                steps=args.steps,
+                beta=0.04,
+                exact=False,
             )
-            for variant in ("trl", "env", "env, 2 turns")
-        }
+            generate, spent = trainer._generate, {"generation": 0.0}
+
+            def timed_generate(prompts, generate=generate, spent=spent):
+                start = time.perf_counter()
+                try:
+                    return generate(prompts)
+                finally:
+                    spent["generation"] += time.perf_counter() - start
+
+            trainer._generate = timed_generate
+            start = time.perf_counter()
+            trainer.train()
+            logs = [log for log in trainer.state.log_history if "reward" in log]
+            results[variant] = {
+                "reward": [log["reward"] for log in logs],
+                "kl": [log.get("kl") for log in logs],
+                "length": [log["completions/mean_length"] for log in logs],
+                "generation": spent["generation"],
+                "total": time.perf_counter() - start,
+            }
     print(f"GRPO, toy Llama, {args.steps} steps, 8 completions (2 prompts x 4) per step")
     for variant, r in results.items():
         print(f"\n{variant}")
@@ -134,9 +283,24 @@ def main() -> None:
             f"  time: {r['total']:.2f} s; generation {r['generation']:.2f} s "
             f"({100 * r['generation'] / r['total']:.0f}%), training {rest:.2f} s"
         )
-    base = results["trl"]["generation"]
-    for variant in ("env", "env, 2 turns"):
-        print(f"generation time, {variant} vs trl: {results[variant]['generation'] / base:.2f}x")
+
+
+def main() -> None:
+    torch.set_num_threads(1)
+    if sys.argv[1:2] == ["--_child"]:  # one measurement, as JSON, for _measure_in
+        print(json.dumps(measure(int(sys.argv[2]), int(sys.argv[3]), sys.argv[4] == "1")))
+        return
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--repeats", type=int, default=10, help="timed calls per process")
+    parser.add_argument("--rounds", type=int, default=3, help="processes per side and size")
+    parser.add_argument("--breakdown", action="store_true", help="time torchrl's parts too")
+    parser.add_argument("--hidden", type=int, default=64)
+    parser.add_argument("--sweep", action="store_true", help="hidden sizes 64, 128, 256, 512")
+    parser.add_argument("--before", metavar="PATH", help="another checkout to measure too")
+    parser.add_argument("--train", action="store_true", help="the short GRPO run instead")
+    parser.add_argument("--steps", type=int, default=6, help="with --train")
+    args = parser.parse_args()
+    train(args) if args.train else overhead(args)
 
 
 if __name__ == "__main__":

@@ -26,10 +26,10 @@ from .._conversation import history_to_messages, is_message_list, messages_to_hi
 from .._keys import POLICY_VERSION_KEY
 from .._padding import pad_rows, position_mask
 from ._policy_output import PolicyKeys, read_policy_rows
+from ._render import render, turn_closing
 
 __all__ = ["NO_TURN", "RolloutRow", "find_env_problem", "run_episodes"]
 
-_PROBE = "\x00torchrl_trl_interop\x00"
 #: torchrl's placeholder turn, which fills a batch of conversations to one length
 NO_TURN = {"role": "<none>", "content": ""}
 
@@ -105,28 +105,10 @@ def find_env_problem(env: Any) -> tuple[type[Exception], str] | None:
     return None
 
 
-def _render(history: Any, policy: Any, tokenizer: Any, *, add_generation_prompt: bool) -> list:
-    """``history`` (``[B, T]``) rendered with the policy's chat template, as the policy does."""
-    names = ("chat_template_name", "chat_template")
-    kwargs = {n: getattr(policy, n) for n in names if getattr(policy, n, None) is not None}
-    return history.apply_chat_template(
-        tokenizer=getattr(policy, "tokenizer", None) or tokenizer,
-        add_generation_prompt=add_generation_prompt,
-        **kwargs,
-    )
+def _to_messages(history: Any) -> list[list[dict[str, Any]]]:
+    """Each conversation of ``history`` (``[B, T]``) as TRL messages, converted in one pass.
 
-
-def _turn_closing(policy: Any, tokenizer: Any) -> str:
-    """The text the template writes after an assistant turn's content (ChatML ``<|im_end|>\\n``)."""
-    from torchrl.data.llm import History
-
-    chat = [{"role": "user", "content": "?"}, {"role": "assistant", "content": _PROBE}]
-    text = _render(History.from_chats([chat]), policy, tokenizer, add_generation_prompt=False)[0]
-    return text.split(_PROBE, 1)[1] if _PROBE in text else ""
-
-
-def _to_messages(history: Any) -> list[dict[str, Any]]:
-    """One conversation as TRL messages; tool calls kept, torchrl's ``<none>`` padding dropped.
+    Tool calls are kept, torchrl's ``<none>`` padding dropped.
 
     Examples:
         >>> from tensordict import lazy_stack, set_list_to_stack
@@ -135,12 +117,15 @@ def _to_messages(history: Any) -> list[dict[str, Any]]:
         >>> with set_list_to_stack(True):
         ...     history = lazy_stack([History(role="assistant", content="", tool_calls=[call]),
         ...                           History(role="tool", content="4", tool_calls=[])])
-        >>> _to_messages(history)[1]
+        ...     batch = lazy_stack([history, history])
+        >>> _to_messages(batch)[1][1]
         {'role': 'tool', 'content': '4', 'name': 'add'}
-        >>> _to_messages(history)[0]["tool_calls"]
+        >>> _to_messages(batch)[0][0]["tool_calls"]
         [{'type': 'function', 'function': {'name': 'add', 'arguments': {'a': 2, 'b': 2}}}]
     """
-    return [m for m in history_to_messages(history) if m["role"] != NO_TURN["role"]]
+    return [
+        [m for m in chat if m["role"] != NO_TURN["role"]] for chat in history_to_messages(history)
+    ]
 
 
 def _same_length(conversations: list[list[dict]]) -> list[list[dict]]:
@@ -191,7 +176,7 @@ class _Episodes:
                 td.set(self.keys.attention_mask, mask)
         td = self.policy(td)
         out = read_policy_rows(td, self.keys, log_probs=self.read_logprobs, owner=self.owner)
-        full = td.get(self.keys.full_history)
+        conversations = _to_messages(td.get(self.keys.full_history))  # before tools extend it
         versions = td.get(POLICY_VERSION_KEY, None)
         if isinstance(versions, torch.Tensor):
             versions = versions.reshape(len(rows), -1)[:, 0].tolist()
@@ -217,7 +202,7 @@ class _Episodes:
                     f"{self.keys.attention_mask!r} given beside the tokens instead)."
                 )
             row.extend(out.responses[i], None if out.log_probs is None else out.log_probs[i], False)
-            row.history = _to_messages(full[i])  # now: tool transforms extend it in place
+            row.history = conversations[i]
         return td
 
     def env_tokens(self, td: Any, rows: list[RolloutRow], answered: list[str], turn: int) -> None:
@@ -227,13 +212,13 @@ class _Episodes:
         (tool transforms extend that History in place). Parsed answers are not compared with the
         sampled text: torchrl strips whitespace from them.
         """
-        texts = _render(
+        texts = render(
             td.get(self.keys.prompt_history),
             self.policy,
             self.tokenizer,
             add_generation_prompt=True,
         )
-        closing = _turn_closing(self.policy, self.tokenizer)
+        closing = turn_closing(self.policy, self.tokenizer)
         for i, row in enumerate(rows):
             if not row.active:
                 continue
@@ -302,7 +287,7 @@ def run_episodes(
             td = episodes.policy_step(td, rows, turn)
             if not last_turn:
                 full = td.get(episodes.keys.full_history)
-                answered = _render(full, policy, tokenizer, add_generation_prompt=False)
+                answered = render(full, policy, tokenizer, add_generation_prompt=False)
             td = env.step(td)
             reward = td.get(reward_key, None)
             if reward is not None:

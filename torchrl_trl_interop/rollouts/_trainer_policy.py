@@ -15,9 +15,11 @@ import torch
 from tensordict import TensorDictBase, lazy_stack
 from torchrl.modules.llm import TransformersWrapper
 
+from .._conversation import history_to_messages
 from .._padding import pad_rows, position_mask
 from ._episodes import NO_TURN
 from ._policy_output import PolicyKeys
+from ._render import generation_prompt, render
 
 __all__ = [
     "TrainerModelPolicy",
@@ -106,6 +108,7 @@ class TrainerModelPolicy(TransformersWrapper):
         generation_config.output_logits = True
         generation_config.return_dict_in_generate = True
         self.generate_kwargs = {"generation_config": generation_config}
+        self._generation_prompt = generation_prompt(self, tokenizer)
 
     def _prompt_rows(self, td: TensorDictBase, history: Any) -> list[torch.Tensor]:
         """The prompt of every row: its given tokens, or its History rendered and tokenized."""
@@ -119,16 +122,49 @@ class TrainerModelPolicy(TransformersWrapper):
                 return [r[m.bool()] for r, m in zip(rows, masks)]  # cut by the mask beside them
             # no mask: left padding, the leading pad ids (a prompt does not start with one)
             return [r[(r != self.padding_value).int().cummax(0).values.bool()] for r in rows]
-        names = ("chat_template_name", "chat_template")
-        kwargs = {n: getattr(self, n) for n in names if getattr(self, n, None) is not None}
-        texts = history.apply_chat_template(
-            tokenizer=self.tokenizer, add_generation_prompt=True, **kwargs
-        )
+        texts = render(history, self, self.tokenizer, add_generation_prompt=True)
         ids = self.tokenizer(texts, add_special_tokens=False)["input_ids"]
         return [torch.tensor(row, dtype=torch.long) for row in ids]
 
-    def _from_transformers_generate_history(self, td, cfg, out):
+    def _parse(self, texts: list[str]) -> Any:
         from torchrl.data.llm import History
+
+        return History.from_text(
+            texts, chat_template_name=self.chat_template_name, tokenizer=self.tokenizer
+        )
+
+    def _answers(
+        self, prompt_rows: list, text_prompt: list, text_response: list, text_full: list
+    ) -> list:
+        """Each row's answer: the messages torchrl parses from its text after its prompt's turns.
+
+        Parsing the whole conversation (``History.from_text`` of the full text) costs time in
+        every message of it; the answer is parsed from the response alone, behind the template's
+        generation prompt (which every prompt ends with), in one call. Row 0 is also parsed the
+        whole way and must agree, else (a template whose parser needs the whole text) every row
+        is.
+        """
+        from torchrl.data.llm import History
+
+        def after_prompt(row: Any, prompt: Any) -> Any:
+            turns = sum(role != NO_TURN["role"] for role in prompt.role)  # text has none of them
+            return row[turns:]
+
+        header = self._generation_prompt
+        answers = None
+        if header is not None and all(p.endswith(header) for p in text_prompt):
+            answers = list(self._parse([header + r for r in text_response]).unbind(0))
+            whole = after_prompt(self._parse(text_full[:1])[0], prompt_rows[0])
+            if history_to_messages(whole) != history_to_messages(answers[0]):
+                answers = None
+        if answers is None:
+            parsed = self._parse(text_full).unbind(0)
+            answers = [after_prompt(row, prompt) for row, prompt in zip(parsed, prompt_rows)]
+        empty = History(role=["assistant"], content=[""], batch_size=(1,))
+        # nothing parsed: an empty assistant turn, as torchrl writes
+        return [empty.clone() if a.shape[0] == 0 else a for a in answers]
+
+    def _from_transformers_generate_history(self, td, cfg, out):
         from torchrl.modules.llm import ChatHistory, LogProbs, Masks, Text, Tokens
 
         history = td.get(self.input_key)
@@ -172,17 +208,8 @@ class TrainerModelPolicy(TransformersWrapper):
         out.set(self.text_key, text)
 
         # the answer parsed from the text, each row extended on its own (rows may differ in length)
-        parsed = History.from_text(
-            text_full, chat_template_name=self.chat_template_name, tokenizer=self.tokenizer
-        )
         prompt_rows = list(history.unbind(0))
-        answers = []
-        for prompt, row in zip(prompt_rows, parsed.unbind(0)):
-            turns = sum(role != NO_TURN["role"] for role in prompt.role)  # text has none of them
-            answer = row[turns:]
-            if answer.shape[0] == 0:  # nothing parsed: an empty assistant turn, as torchrl writes
-                answer = History(role=["assistant"], content=[""], batch_size=(1,))
-            answers.append(answer)
+        answers = self._answers(prompt_rows, text_prompt, text.response, text_full)
         chat = ChatHistory._from_tensordict(out.empty())
         chat.prompt = history
         chat.response = lazy_stack(answers)
