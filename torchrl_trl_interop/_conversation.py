@@ -175,6 +175,13 @@ def _payloads(value: Any, ndim: int) -> Any:
         if len(shape) != ndim:
             return None
         return _repeat(value._non_tensordict["data"], tuple(shape))
+    if cls is NonTensorStack and ndim == 1 and value.stack_dim == 0:  # one row: one loop
+        values = []
+        for sub in value.tensordicts:
+            if type(sub) is not NonTensorData or sub._tensordict._batch_size:
+                return None
+            values.append(sub._non_tensordict["data"])
+        return values
     if cls is NonTensorStack and 0 <= value.stack_dim < ndim and value.tensordicts:
         rows = [_payloads(sub, ndim - 1) for sub in value.tensordicts]
         return None if any(r is None for r in rows) else _stacked(rows, value.stack_dim)
