@@ -14,7 +14,9 @@ Llama reward model (hidden 128, 2 layers), one CPU thread:
 for standard (text) and conversational (History) prompts. Timings are medians of interleaved
 repetitions on process CPU time, ratios paired per repetition (TRL time / ours). Scores are
 checked to agree first. Then the wrapper's own time per call on a stub model (16 x 128 tokens,
-dense) and the host syncs it makes. Run with ``python benchmarks/bench_grpo_reward.py``.
+dense) and the host syncs it makes, and its host syncs in every dense layout (left / right
+padding, pad value equal to / not the model's pad id, bool / int mask) around the stub and
+around a toy Llama (beyond the reads of the Llama's own forward). Run with ``python benchmarks/bench_grpo_reward.py``.
 """
 
 from __future__ import annotations
@@ -184,13 +186,53 @@ def wrapper_own_time(args) -> list[str]:
         own.append((middle - start) - (end - middle))
         total.append(middle - start)
     own_ms = statistics.median(own) * 1e3
+    layouts = host_syncs_per_layout()
+    worst = max(n for n, _ in layouts.values())
     return [
         f"`HFRewardModelWrapper` around a stub model, 16 x 128 dense tokens: {own_ms:.3f} ms own "
         f"time per call (call {statistics.median(total) * 1e3:.3f} ms minus the stub called "
         f"directly), {syncs.count} host sync(s) ({', '.join(syncs.calls) or 'none'}).",
         f"- own time: {own_ms:.3f} ms (target <= 0.3 ms): {'PASS' if own_ms <= 0.3 else 'FAIL'}",
         f"- host syncs: {syncs.count} (target <= 1): {'PASS' if syncs.count <= 1 else 'FAIL'}",
+        "",
+        "Host syncs per call in every dense layout (4 rows of 3-12 tokens), stub model / toy "
+        "Llama (vocabulary and position limits known) beyond the reads of its own forward:",
+        "",
+        "| padding | pad value | mask | stub | Llama, beyond its own |",
+        "|---|---|---|---:|---:|",
+        *(
+            f"| {side} | {pad} | {mask} | {stub} | {llama} |"
+            for (side, pad, mask), (stub, llama) in layouts.items()
+        ),
+        "",
+        f"- host syncs, every dense layout: at most {worst} (target <= 1): "
+        f"{'PASS' if worst <= 1 else 'FAIL'}",
     ]
+
+
+def host_syncs_per_layout() -> dict[tuple[str, str, str], tuple[int, int]]:
+    """``(stub count, Llama count minus its own forward's)`` per dense layout: left/right
+    padding, pad value equal to / not the model's pad id, bool/int mask."""
+    from torchrl_trl_interop.testing import toy_padded
+
+    g = torch.Generator().manual_seed(5)
+    rows = [torch.randint(3, 300, (n,), generator=g) for n in (7, 3, 12, 5)]
+    stub, llama = stub_reward_model(), toy_reward_model("llama", pad_token_id=0)
+    counts = {}
+    for side in ("right", "left"):
+        for pad, pad_name in ((0, "= pad id"), (7, "!= pad id")):
+            for mask_dtype, mask_name in ((torch.bool, "bool"), (torch.long, "int")):
+                ids, mask = toy_padded(rows, side, padding_value=pad, mask_dtype=mask_dtype)
+                td = TensorDict({("tokens", "full"): ids, ("masks", "all_attention_mask"): mask})
+                seen = []
+                for model in (stub, llama):
+                    with count_host_syncs() as syncs:
+                        HFRewardModelWrapper(model, inference_mode=True)(td.clone())
+                    with count_host_syncs() as own, torch.no_grad():
+                        model(input_ids=ids, attention_mask=mask.long())
+                    seen.append(syncs.count - own.count)
+                counts[(side, pad_name, mask_name)] = (seen[0], seen[1])
+    return counts
 
 
 def main() -> None:

@@ -8,9 +8,12 @@ repetition on process CPU time, one torch thread, as in ``bench_dataset.py``):
   ``pyarrow.ListArray.from_arrays`` (target: at most 2x that direct build);
 * ``to_hf_dataset()``, 3,000 LLM-shaped rows (``LazyStackStorage``: ragged tokens and mask, a
   3-message History, a text), versus ``datasets.Dataset.from_list`` of the same Python rows
-  (target: no slower);
+  (target: no slower), once with the History built by ``History.from_chats`` and once by our
+  own ``messages_to_history`` (each History layout has its own row);
 * the torch dataset's epoch pass over those rows: the History column versus the tokens + mask
-  columns (target: at least 0.5x the rows/s);
+  columns (target: at least 0.5x the rows/s), and the History column built by
+  ``messages_to_history`` versus the same conversations built by ``History.from_chats``
+  (target: the same speed, at least 0.9x the rows/s);
 * ``as_hf_dataset()`` iteration (epoch mode) over 20,000 dense rows versus the torch dataset's
   epoch pass over the same rows (target: at most 1.5x its time);
 
@@ -37,7 +40,7 @@ from torchrl.data import LazyStackStorage, LazyTensorStorage, ReplayBuffer
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_dataset import Timing, fmt_ratio, time_interleaved, touch_rows  # noqa: E402
 
-from torchrl_trl_interop import TorchRLBufferDataset
+from torchrl_trl_interop import TorchRLBufferDataset, messages_to_history
 from torchrl_trl_interop.testing import toy_chats
 
 WIDTH = 128
@@ -70,9 +73,12 @@ def direct_arrow(rb: ReplayBuffer, hashed: bool = True):
     return Dataset(pa.table(columns), fingerprint=None if hashed else generate_random_fingerprint())
 
 
-def llm_rows(rows: int, seed: int = 0) -> tuple[ReplayBuffer, list[dict]]:
-    """LLM-shaped rows: ragged tokens and mask, a 3-message History, a text; and the same rows
-    as Python values (what ``Dataset.from_list`` is given)."""
+def llm_rows(
+    rows: int, seed: int = 0, history_from: str = "from_chats"
+) -> tuple[ReplayBuffer, list[dict]]:
+    """LLM-shaped rows: ragged tokens and mask, a 3-message History (built by
+    ``History.from_chats``, or by our ``messages_to_history`` with ``history_from``), a text;
+    and the same rows as Python values (what ``Dataset.from_list`` is given)."""
     from torchrl.data.llm import History
 
     g = torch.Generator().manual_seed(seed)
@@ -81,7 +87,10 @@ def llm_rows(rows: int, seed: int = 0) -> tuple[ReplayBuffer, list[dict]]:
     lengths = torch.randint(16, 512, (rows,), generator=g).tolist()
     tokens = [torch.randint(3, 32_000, (n,), generator=g) for n in lengths]
     with set_list_to_stack(True):
-        history = History.from_chats(chats)
+        if history_from == "from_chats":
+            history = History.from_chats(chats)
+        else:
+            history = messages_to_history(chats)
         tds = [
             TensorDict(
                 {
@@ -169,9 +178,13 @@ def main_table(args: argparse.Namespace) -> None:
 
     n_llm = args.llm_rows
     rb_llm, python = llm_rows(n_llm)
+    rb_ours, _ = llm_rows(n_llm, history_from="messages_to_history")
     t = time_interleaved(
         {
             "ours": lambda n: len(TorchRLBufferDataset(rb_llm, 256).to_hf_dataset()),
+            "ours, messages_to_history": lambda n: len(
+                TorchRLBufferDataset(rb_ours, 256).to_hf_dataset()
+            ),
             "from_list": lambda n: len(Dataset.from_list(python)),
         },
         n_llm,
@@ -187,14 +200,25 @@ def main_table(args: argparse.Namespace) -> None:
         1,
         True,
     )
+    row(
+        "same, History built by `messages_to_history`",
+        t,
+        "ours, messages_to_history",
+        "from_list",
+        paired(t, "ours, messages_to_history", "from_list"),
+        1,
+        True,
+    )
 
-    def epoch(keys):
-        return lambda n: touch_rows(TorchRLBufferDataset(rb_llm, 256, epoch=True, keys=keys))
+    def epoch(rb, keys):
+        return lambda n: touch_rows(TorchRLBufferDataset(rb, 256, epoch=True, keys=keys))
 
+    history = [("history", "full")]
     t = time_interleaved(
         {
-            "history": epoch([("history", "full")]),
-            "tokens": epoch([("tokens", "full"), ("masks", "all_attention_mask")]),
+            "history": epoch(rb_llm, history),
+            "history, messages_to_history": epoch(rb_ours, history),
+            "tokens": epoch(rb_llm, [("tokens", "full"), ("masks", "all_attention_mask")]),
         },
         n_llm,
         n_llm,
@@ -207,6 +231,16 @@ def main_table(args: argparse.Namespace) -> None:
         "tokens",
         t["history"].ratio(t["tokens"]),
         0.5,
+        False,
+    )
+    row(
+        "torch dataset, History by `messages_to_history` vs by `History.from_chats` "
+        "(ratio of rows/s)",
+        t,
+        "history, messages_to_history",
+        "history",
+        t["history, messages_to_history"].ratio(t["history"]),
+        0.9,
         False,
     )
 

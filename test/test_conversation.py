@@ -22,6 +22,7 @@ from torchrl_trl_interop import (
     rows_to_tensordict,
     split_prompt_completion,
 )
+from torchrl_trl_interop._conversation import _layout_fields
 from torchrl_trl_interop.testing import toy_chats
 
 
@@ -300,16 +301,34 @@ class TestFastPathMatchesTensorclassPath:
     @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
     @given(
         chats=st.lists(_CHAT, min_size=1, max_size=5),
-        layout=st.sampled_from(["from_chats", "buffer", "group", "tool_calls", "dense", "slice"]),
+        layout=st.sampled_from(
+            [
+                "from_chats",
+                "buffer",
+                "group",
+                "tool_calls",
+                "dense",
+                "slice",
+                "messages_to_history",
+                "messages_to_history_buffer",
+                "tensor_storage",
+            ]
+        ),
     )
     def test_random_layouts(self, chats, layout):
-        from torchrl.data import LazyStackStorage, ReplayBuffer
+        from torchrl.data import LazyStackStorage, LazyTensorStorage, ReplayBuffer
 
         with set_list_to_stack(True):
-            if layout == "dense":  # equal turn counts: one [B, T] History
+            if layout in ("dense", "tensor_storage"):  # equal turn counts: one [B, T] History
                 chats = [(c * 4)[:3] for c in chats]
             if layout == "group":  # [E, G, T]
                 history = messages_to_history([chats, chats[::-1]])
+            elif layout.startswith("messages_to_history"):  # TensorDicts of NonTensorStacks
+                history = messages_to_history(chats)
+            elif layout == "tensor_storage":  # one TensorDict of [B, T] NonTensorStacks
+                rb = ReplayBuffer(storage=LazyTensorStorage(8))
+                rb.extend(TensorDict({"h": History.from_chats(chats)}, batch_size=[len(chats)]))
+                history = rb[torch.arange(len(chats))].get("h")
             elif layout == "tool_calls":  # History with every optional field set
                 history = lazy_stack(
                     [
@@ -325,7 +344,7 @@ class TestFastPathMatchesTensorclassPath:
                 )
             else:
                 history = History.from_chats(chats)
-            if layout == "buffer":  # rows written to and read back from TorchRL's LLM storage
+            if layout in ("buffer", "messages_to_history_buffer"):  # TorchRL's LLM storage
                 rb = ReplayBuffer(storage=LazyStackStorage(8))
                 rb.extend(lazy_stack([TensorDict({"h": history[i]}) for i in range(len(chats))]))
                 history = rb[torch.arange(len(chats))].get("h")
@@ -338,6 +357,31 @@ class TestFastPathMatchesTensorclassPath:
             assert plain(history_to_messages(history)) == expected
             for row in range(history.batch_size[0]):
                 assert plain(history_to_messages(history[row])) == expected[row]
+            if layout != "tool_calls":  # every plain layout is read from its payloads
+                assert _layout_fields(history._tensordict, history.ndim) is not None
+
+    def test_broadcast_payload(self):
+        """A ``NonTensorData`` holds one value for its whole batch: read as that value per turn
+        (``history.role`` gives the bare value there, so ``History.tolist`` is the reference)."""
+        with set_list_to_stack(True):
+            history = History(role="user", content="Hi", batch_size=[2, 3])
+            assert _layout_fields(history._tensordict, 2) is not None
+            assert history_to_messages(history) == _role_content(history.tolist())
+            assert history_to_messages(history) == [[_msg("user", "Hi")] * 3] * 2
+
+    def test_messages_to_history_rows_in_both_views(self):
+        """Rows whose History came from ``messages_to_history``, through a buffer, read the
+        same in the torch dataset and the Arrow view as the conversations put in."""
+        from torchrl.data import LazyStackStorage, ReplayBuffer
+
+        chats = toy_chats(6)
+        history = messages_to_history(chats)
+        with set_list_to_stack(True):
+            rb = ReplayBuffer(storage=LazyStackStorage(8))
+            rb.extend(lazy_stack([TensorDict({"h": history[i]}) for i in range(len(chats))]))
+        ds = TorchRLBufferDataset(rb, 3, epoch=True)
+        assert [r["h"] for r in ds] == chats
+        assert TorchRLBufferDataset(rb, 6).to_hf_dataset()["h"] == chats
 
 
 def chat(answer: str) -> list[dict]:

@@ -581,13 +581,16 @@ class TestHostSyncs:
     """The wrapper reads the device once per call on dense input, after the model ran."""
 
     @pytest.mark.parametrize("side", ["right", "left"])
+    @pytest.mark.parametrize("pad_value", [0, 7])  # the model's pad id; an ordinary token
+    @pytest.mark.parametrize("mask_dtype", [torch.bool, torch.long])
     @pytest.mark.parametrize("nonfinite", ["raise", "ignore"])
-    def test_one_read_on_dense_input(self, side, nonfinite):
+    def test_one_read_on_dense_input(self, side, pad_value, mask_dtype, nonfinite):
         from torchrl_trl_interop.testing import count_host_syncs, stub_reward_model
 
         model = stub_reward_model()  # reads nothing back itself
+        assert model.config.pad_token_id == 0
         rows = make_rows([7, 3, 12, 5], seed=5)
-        td = dense_td(*toy_padded(rows, side))
+        td = dense_td(*toy_padded(rows, side, padding_value=pad_value, mask_dtype=mask_dtype))
         wrapper = HFRewardModelWrapper(model, inference_mode=True, nonfinite=nonfinite)
         with count_host_syncs() as syncs:
             reward = wrapper(td)["reward"]
@@ -595,6 +598,36 @@ class TestHostSyncs:
         with torch.no_grad():  # the stub alone on each unpadded row
             expected = torch.cat([model(input_ids=r[None]) for r in rows]).reshape(-1)
         torch.testing.assert_close(reward, expected)
+
+    @pytest.mark.parametrize("side", ["right", "left"])
+    @pytest.mark.parametrize("pad_value", [0, 7])
+    @pytest.mark.parametrize("mask_dtype", [torch.bool, torch.long])
+    def test_one_read_beyond_the_model_own(self, side, pad_value, mask_dtype):
+        """A real model with a known vocabulary and position limit (checked for every call):
+        the wrapper adds one read to those the model's own forward makes."""
+        from torchrl_trl_interop.testing import count_host_syncs
+
+        model = reward_model("llama")
+        rows = make_rows([7, 3, 12, 5], seed=5)
+        ids, mask = toy_padded(rows, side, padding_value=pad_value, mask_dtype=mask_dtype)
+        wrapper = HFRewardModelWrapper(model, inference_mode=True)
+        with count_host_syncs() as syncs:
+            reward = wrapper(dense_td(ids, mask))["reward"]
+        with torch.no_grad(), count_host_syncs() as own:  # the model on the same batch
+            model(input_ids=ids, attention_mask=mask.long())
+        assert syncs.count <= own.count + 1, (syncs.calls, own.calls)
+        expected = torch.tensor([score_alone(model, r) for r in rows])
+        torch.testing.assert_close(reward, expected, atol=1e-5, rtol=0)
+
+    def test_a_bad_id_found_in_the_one_read(self):
+        """An id outside the vocabulary is found in the call's one read (the model ran on ids
+        clamped into it) and raises the same error, naming the row; no reward is written."""
+        model = reward_model("llama")
+        vocab = model.get_input_embeddings().num_embeddings
+        td = dense_td(torch.tensor([[5, 6, 7], [8, vocab, 9]]), torch.ones(2, 3, dtype=torch.bool))
+        with pytest.raises(ValueError, match=rf"token id {vocab} \(row 1\)"):
+            HFRewardModelWrapper(model, inference_mode=True)(td)
+        assert "reward" not in td.keys()
 
     @pytest.mark.parametrize("arch", ["llama", "gpt2"])
     def test_a_row_ending_with_the_pad_id_is_scored_again(self, arch):

@@ -19,6 +19,7 @@ __all__ = [
     "RewardOutputError",
     "RewardShapeError",
     "check_model_input",
+    "guard_model_input",
     "check_reward_shape",
     "choose_fill",
     "extract_reward",
@@ -138,6 +139,34 @@ def check_model_input(model: Any, ids: torch.Tensor, lengths: torch.Tensor, arg:
                 f"model's vocabulary has ids 0 to {vocab - 1}. Tokenize with the reward model's "
                 "own tokenizer."
             )
+
+
+def guard_model_input(
+    model: Any, ids: torch.Tensor, lengths: torch.Tensor, arg: str
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """:func:`check_model_input` without reading the device: ``ids`` clamped into the model's
+    vocabulary (what the model is given, so a bad id cannot crash its embedding) and a 0-d bool
+    tensor telling whether an id was outside it (``None`` if the vocabulary is unknown). Read
+    the flag with the call's other checks; when it is set, :func:`check_model_input` raises.
+
+    Rows longer than ``max_position_embeddings`` raise here; the lengths are read only when the
+    batch is wider than that limit.
+
+    Examples:
+        >>> from torchrl_trl_interop.testing import toy_reward_model
+        >>> ids, bad = guard_model_input(
+        ...     toy_reward_model(), torch.tensor([[5, 400]]), torch.tensor([2]), "ids")
+        >>> ids, bool(bad)
+        (tensor([[  5, 383]]), True)
+    """
+    if ids.numel() == 0:
+        return ids, None
+    vocab, positions = _limits(model)
+    if positions is not None and ids.shape[-1] > positions:
+        check_model_input(model, ids, lengths, arg)
+    if vocab is None:
+        return ids, None
+    return ids.clamp(0, vocab - 1), ((ids < 0) | (ids >= vocab)).any()
 
 
 def text_config(model: Any) -> Any:

@@ -10,6 +10,7 @@ differs from upstream ``torchrl.modules.llm.HFRewardModelWrapper``: ``docs/overv
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -34,7 +35,13 @@ from .._keys import (
 )
 from ._input_mode import INPUT_MODES, MODE_KEY_ARGS, mode_key, resolve_input_mode
 from ._inputs import PackedInput, read_history, read_texts, read_tokens
-from ._pooling import RewardOutputError, RewardShapeError, check_model_input, text_config
+from ._pooling import (
+    RewardOutputError,
+    RewardShapeError,
+    check_model_input,
+    guard_model_input,
+    text_config,
+)
 from ._scoring import NONFINITE_MODES, report_nonfinite, score_packed
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -340,9 +347,11 @@ class HFRewardModelWrapper(TensorDictModuleBase):
                 entry has an unreadable type.
             ValueError: if the mask's shape or row lengths do not match the tokens', a row has
                 no real token (a row of length 0, an all-zero mask, a text that tokenizes to
-                nothing: the message names the key and the rows), a token id is outside the model's vocabulary, a row is longer
-                than its ``max_position_embeddings`` (all checked before the model runs), or
-                (with ``nonfinite="raise"``) a reward is NaN or infinite.
+                nothing: the message names the key and the rows), a token id is outside the
+                model's vocabulary, a row is longer than its ``max_position_embeddings``, or
+                (with ``nonfinite="raise"``) a reward is NaN or infinite. No reward is written
+                then; the model never sees an id outside its vocabulary (the ids are checked in
+                the call's one read of the device, after the model ran on ids clamped into it).
             RewardShapeError: (a :class:`ValueError` and a :class:`RuntimeError`) if the model
                 returns anything but one scalar per row.
             RewardOutputError: (a :class:`TypeError` and a :class:`RuntimeError`) if the model
@@ -350,7 +359,10 @@ class HFRewardModelWrapper(TensorDictModuleBase):
         """
         check_tensordict(tensordict, "tensordict", "HFRewardModelWrapper")
         packed = self._read(tensordict)
-        check_model_input(self.model, packed.ids, packed.lengths, self._input_arg())
+        arg = self._input_arg()
+        ids, invalid = guard_model_input(self.model, packed.ids, packed.lengths, arg)
+        checked = packed
+        packed = dataclasses.replace(packed, ids=ids)
 
         grad_context = torch.no_grad() if self._inference_mode else contextlib.nullcontext()
         with grad_context:  # reads the device once, after the model ran
@@ -361,6 +373,10 @@ class HFRewardModelWrapper(TensorDictModuleBase):
                 max_batch_size=self.max_batch_size,
                 pass_mask=self._pass_mask,
                 nonfinite=self.nonfinite,
+                input_check=(
+                    invalid,
+                    lambda: check_model_input(self.model, checked.ids, checked.lengths, arg),
+                ),
             )
 
         reward = reward.float().reshape(packed.batch_shape)

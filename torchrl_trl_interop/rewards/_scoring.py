@@ -9,6 +9,7 @@ after the model ran. :class:`~torchrl_trl_interop.HFRewardModelWrapper` calls it
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -38,8 +39,12 @@ def score_packed(
     max_batch_size: int | None,
     pass_mask: bool,
     nonfinite: str,
+    input_check: tuple[torch.Tensor | None, Callable[[], None]] | None = None,
 ) -> tuple[torch.Tensor, bool]:
     """Scores the rows of ``packed``: their rewards ``[N]`` and whether one is not finite.
+
+    ``input_check`` is ``(flag, raise_error)``: a 0-d bool tensor read with the other checks
+    (e.g. :func:`._pooling.guard_model_input`'s) and what raises when it is set.
 
     ``config`` is the one the model's pooling reads
     (``_pooling.text_config``). The device is read once, after the model
@@ -66,7 +71,10 @@ def score_packed(
     if packed.empty_hint is not None and packed.ids.shape[0] and not packed.ids.shape[-1]:
         raise empty_rows_error(packed.lengths, packed.empty_hint)  # width 0: every row is empty
     reward, clash = _score(model, config, packed.ids, packed.lengths, max_batch_size, pass_mask)
-    empty, bad, clashed = _read_flags(reward, clash, packed, nonfinite)
+    invalid = input_check[0] if input_check is not None else None
+    empty, bad, clashed, invalid = _read_flags(reward, clash, packed, nonfinite, invalid)
+    if invalid:
+        input_check[1]()
     if clashed and not empty:  # a row ends with the pad id: score again with a spare
         reward, _ = _score(
             model, config, packed.ids, packed.lengths, max_batch_size, pass_mask, look=True
@@ -164,13 +172,20 @@ def _nonfinite(reward: torch.Tensor, nonfinite: str) -> torch.Tensor | None:
 
 
 def _read_flags(
-    reward: torch.Tensor, clash: torch.Tensor | None, packed: PackedInput, nonfinite: str
-) -> tuple[bool, bool, bool]:
-    """``(some row is empty, some reward is not finite, some row ends with the fill)``.
+    reward: torch.Tensor,
+    clash: torch.Tensor | None,
+    packed: PackedInput,
+    nonfinite: str,
+    invalid: torch.Tensor | None,
+) -> tuple[bool, bool, bool, bool]:
+    """``(some row is empty, some reward is not finite, some row ends with the fill, the input
+    check failed)``.
 
     Every flag is computed on the device and read back in one transfer.
     """
     flags: dict[str, torch.Tensor] = {}
+    if invalid is not None:
+        flags["invalid"] = invalid.to(reward.device)
     if packed.empty_hint is not None and packed.lengths.numel():
         flags["empty"] = (packed.lengths == 0).any().to(reward.device)
     if clash is not None:
@@ -179,7 +194,6 @@ def _read_flags(
     if bad is not None:
         flags["bad"] = bad
     if not flags:
-        return False, False, False
+        return False, False, False, False
     values = dict(zip(flags, torch.stack(list(flags.values())).tolist()))
-    empty, bad, clashed = (bool(values.get(k, False)) for k in ("empty", "bad", "clash"))
-    return empty, bad, clashed
+    return tuple(bool(values.get(k, False)) for k in ("empty", "bad", "clash", "invalid"))
