@@ -135,6 +135,7 @@ def start(name):
     print(name, policy._process.pid, flush=True)
     time.sleep(600)
 
+toy_causal_lm()  # transformers' lazy imports done here: two threads importing at once can fail
 # from a thread that stays alive: no parent-death signal, the generator's own polling must notice
 threading.Thread(target=start, args=("thread",), daemon=True).start()
 start("main")  # from the main thread: the kernel's parent-death signal applies
