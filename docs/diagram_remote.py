@@ -24,7 +24,7 @@ LAYOUTS = [
         [
             (0.25, 0.75, 0.74, "prompts (TensorDicts)"),
             (0.75, 0.25, 0.56, "tokens, log-probs, policy_version"),
-            (0.25, 0.75, 0.38, "WeightSyncCallback\n(torchrl MultiProcessWeightSyncScheme)"),
+            (0.25, 0.75, 0.38, "WeightSyncCallback\n(shared-memory staging buffer)"),
         ],
         "staleness <= every_n_steps - 1, refused above max_staleness",
     ),

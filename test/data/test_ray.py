@@ -6,7 +6,6 @@ writer and the "rank" tasks take none, so they all run at once on a 2-core machi
 
 from __future__ import annotations
 
-import socket
 import sys
 import time
 from functools import partial
@@ -17,6 +16,7 @@ from tensordict import TensorDict
 from torchrl.data import LazyTensorStorage, RayReplayBuffer
 
 from torchrl_trl_interop import TorchRLBufferDataset
+from torchrl_trl_interop.testing import free_port
 
 pytestmark = pytest.mark.slow
 
@@ -96,12 +96,6 @@ def ray_buffer(ray_tasks):
     rb.close()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_trainer_reads_what_a_ray_task_writes(ray_tasks, ray_buffer, tokenizer, tmp_path):
     import ray
     from trl import RewardConfig, RewardTrainer
@@ -158,7 +152,7 @@ def test_ranks_in_ray_tasks_split_an_epoch(ray_tasks, ray_buffer):
     rb = ray_buffer
     rb.extend(preference_rows(0, 50))
     dataset = TorchRLBufferDataset(rb, 8, epoch=True, shuffle=True, seed=0, keys=["row_id"])
-    port = _free_port()
+    port = free_port()
     # Pickling the dataset sends the buffer's client (a RayReplayBuffer itself does not pickle).
     parts = ray.get([ray_tasks.read_epoch_as_rank.remote(dataset, r, port) for r in (0, 1)])
     assert not set(parts[0]) & set(parts[1])

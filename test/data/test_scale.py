@@ -8,9 +8,6 @@ seconds of worker start-up on a small machine, so there are only a handful.
 from __future__ import annotations
 
 import json
-import os
-import socket
-import subprocess
 import sys
 import threading
 import time
@@ -38,6 +35,7 @@ from torchrl_trl_interop.data._sharding import (
     interleaved_shard_order,
     shard_indices,
 )
+from torchrl_trl_interop.testing import run_torchrun
 
 WIDTH = 16
 
@@ -503,30 +501,11 @@ class TestTRLOnline:
 # ---------------------------------------------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.slow
 def test_torchrun_two_ranks_read_disjoint_rows_covering_the_epoch(tmp_path):
     """``torchrun --nproc_per_node=2`` (gloo, CPU): each rank trains 2 steps; rows split once."""
     script = Path(__file__).with_name("_torchrun_worker.py")
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
-    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[2])  # this checkout's package
-    for name in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE"):
-        env[name] = "1"
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nproc_per_node=2",
-        f"--master_port={_free_port()}",
-        str(script),
-        str(tmp_path),
-    ]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    proc = run_torchrun(script, tmp_path, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
     assert ranks[0]["_world_size"] == 2

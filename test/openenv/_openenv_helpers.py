@@ -9,7 +9,6 @@ from __future__ import annotations
 import ctypes
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -17,13 +16,9 @@ import urllib.request
 from contextlib import contextmanager
 from pathlib import Path
 
+from torchrl_trl_interop.testing import free_port  # noqa: F401  (re-exported for the tests)
+
 STARTUP_TIMEOUT_S = 180.0  # the CLI imports torch, torchrl and OpenEnv (gradio) on 2 busy cores
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _die_with_parent() -> None:  # pragma: no cover - runs in the child

@@ -10,11 +10,7 @@ staleness metrics) is checked in one process with stand-ins for the other rank.
 from __future__ import annotations
 
 import json
-import os
-import signal
-import socket
 import subprocess
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -30,6 +26,7 @@ from torchrl_trl_interop.rollouts._ranks import (
     generation_guard,
 )
 from torchrl_trl_interop.rollouts._rollout_func import _every_rank
+from torchrl_trl_interop.testing import run_torchrun
 
 pytestmark = pytest.mark.filterwarnings("ignore:You are using 'rollout_func'")
 
@@ -37,42 +34,14 @@ WORKER = Path(__file__).with_name("_ranks_worker.py")
 TOL = 1e-5
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def torchrun(out_dir: Path, scenario: str, *, nproc: int = 2, steps: int = 2) -> list[dict]:
     """Runs the worker's ``scenario`` (comma-separated: several, in turn) on ``nproc`` ranks; a
     timeout fails the test (no hang). Each scenario's JSON of each rank, in rank order."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
-    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[2])  # this checkout's package
-    for name in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE"):
-        env[name] = "1"
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        f"--nproc_per_node={nproc}",
-        f"--master_port={_free_port()}",
-        str(WORKER),
-        str(out_dir),
-        scenario,
-        str(steps),
-    ]
-    pipe = subprocess.PIPE
-    # its own process group: a timeout kills torchrun and every rank it started
-    proc = subprocess.Popen(
-        cmd, env=env, stdout=pipe, stderr=pipe, text=True, start_new_session=True
-    )
     try:
-        out, err = proc.communicate(timeout=300)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, err = proc.communicate()
-        pytest.fail(f"torchrun did not finish in 300 s (a hang?):\n{err[-6000:]}")
-    assert proc.returncode == 0, out[-3000:] + err[-6000:]
+        proc = run_torchrun(WORKER, out_dir, scenario, steps, nproc=nproc, timeout=300)
+    except subprocess.TimeoutExpired as err:
+        pytest.fail(f"torchrun did not finish in 300 s (a hang?):\n{(err.stderr or '')[-6000:]}")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     return {
         name: [json.loads((out_dir / f"{name}.rank{r}.json").read_text()) for r in range(nproc)]
         for name in scenario.split(",")

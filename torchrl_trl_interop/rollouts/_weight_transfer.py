@@ -27,9 +27,10 @@ class TorchRLWeightTransfer:
     names, frozen ones left out) into a TensorDict and pushes it to the target as
     :class:`~torchrl_trl_interop.WeightSyncCallback` does, with the number of transfers so far
     (TRL's ``model_version``) as the version: a :class:`~torchrl_trl_interop.RemotePolicy`
-    (torchrl's multiprocess scheme), a torchrl collector (its own ``update_policy_weights_``; its
-    integer ``PolicyVersion`` is set), a torchrl ``WeightSyncScheme`` (``send``), or a torchrl LLM
-    wrapper or ``nn.Module`` in this process (copied in place). Names or shapes that do not fit
+    (its shared-memory staging buffer, committed between calls), a torchrl collector (its own
+    ``update_policy_weights_``; its integer ``PolicyVersion`` is set), a torchrl
+    ``WeightSyncScheme`` (``send``), or a torchrl LLM wrapper or ``nn.Module`` in this process
+    (copied in place). Names or shapes that do not fit
     the receiving model raise before anything is sent.
     With ``worker=``, ``pause``/``resume`` hold the worker's lock, so no batch is collected or
     scored while the weights change.

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -28,8 +29,12 @@ def run_torchrun(
     checkout's package on ``PYTHONPATH``, one OpenMP thread per rank, offline, within
     ``timeout`` seconds; returns the finished process (its output captured as text).
 
+    torchrun and its ranks run in a process group of their own: on a timeout the whole group is
+    killed, so no rank outlives a hang.
+
     Raises:
-        subprocess.TimeoutExpired: if the ranks do not finish within ``timeout``.
+        subprocess.TimeoutExpired: if the ranks do not finish within ``timeout`` (its ``stderr``
+            holds what they wrote).
     """
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
     env["PYTHONPATH"] = str(Path(__file__).resolve().parents[2])  # this checkout's package
@@ -37,4 +42,14 @@ def run_torchrun(
         env[name] = "1"
     cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}"]
     cmd += [f"--master_port={free_port()}", str(script), *map(str, args)]
-    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+    pipe = subprocess.PIPE
+    proc = subprocess.Popen(
+        cmd, env=env, stdout=pipe, stderr=pipe, text=True, start_new_session=True
+    )
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        raise subprocess.TimeoutExpired(cmd, timeout, output=out, stderr=err) from None
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
