@@ -22,7 +22,7 @@ from torchrl_trl_interop import (
     rows_to_tensordict,
     split_prompt_completion,
 )
-from torchrl_trl_interop._conversation import _layout_fields
+from torchrl_trl_interop._history_fields import _layout_fields
 from torchrl_trl_interop.testing import toy_chats
 
 

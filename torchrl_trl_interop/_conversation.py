@@ -18,7 +18,6 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 from tensordict import (
-    LazyStackedTensorDict,
     NonTensorData,
     NonTensorStack,
     TensorDict,
@@ -27,7 +26,7 @@ from tensordict import (
 )
 
 from ._checks import as_names, check_bool
-from ._keys import row_entries
+from ._history_fields import history_fields
 from ._message_fields import MessageHistory
 from ._tool_calls import has_turn_fields, message_turns, messages_of_turns
 
@@ -151,135 +150,9 @@ def history_to_messages(history: History, *, keep_system: bool = True) -> list:
     return _zip_turns(roles, contents, history.ndim - 1, keep_system)
 
 
-def history_fields(history: History) -> tuple[Any, Any]:
-    """``(roles, contents)`` of a History as nested lists (one level per batch dimension), as
-    ``history.role`` and ``history.content`` give them, read from the payloads in one walk
-    (:func:`_layout_fields`); any layout it does not know goes through tensordict's ``tolist``."""
-    td = history._tensordict
-    fields = _layout_fields(td, history.ndim)
-    if fields is not None:
-        return fields
-    return _field_lists(td, "role", history.ndim), _field_lists(td, "content", history.ndim)
-
-
-def _payloads(value: Any, ndim: int) -> Any:
-    """The values of a non-tensor entry with ``ndim`` batch dimensions as nested lists, what its
-    ``tolist()`` gives, read from the payloads directly; ``None`` for any other entry.
-
-    A ``NonTensorData`` holds one value for its whole batch (every element is that value); a
-    ``NonTensorStack`` holds one entry per element along its stack dimension.
-    """
-    cls = type(value)
-    if cls is NonTensorData:
-        shape = value._tensordict._batch_size  # not .batch_size: a tensorclass call, ~2 us
-        if len(shape) != ndim:
-            return None
-        return _repeat(value._non_tensordict["data"], tuple(shape))
-    if cls is NonTensorStack and ndim == 1 and value.stack_dim == 0:  # one row: one loop
-        values = []
-        for sub in value.tensordicts:
-            if type(sub) is not NonTensorData or sub._tensordict._batch_size:
-                return None
-            values.append(sub._non_tensordict["data"])
-        return values
-    if cls is NonTensorStack and 0 <= value.stack_dim < ndim and value.tensordicts:
-        rows = [_payloads(sub, ndim - 1) for sub in value.tensordicts]
-        return None if any(r is None for r in rows) else _stacked(rows, value.stack_dim)
-    return None
-
-
-def _stacked(parts: list, dim: int) -> list:
-    """Nested lists of ``parts`` stacked along ``dim``: ``parts[i]`` is the slice at index
-    ``i`` of that dimension (a ``NonTensorStack`` stacked along the turns, say)."""
-    if dim == 0:
-        return parts
-    return [_stacked([p[i] for p in parts], dim - 1) for i in range(len(parts[0]))]
-
-
-def _repeat(data: Any, shape: tuple[int, ...]) -> Any:
-    """``data`` as nested lists of ``shape`` (a new list at every level)."""
-    if not shape:
-        return data
-    if len(shape) == 1:
-        return [data] * shape[0]
-    return [_repeat(data, shape[1:]) for _ in range(shape[0])]
-
-
-def _layout_fields(td: Any, ndim: int) -> tuple[Any, Any] | None:
-    """``(roles, contents)`` of a History's tensordict with ``ndim`` batch dimensions, read from
-    the ``NonTensorData`` / ``NonTensorStack`` payloads in one walk, whatever the layout: lazy
-    stacks of per-turn TensorDicts (what ``History.from_chats`` and TorchRL's wrappers build),
-    TensorDicts whose fields stack every turn (:func:`messages_to_history`, a
-    ``LazyTensorStorage``), any nesting of the two, stacked along any dimension; ``None`` for
-    any other layout or a turn with tool calls (read through ``_tool_calls`` instead)."""
-    cls = type(td)
-    if cls is LazyStackedTensorDict:
-        dim = td.stack_dim
-        if not 0 <= dim < ndim or not td.tensordicts:
-            return None
-        if ndim == 1:  # one conversation's turns: the common case, read in one loop
-            return _turn_fields(td.tensordicts)
-        rows = [_layout_fields(sub, ndim - 1) for sub in td.tensordicts]
-        if any(row is None for row in rows):
-            return None
-        return _stacked([r for r, _ in rows], dim), _stacked([c for _, c in rows], dim)
-    if cls is not TensorDict or len(td._batch_size) != ndim:
-        return None
-    fields = td._tensordict
-    if "tool_calls" in fields:
-        return None
-    roles = _payloads(fields.get("role"), ndim)
-    contents = _payloads(fields.get("content"), ndim)
-    if roles is None or contents is None:
-        return None
-    return roles, contents
-
-
 def messages_of(roles: list, contents: list) -> list:
     """Message lists from per-row ``roles`` and ``contents`` (as :func:`history_column` gives)."""
     return _zip_turns(roles, contents, 1, True)
-
-
-def history_column(batch: Any, key: tuple[str, ...]) -> tuple[list, list] | None:
-    """``(roles, contents)`` per row of the ``[T]`` Histories at ``key`` of a lazy stack of
-    rows (what TorchRL's LLM storages return), without building the stacked History; ``None``
-    for any other layout (read ``batch.get(key)`` then)."""
-    from torchrl.data.llm import History
-
-    rows = row_entries(batch, key)
-    if rows is None or not all(type(h) is History and h.ndim == 1 for h in rows):
-        return None
-    fields = [_layout_fields(h._tensordict, 1) for h in rows]
-    if not all(f is not None for f in fields):
-        return None
-    return [r for r, _ in fields], [c for _, c in fields]
-
-
-def _turn_fields(turns: list) -> tuple[list, list] | None:
-    """``(roles, contents)`` of per-turn TensorDicts (no batch dimension), what
-    :func:`_layout_fields` reads for them, without a call per turn; ``None`` for any other."""
-    roles, contents = [], []
-    for turn in turns:
-        if type(turn) is not TensorDict or turn._batch_size:
-            return None
-        fields = turn._tensordict
-        if "tool_calls" in fields:
-            return None
-        role, content = fields.get("role"), fields.get("content")
-        if type(role) is not NonTensorData or type(content) is not NonTensorData:
-            return None
-        roles.append(role._non_tensordict["data"])
-        contents.append(content._non_tensordict["data"])
-    return roles, contents
-
-
-def _field_lists(td: Any, field: str, ndim: int) -> Any:
-    """The values of a History's ``field`` as nested lists (``ndim`` levels), through
-    tensordict's ``tolist`` below the lazy stacks along their first dim (the layouts
-    :func:`_layout_fields` does not know)."""
-    if type(td) is LazyStackedTensorDict and td.stack_dim == 0 and ndim:
-        return [_field_lists(sub, field, ndim - 1) for sub in td.tensordicts]
-    return td.get(field).tolist()
 
 
 def _check_message_list(messages: Any, where: str) -> None:

@@ -26,7 +26,8 @@ from tensordict import (
 from tensordict.utils import NestedKey
 
 from .._checks import as_device, check_tensordict
-from .._conversation import history_column, history_fields, history_to_messages, messages_of
+from .._conversation import history_to_messages, messages_of
+from .._history_fields import history_column, history_fields
 from .._keys import flatten_nested, get_entry, key_parts, keys_present, row_entries
 from .._padding import split_rows, trim_bounds, trim_row
 from .._tool_calls import has_turn_fields
