@@ -155,3 +155,19 @@ from diagram_remote import draw  # noqa: E402
 
 (DOCS / "generated").mkdir(exist_ok=True)
 draw(str(DOCS / "generated" / "remote_layouts.png"))
+
+
+def _skip_annotation_only(app, what, name, obj, skip, options):
+    """Leaves out members known only from a class's annotations (a tensorclass field such as
+    ``MessageHistory.extra_fields``): autosummary cannot import them; the class docstring
+    describes them."""
+    try:  # Sphinx >= 8.2 (before: sphinx.ext.autodoc.INSTANCEATTR)
+        from sphinx.ext.autodoc._sentinels import INSTANCE_ATTR
+    except ImportError:  # pragma: no cover
+        from sphinx.ext.autodoc import INSTANCEATTR as INSTANCE_ATTR
+
+    return True if obj is INSTANCE_ATTR else None
+
+
+def setup(app):
+    app.connect("autodoc-skip-member", _skip_annotation_only)

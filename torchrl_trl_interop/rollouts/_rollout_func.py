@@ -325,7 +325,7 @@ def as_trl_rollout_func(
     per group), and each process returns exactly its own rows, in order. Under ZeRO-3 and FSDP
     the default policy generates as ``GRPOTrainer`` does (parameters gathered, ``synced_gpus``),
     and every process runs the same number of ``generate`` calls, also when its episodes end at
-    other turns than another's (see :doc:`scale`, "The online loop on N ranks").
+    other turns than another's (see :doc:`/scale`, "The online loop on N ranks").
 
     Args:
         env (EnvBase): a :class:`~torchrl.envs.llm.ChatEnv` in ``input_mode="history"``, or a
@@ -364,7 +364,7 @@ def as_trl_rollout_func(
             ``rollout/candidate_reward_mean`` (every candidate's: the policy's). A process
             holding ``n`` rows of a group split across processes samples
             ``ceil(n * candidate_group_size / num_generations)`` candidates for them (see
-            :doc:`online`). Defaults to ``None`` (one rollout per row).
+            :doc:`/online`). Defaults to ``None`` (one rollout per row).
         env_seed (int, optional): seeds ``env`` once, before its first reset, with ``env_seed +
             rank`` (``env.set_seed``; the process index of ``trainer.accelerator``), as
             ``GRPOTrainer`` seeds torch on each rank (``set_seed(seed, device_specific=True)``):
@@ -384,7 +384,7 @@ def as_trl_rollout_func(
         numbers of ``generate`` calls under ZeRO-3/FSDP, the policy's tokenizer is not the trainer's, or a torchrl
         ``TransformersWrapper`` policy gets conversations of different lengths in one env batch
         (torchrl 0.14.1 cannot extend them), or ``candidate_group_size`` does not fit (see
-        :doc:`online`); ``KeyError`` if the policy writes no log-probs (and they are not
+        :doc:`/online`); ``KeyError`` if the policy writes no log-probs (and they are not
         recomputed); ``RuntimeError`` if a multi-turn policy does not continue from
         the tokens it is given.
 
