@@ -203,6 +203,8 @@ def test_opsm_masks_a_stale_diverged_rollout_and_keeps_a_fresh_one(remote, tmp_p
     assert (step0, step1) == (0, 1)
     assert kl0.abs().max() < 1e-3 and keep0.all()  # fresh: kept, whatever the advantage
     assert (adv0 < 0).any()
-    # stale and diverged: every sequence is far off-policy; the negative-advantage ones are masked
-    assert (kl1 > DELTA).all()
-    assert (adv1 < 0).any() and not keep1[adv1 < 0].any() and keep1[adv1 >= 0].all()
+    # stale: sequences far off-policy (the generator samples unseeded in its own process, so how
+    # many is not fixed); exactly the diverged negative-advantage ones are masked, every other kept
+    diverged = (kl1 > DELTA) & (adv1 < 0)
+    assert diverged.any() and (kl1 > DELTA).float().mean() >= 0.5
+    assert torch.equal(keep1.bool(), ~diverged)
