@@ -15,6 +15,7 @@ def toy_generator_policy(
     temperature: float = 1.0,
     seed: int = 0,
     max_new_tokens: int = 6,
+    sample_seed: int | None = None,
 ):
     """A toy generator: :func:`toy_causal_lm` as a ``TrainerModelPolicy``, built where it is called.
 
@@ -31,6 +32,9 @@ def toy_generator_policy(
         temperature (float): the log-probs' temperature. Defaults to ``1.0``.
         seed (int): the toy model's initialisation. Defaults to ``0``.
         max_new_tokens (int): without ``generation_config``. Defaults to ``6``.
+        sample_seed (int, optional): seeds the sampling: torch's global generator in the process
+            that builds the policy (torch seeds a fresh process at random). Defaults to ``None``
+            (left as it is).
 
     Examples:
         >>> policy = toy_generator_policy()
@@ -51,6 +55,10 @@ def toy_generator_policy(
             suppress_tokens=[tokenizer.pad_token_id, tokenizer.convert_tokens_to_ids(IM_START)],
         )
     model = toy_causal_lm(tokenizer=tokenizer, seed=seed)
+    if sample_seed is not None:
+        import torch
+
+        torch.manual_seed(sample_seed)
     return TrainerModelPolicy(model, tokenizer, generation_config, temperature)
 
 
