@@ -116,3 +116,27 @@ def test_answers_are_torchrls_parse_of_the_whole_text():
     full = history_to_messages(fast[1])
     assert [m["role"] for m in full[1]][-1] == "assistant"
     assert full[1][:4] == CHATS[1]
+
+
+def test_the_response_parse_is_checked_once_per_template():
+    """Row 0's whole parse checks the template on its first call only; a template that failed
+    the check parses every row whole, in every call."""
+    tok = toy_tokenizer()
+    config = GenerationConfig(max_new_tokens=6, do_sample=True, pad_token_id=0, eos_token_id=2)
+    policy = TrainerModelPolicy(toy_causal_lm(tokenizer=tok), tok, config, temperature=1.0)
+    parse, parsed = policy._parse, []
+    policy._parse = lambda texts: parsed.append(texts) or parse(texts)
+    for _ in range(2):
+        _policy_output(policy, CHATS)
+    header = "<|im_start|>assistant\n"
+    assert [len(texts) for texts in parsed] == [2, 1, 2]  # responses, row 0 whole, responses
+    assert all(t.startswith(header) for t in parsed[0] + parsed[2])
+    assert parsed[1][0].startswith("<|im_start|>user")
+    (template,) = policy._response_parse_agrees
+    assert policy._response_parse_agrees[template] is True
+
+    policy._response_parse_agrees[template] = False  # as if row 0 had disagreed
+    parsed.clear()
+    _, full = _policy_output(policy, CHATS)
+    assert [len(texts) for texts in parsed] == [2] and parsed[0][0].startswith("<|im_start|>user")
+    assert history_to_messages(full)[1][:4] == CHATS[1]

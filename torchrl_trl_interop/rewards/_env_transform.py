@@ -290,7 +290,9 @@ class RewardTransform(Transform):
                 f"input (keys: {keys_present(tensordict)})."
             )
         flat = tensordict.reshape(-1) if tensordict.ndim != 1 else tensordict
-        selected = flat[rows.nonzero().squeeze(-1)].select(*self.in_keys)
+        selected = flat.select(*self.in_keys)  # before indexing: only what the module reads
+        if not bool(rows.all()):
+            selected = selected[rows.nonzero().squeeze(-1)]
         with torch.no_grad(), set_list_to_stack(True):
             out = self.module(selected)
         out = out if isinstance(out, TensorDictBase) else selected

@@ -25,8 +25,10 @@ from tensordict.utils import NestedKey
 from .._conversation import history_to_messages, is_message_list, messages_to_history
 from .._keys import POLICY_VERSION_KEY
 from .._padding import pad_rows, position_mask
+from ._env_step import step, step_mdp
 from ._policy_output import PolicyKeys, read_policy_rows
 from ._render import render, turn_closing
+from ._tools import env_transforms
 
 __all__ = ["NO_TURN", "RolloutRow", "find_env_problem", "run_episodes"]
 
@@ -60,16 +62,6 @@ class RolloutRow:
         self.env_mask.extend([0 if from_env else 1] * len(ids))
 
 
-def _transforms(transform: Any) -> list:
-    """``transform`` and, for a ``Compose``, everything inside it."""
-    if transform is None:
-        return []
-    inner = getattr(transform, "transforms", None)
-    if inner is None:
-        return [transform]
-    return [transform] + [t for child in inner for t in _transforms(child)]
-
-
 def find_env_problem(env: Any) -> tuple[type[Exception], str] | None:
     """Why ``env`` cannot take a prompt at reset, as ``(exception type, reason)``, or ``None``.
 
@@ -96,7 +88,7 @@ def find_env_problem(env: Any) -> tuple[type[Exception], str] | None:
         )
     if len(env.batch_size) != 1:
         return ValueError, f"its batch_size is {tuple(env.batch_size)}; one dimension is expected"
-    for t in _transforms(getattr(env, "transform", None)):
+    for t in env_transforms(env):
         if isinstance(t, DataLoadingPrimer):
             return ValueError, (
                 "it holds a DataLoadingPrimer, which replaces the prompt at every reset with one "
@@ -288,7 +280,7 @@ def run_episodes(
             if not last_turn:
                 full = td.get(episodes.keys.full_history)
                 answered = render(full, policy, tokenizer, add_generation_prompt=False)
-            td = env.step(td)
+            td = step(env, td)
             reward = td.get(reward_key, None)
             if reward is not None:
                 for row, value in zip(rows, reward.reshape(len(rows), -1).sum(-1).tolist()):
@@ -306,6 +298,6 @@ def run_episodes(
             if last_turn or not active_anywhere:
                 break
             if active:
-                td = env.step_mdp(td)
+                td = step_mdp(env, td)
                 episodes.env_tokens(td, rows, answered, turn)
     return rows

@@ -19,6 +19,7 @@ from tensordict import NonTensorStack, TensorDict, set_list_to_stack
 
 from .._conversation import history_to_messages, is_message_list, messages_to_history
 from .._keys import HISTORY_KEY, PROMPT_HISTORY_KEY, key_parts
+from ._env_step import step, step_mdp
 
 if TYPE_CHECKING:  # pragma: no cover
     from ._tools import TorchRLTool
@@ -174,13 +175,13 @@ class TorchRLEnvironment:
             full = prompt.extend(turn, dim=-1, inplace=False)
             history = ChatHistory(prompt=prompt, response=turn, full=full, batch_size=[1])
             self._td.set(_CHAT_HISTORY, history)
-            td = self._env.step(self._td)
+            td = step(self._env, self._td)
             reward = td.get(factory.reward_key, None)
             self._rewards.append(None if reward is None else float(reward.sum()))
             done = td.get(factory.done_key, None)
             self._done = bool(done is not None and done.any())
             before = len(_messages(full))
-            self._td = self._env.step_mdp(td)
+            self._td = step_mdp(self._env, td)
             return self.messages[before:]
 
     def _call_tool(self, name: str, **arguments: Any) -> str:

@@ -109,6 +109,8 @@ class TrainerModelPolicy(TransformersWrapper):
         generation_config.return_dict_in_generate = True
         self.generate_kwargs = {"generation_config": generation_config}
         self._generation_prompt = generation_prompt(self, tokenizer)
+        #: per chat template: whether a response parses alone as in the whole conversation
+        self._response_parse_agrees: dict[tuple, bool] = {}
 
     def _prompt_rows(self, td: TensorDictBase, history: Any) -> list[torch.Tensor]:
         """The prompt of every row: its given tokens, or its History rendered and tokenized."""
@@ -140,9 +142,9 @@ class TrainerModelPolicy(TransformersWrapper):
 
         Parsing the whole conversation (``History.from_text`` of the full text) costs time in
         every message of it; the answer is parsed from the response alone, behind the template's
-        generation prompt (which every prompt ends with), in one call. Row 0 is also parsed the
-        whole way and must agree, else (a template whose parser needs the whole text) every row
-        is.
+        generation prompt (which every prompt ends with), in one call. On a template's first
+        call, row 0 is also parsed the whole way and must agree, else (a template whose parser
+        needs the whole text) every row of every call is.
         """
         from torchrl.data.llm import History
 
@@ -151,11 +153,20 @@ class TrainerModelPolicy(TransformersWrapper):
             return row[turns:]
 
         header = self._generation_prompt
+        template = (header, self.chat_template_name, getattr(self.tokenizer, "chat_template", None))
         answers = None
-        if header is not None and all(p.endswith(header) for p in text_prompt):
+        agrees = self._response_parse_agrees.get(template)
+        if (
+            header is not None
+            and agrees is not False
+            and all(p.endswith(header) for p in text_prompt)
+        ):
             answers = list(self._parse([header + r for r in text_response]).unbind(0))
-            whole = after_prompt(self._parse(text_full[:1])[0], prompt_rows[0])
-            if history_to_messages(whole) != history_to_messages(answers[0]):
+            if agrees is None:  # once per template
+                whole = after_prompt(self._parse(text_full[:1])[0], prompt_rows[0])
+                agrees = history_to_messages(whole) == history_to_messages(answers[0])
+                self._response_parse_agrees[template] = agrees
+            if not agrees:
                 answers = None
         if answers is None:
             parsed = self._parse(text_full).unbind(0)

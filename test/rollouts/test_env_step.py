@@ -1,0 +1,176 @@
+"""Chat-environment steps without torchrl's defensive copies: the same steps as torchrl's.
+
+``rollouts._env_step.step`` skips ``Transform.inv``'s copy of the input when no transform
+inverts anything, and ``step_mdp`` carries entries over without copying them. On real torchrl
+chat environments (tools, step counters, reward transforms) every step's output and every next
+input must equal ``env.step``'s and ``env.step_mdp``'s, the input must keep its entries, and an
+environment with an inverse transform must go through ``env.step`` (its copy included).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from tensordict import TensorDict, is_tensor_collection, set_list_to_stack
+from tensordict.nn import TensorDictModuleBase
+from torchrl.envs import Transform, UnsqueezeTransform
+
+from torchrl_trl_interop import as_reward_transform, history_to_messages, messages_to_history
+from torchrl_trl_interop.rollouts._env_step import (
+    _flat_step_mdp,
+    _plain_step,
+    inverts,
+    step,
+    step_mdp,
+)
+from torchrl_trl_interop.testing import (
+    ScriptedChatPolicy,
+    toy_answer_length,
+    toy_calculator_env,
+    toy_chat_env,
+    toy_generator_policy,
+    toy_tool_call,
+    toy_tool_env,
+)
+
+ENVS = {
+    "SimpleToolTransform, StepCounter, reward when done": (
+        lambda: toy_tool_env(batch_size=2),
+        [toy_tool_call(2, 3), "2 plus 3 is 5."],
+    ),
+    "tool reply, StepCounter, reward transform": (
+        lambda: toy_chat_env(
+            batch_size=3,
+            reply=True,
+            max_steps=2,
+            transforms=[as_reward_transform(toy_answer_length)],
+        ),
+        ["one", "two words"],
+    ),
+    "calculator tool, StepCounter, TRL rewards every turn": (
+        lambda: toy_calculator_env(max_steps=2),
+        [toy_tool_call(2, 3), "5"],
+    ),
+}
+
+
+def leaves(td) -> list[str]:
+    return sorted(map(str, td.keys(True, True, is_leaf=lambda c: not is_tensor_collection(c))))
+
+
+def toy_model_policy(answers):
+    """The online loop's default policy (a toy model's ``TrainerModelPolicy``): dense output."""
+    return toy_generator_policy(max_new_tokens=4)
+
+
+class DenseHistory(TensorDictModuleBase):
+    """The toy model's policy, its conversation so far as one dense History (the layout of
+    ``messages_to_history``, which tool transforms extend in place)."""
+
+    def __init__(self, answers):
+        super().__init__()
+        self.policy, self.in_keys, self.out_keys = toy_model_policy(answers), [], []
+
+    def forward(self, td):
+        td = self.policy(td)
+        td.set(("history", "full"), messages_to_history(history_to_messages(td["history", "full"])))
+        return td
+
+
+POLICIES = {
+    "scripted (lazy stacks)": ScriptedChatPolicy,
+    "toy model (dense)": toy_model_policy,
+    "toy model, dense History": DenseHistory,
+}
+
+
+def episode(env, answers, stepper, mover, make_policy=ScriptedChatPolicy) -> list[dict]:
+    """Every step's outcome (reward, done, next prompt, the input's own entries afterwards) and
+    the next step's input."""
+    policy = make_policy(answers)
+    torch.manual_seed(0)
+    prompts = ["What is 2 plus 3?"] * env.batch_size[0]
+    out = []
+    with set_list_to_stack(True), torch.no_grad():
+        td = env.reset(TensorDict({"query": prompts}, batch_size=env.batch_size))
+        for _ in answers:
+            td = policy(td)
+            before = history_to_messages(td["history", "full"])
+            td = stepper(env, td)
+            out.append(
+                {
+                    "reward": td.get(("next", "reward"), None),
+                    "done": td["next", "done"].clone(),
+                    "next prompt": history_to_messages(td["next", "history", "prompt"]),
+                    "next keys": sorted(map(str, td["next"].keys(True, True))),
+                    "input full, after": history_to_messages(td["history", "full"]),
+                    "input full, before": before,
+                }
+            )
+            td = mover(env, td)
+            out[-1]["next input"] = leaves(td)
+            out[-1]["next input prompt"] = history_to_messages(td["history", "prompt"])
+            out[-1]["next input, tensors"] = {
+                k: td.get(k).clone()
+                for k in td.keys(True, True)
+                if isinstance(td.get(k), torch.Tensor) and td.get(k).layout == torch.strided
+            }
+    return out
+
+
+@pytest.mark.parametrize("policy", list(POLICIES))
+@pytest.mark.parametrize("name", list(ENVS))
+def test_same_step_as_torchrl(name, policy):
+    make, answers = ENVS[name]
+    assert _plain_step(make()) and _flat_step_mdp(make())  # the fast paths are the ones tested
+    ours = episode(make(), answers, step, step_mdp, POLICIES[policy])
+    theirs = episode(
+        make(), answers, lambda e, td: e.step(td), lambda e, td: e.step_mdp(td), POLICIES[policy]
+    )
+    assert len(ours) == len(answers)
+    for mine, reference in zip(ours, theirs):
+        assert mine["next prompt"] == reference["next prompt"]
+        assert mine["next keys"] == reference["next keys"]
+        torch.testing.assert_close(mine["done"], reference["done"])
+        if reference["reward"] is None:
+            assert mine["reward"] is None
+        else:
+            torch.testing.assert_close(mine["reward"], reference["reward"])
+        assert mine["input full, after"] == mine["input full, before"]  # the input kept
+        assert mine["next input"] == reference["next input"]
+        assert (
+            "next" not in mine["next input"]
+            and "('history', 'full', 'role')" not in mine["next input"]
+        )
+        assert mine["next input prompt"] == reference["next input prompt"] == mine["next prompt"]
+        torch.testing.assert_close(mine["next input, tensors"], reference["next input, tensors"])
+    if policy.startswith("scripted"):
+        assert ours[-1]["done"].all()  # the episodes ended as scripted
+        reply = ours[0]["next prompt"][0][-1]  # a tool ran: its reply is in the next prompt
+        assert reply["role"] == "tool" and ("5" in reply["content"] or "reply" in name)
+
+
+class WritesOnInverse(Transform):
+    """An inverse transform that writes into the step's input."""
+
+    def _inv_call(self, tensordict):
+        tensordict.set("seen_by_inverse", torch.ones(tensordict.shape, dtype=torch.bool))
+        return tensordict
+
+
+def test_an_inverse_transform_steps_through_torchrl():
+    """With an inverse, the input is copied first (``env.step``): nothing is written into it."""
+    make, answers = ENVS["tool reply, StepCounter, reward transform"]
+    env = make().append_transform(WritesOnInverse())
+    assert inverts(env.transform) and not _plain_step(env)
+    with set_list_to_stack(True), torch.no_grad():
+        td = env.reset(TensorDict({"query": ["Hi"] * 3}, batch_size=[3]))
+        td = step(env, ScriptedChatPolicy(answers)(td))
+    assert "seen_by_inverse" not in td.keys() and ("next", "done") in td.keys(True)
+
+
+def test_inverts():
+    env = toy_chat_env(reply=True, max_steps=2)
+    assert not inverts(env.transform) and not inverts(None)
+    assert inverts(UnsqueezeTransform(-1, in_keys_inv=["action"]))
+    assert inverts(env.append_transform(WritesOnInverse()).transform)  # inside a Compose
