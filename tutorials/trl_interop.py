@@ -1008,6 +1008,7 @@ axes[3].plot(
 )
 axes[3].set_title("TRL's tool loop, TorchRL calculator env")
 axes[3].set(ylim=(0, 1.05), xlabel="GRPO step", ylabel="per completion")
+axes[3].set_xticks(range(5, TOOL_STEPS + 1, 5))  # whole steps
 axes[3].legend(loc="lower right")
 fig.tight_layout()
 FIGURE = OUT_DIR / "trl_interop_summary.png"
