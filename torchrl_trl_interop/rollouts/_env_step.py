@@ -8,7 +8,9 @@ rows, more than the rest of the step. When no transform of the environment has a
 nothing would be written, and :func:`step` runs the same step on the input itself: the base
 environment's step, its done keys completed, the transforms' step, the output checks, as
 ``TransformedEnv.step`` does, with the same result. Anything else (an inverse transform, a
-subclass that overrides a step method, a partial step) goes through ``env.step``.
+subclass that overrides a step method, a partial step) goes through ``env.step``. One difference
+remains, for a transform that breaks torchrl's rule that a step leaves its input unchanged: what
+it writes into its step's input lands in the caller's tensordict (torchrl's copy would take it).
 
 :func:`step_mdp` is ``env.step_mdp``: the next step's input, the input's entries with the
 step's output in place of the old ones. torchrl copies every entry it carries over
