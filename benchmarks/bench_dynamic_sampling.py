@@ -35,12 +35,12 @@ import torch  # noqa: E402
 
 from torchrl_trl_interop import as_reward_transform, as_trl_rollout_func  # noqa: E402
 from torchrl_trl_interop.testing import (  # noqa: E402
-    IM_START,
     arithmetic_chats,
     arithmetic_questions,
     correct_answer,
     toy_causal_lm,
     toy_chat_env,
+    toy_grpo_args,
     toy_tokenizer,
     toy_trainer_args,
 )
@@ -119,17 +119,16 @@ def run(
         model=AutoModelForCausalLM.from_pretrained(model_dir),
         reward_funcs=env_reward,
         args=GRPOConfig(
-            num_generations=GROUP,
-            max_completion_length=12,
-            learning_rate=5e-3,
-            bf16=False,
-            generation_kwargs={"suppress_tokens": [tok.convert_tokens_to_ids(IM_START)]},
-            **toy_trainer_args(
+            **toy_grpo_args(
                 out_dir,
+                tokenizer=tok,
+                num_generations=GROUP,
+                max_completion_length=12,
+                learning_rate=5e-3,
                 max_steps=steps,
                 per_device_train_batch_size=groups * GROUP,
                 seed=seed,
-            ),
+            )
         ),
         train_dataset=data,
         processing_class=tok,

@@ -54,7 +54,7 @@ def _trainer(variant: str, model, tok, out_dir: str, *, steps: int, beta: float,
     from trl import GRPOConfig, GRPOTrainer
 
     from torchrl_trl_interop import as_reward_transform, as_trl_rollout_func
-    from torchrl_trl_interop.testing import IM_START, toy_chat_env, toy_prompts, toy_trainer_args
+    from torchrl_trl_interop.testing import IM_START, toy_chat_env, toy_grpo_args, toy_prompts
 
     data = Dataset.from_dict(
         {"prompt": [[{"role": "user", "content": p}] for p in toy_prompts(64)]}
@@ -77,13 +77,16 @@ def _trainer(variant: str, model, tok, out_dir: str, *, steps: int, beta: float,
         model=model,
         reward_funcs=reward,
         args=GRPOConfig(
-            num_generations=4,
-            max_completion_length=16,
-            learning_rate=1e-2,
-            beta=beta,
-            bf16=False,
-            generation_kwargs=generation_kwargs,
-            **toy_trainer_args(out_dir, max_steps=steps, per_device_train_batch_size=8),
+            **toy_grpo_args(
+                out_dir,
+                tokenizer=tok,
+                num_generations=4,
+                max_completion_length=16,
+                beta=beta,
+                generation_kwargs=generation_kwargs,
+                max_steps=steps,
+                per_device_train_batch_size=8,
+            )
         ),
         train_dataset=data,
         processing_class=tok,

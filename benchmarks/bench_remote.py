@@ -48,7 +48,6 @@ from torchrl_trl_interop import (
     trainer_generation_config,
 )
 from torchrl_trl_interop.testing import (
-    IM_START,
     ToyGenerator,
     peak_memory_growth,
     toy_answer_length,
@@ -56,11 +55,11 @@ from torchrl_trl_interop.testing import (
     toy_causal_lm,
     toy_chat_env,
     toy_generator_policy,
+    toy_grpo_args,
     toy_grpo_step,
     toy_lora_model,
     toy_prompts,
     toy_tokenizer,
-    toy_trainer_args,
 )
 from torchrl_trl_interop.weights._tensors import model_weights
 
@@ -81,12 +80,14 @@ def grpo_trainer_steps(remote: bool, steps: int, out_dir: str) -> float:
         model=toy_causal_lm(tokenizer=tok),
         reward_funcs=toy_answer_length,
         args=GRPOConfig(
-            num_generations=4,
-            max_completion_length=16,
-            learning_rate=1e-2,
-            bf16=False,
-            generation_kwargs={"suppress_tokens": [tok.convert_tokens_to_ids(IM_START)]},
-            **toy_trainer_args(out_dir, max_steps=steps + 1, per_device_train_batch_size=8),
+            **toy_grpo_args(
+                out_dir,
+                tokenizer=tok,
+                num_generations=4,
+                max_completion_length=16,
+                max_steps=steps + 1,
+                per_device_train_batch_size=8,
+            )
         ),
         train_dataset=Dataset.from_dict(
             {"prompt": [[{"role": "user", "content": p}] for p in toy_prompts(64)]}

@@ -30,16 +30,15 @@ from torchrl_trl_interop import (
     openenv_server,
 )
 from torchrl_trl_interop.testing import (
-    IM_START,
     ScriptedChatPolicy,
     correct_answer,
     toy_answer_length,
     toy_causal_lm,
     toy_chat_env,
+    toy_grpo_args,
     toy_tokenizer,
     toy_tool_call,
     toy_tool_env,
-    toy_trainer_args,
 )
 
 pytestmark = [
@@ -222,16 +221,7 @@ def grpo_trainer(tok, rollout_func, reward_funcs=None, tmp_path=None, max_steps=
     from trl import GRPOConfig, GRPOTrainer
 
     prompts = [[{"role": "user", "content": q}] for q in QUESTIONS * 2]
-    args = {
-        "num_generations": 2,
-        "max_completion_length": 6,
-        "learning_rate": 1e-2,
-        "bf16": False,
-        "generation_kwargs": {"suppress_tokens": [tok.convert_tokens_to_ids(IM_START)]},
-        **toy_trainer_args(
-            tmp_path or "/tmp/openenv-grpo", max_steps=max_steps, per_device_train_batch_size=4
-        ),
-    }
+    args = toy_grpo_args(tmp_path or "/tmp/openenv-grpo", tokenizer=tok, max_steps=max_steps)
     return GRPOTrainer(
         model=toy_causal_lm(tokenizer=tok),
         reward_funcs=reward_funcs or [toy_answer_length],

@@ -36,13 +36,12 @@ from transformers import TrainerCallback  # noqa: E402
 
 from torchrl_trl_interop import as_reward_transform, as_trl_rollout_func  # noqa: E402
 from torchrl_trl_interop.testing import (  # noqa: E402
-    IM_START,
     arithmetic_questions,
     toy_answer_length,
     toy_causal_lm,
     toy_chat_env,
+    toy_grpo_args,
     toy_tokenizer,
-    toy_trainer_args,
 )
 
 GLOBAL_BATCH = 4  # one prompt x num_generations per step, whatever the number of ranks
@@ -96,15 +95,15 @@ def grpo_trainer(
     tok = toy_tokenizer()
     prompts = [[{"role": "user", "content": q}] for q in arithmetic_questions()]
     args = GRPOConfig(
-        num_generations=GROUP,
-        max_completion_length=6,
-        learning_rate=1e-2,
-        beta=0.04 if isinstance(model, (str, Path)) else 0.0,  # a KL to the reference model
-        bf16=False,
-        generation_kwargs={"suppress_tokens": [tok.convert_tokens_to_ids(IM_START)]},
-        **toy_trainer_args(
-            out_dir, max_steps=steps, per_device_train_batch_size=GLOBAL_BATCH // world, **overrides
-        ),
+        **toy_grpo_args(
+            out_dir,
+            tokenizer=tok,
+            num_generations=GROUP,
+            beta=0.04 if isinstance(model, (str, Path)) else 0.0,  # a KL to the reference model
+            max_steps=steps,
+            per_device_train_batch_size=GLOBAL_BATCH // world,
+            **overrides,
+        )
     )
     return GRPOTrainer(
         model=str(model) if isinstance(model, Path) else model,

@@ -24,12 +24,11 @@ from torchrl_trl_interop.rollouts._dynamic_sampling import (
     select_candidates,
 )
 from torchrl_trl_interop.testing import (
-    IM_START,
     toy_causal_lm,
     toy_chat_env,
+    toy_grpo_args,
     toy_prompts,
     toy_tokenizer,
-    toy_trainer_args,
 )
 
 pytestmark = pytest.mark.filterwarnings("ignore:You are using 'rollout_func'")
@@ -63,15 +62,14 @@ def grpo(tmp_path, rollout_func, *, steps=3, **overrides):
     from trl import GRPOConfig, GRPOTrainer
 
     tok = toy_tokenizer()
-    args = {
-        "num_generations": 2,
-        "max_completion_length": 4,
-        "learning_rate": 1e-2,
-        "bf16": False,
-        "generation_kwargs": {"suppress_tokens": [tok.convert_tokens_to_ids(IM_START)]},
-        **toy_trainer_args(tmp_path, max_steps=steps, per_device_train_batch_size=8),
+    args = toy_grpo_args(
+        tmp_path,
+        tokenizer=tok,
+        max_completion_length=4,
+        max_steps=steps,
+        per_device_train_batch_size=8,
         **overrides,
-    }
+    )
     data = [[{"role": "user", "content": p}] for p in toy_prompts(16)]
     return GRPOTrainer(
         model=toy_causal_lm(tokenizer=tok),

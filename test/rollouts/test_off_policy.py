@@ -24,14 +24,13 @@ from torchrl_trl_interop import (
     trainer_generation_config,
 )
 from torchrl_trl_interop.testing import (
-    IM_START,
     arithmetic_questions,
     toy_answer_length,
     toy_causal_lm,
     toy_chat_env,
     toy_generator_policy,
+    toy_grpo_args,
     toy_tokenizer,
-    toy_trainer_args,
 )
 
 TOL = 1e-4
@@ -43,14 +42,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore:You are using
 def grpo_args(tmp_path, **overrides):
     from trl import GRPOConfig
 
-    tok = toy_tokenizer()
-    return GRPOConfig(
-        num_generations=2,
-        max_completion_length=6,
-        bf16=False,
-        generation_kwargs={"suppress_tokens": [tok.convert_tokens_to_ids(IM_START)]},
-        **toy_trainer_args(tmp_path, per_device_train_batch_size=4, **overrides),
-    )
+    return GRPOConfig(**toy_grpo_args(tmp_path, **overrides))
 
 
 @pytest.fixture

@@ -24,9 +24,9 @@ from torchrl_trl_interop.testing import (
     PAD_TOKEN,
     toy_causal_lm,
     toy_chat_env,
+    toy_grpo_args,
     toy_prompts,
     toy_tokenizer,
-    toy_trainer_args,
 )
 
 # GRPOTrainer warns that rollout_func is experimental (TRL 1.16); expected here
@@ -92,16 +92,9 @@ def grpo_trainer(
 ):
     from trl import GRPOConfig, GRPOTrainer
 
-    args = {
-        "num_generations": 2,
-        "max_completion_length": 6,
-        "learning_rate": 1e-2,
-        "bf16": False,  # GRPOConfig defaults to bf16 autocast, on CPU too: compare in fp32
-        # a random toy model may sample <|im_start|>, which torchrl parses as a new turn
-        "generation_kwargs": {"suppress_tokens": [tokenizer.convert_tokens_to_ids(IM_START)]},
-        **toy_trainer_args(tmp_path, max_steps=3, per_device_train_batch_size=4),
-    }
-    args.update(overrides)
+    # fp32 (GRPOConfig defaults to bf16 autocast, on CPU too: compare in fp32), <|im_start|>
+    # suppressed (a random toy model may sample it, which torchrl parses as a new turn)
+    args = toy_grpo_args(tmp_path, tokenizer=tokenizer, **{"max_steps": 3, **overrides})
     return GRPOTrainer(
         model=model if model is not None else toy_causal_lm(tokenizer=tokenizer),
         reward_funcs=reward_func,

@@ -23,13 +23,12 @@ from torchrl_trl_interop import (
     weights_checksum,
 )
 from torchrl_trl_interop.testing import (
-    IM_START,
     toy_causal_lm,
     toy_chat_env,
     toy_generator_policy,
+    toy_grpo_args,
     toy_prompts,
     toy_tokenizer,
-    toy_trainer_args,
 )
 
 pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore:You are using 'rollout_func'")]
@@ -105,14 +104,7 @@ def test_grpo_trains_with_a_generator_in_another_process(tmp_path):
     trainer = GRPOTrainer(
         model=toy_causal_lm(tokenizer=tok),
         reward_funcs=version_reward,
-        args=GRPOConfig(
-            num_generations=2,
-            max_completion_length=6,
-            learning_rate=1e-2,
-            bf16=False,
-            generation_kwargs={"suppress_tokens": [tok.convert_tokens_to_ids(IM_START)]},
-            **toy_trainer_args(tmp_path, max_steps=4, per_device_train_batch_size=4),
-        ),
+        args=GRPOConfig(**toy_grpo_args(tmp_path, tokenizer=tok, max_steps=4)),
         train_dataset=Dataset.from_dict(
             {"prompt": [[{"role": "user", "content": p}] for p in toy_prompts(16)]}
         ),

@@ -46,7 +46,13 @@ from ._envs import (
     toy_tool_env,
     toy_tool_reply,
 )
-from ._generation import ToyGenerator, toy_answer_length, toy_generator_policy, toy_grpo_step
+from ._generation import (
+    ToyGenerator,
+    toy_answer_length,
+    toy_generator_policy,
+    toy_grpo_args,
+    toy_grpo_step,
+)
 from ._models import toy_causal_lm, toy_reward_model
 from ._scripted import ScriptedChatPolicy
 from ._stubs import count_host_syncs, stub_reward_model
@@ -114,6 +120,7 @@ __all__ = [
     "toy_generator_policy",
     "toy_lora_model",
     "toy_padded",
+    "toy_grpo_args",
     "toy_grpo_step",
     "toy_primed_chat_env",
     "toy_prompts",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ._data import toy_trainer_args
 from ._envs import toy_primed_chat_env
 from ._models import toy_causal_lm
 from ._tokenizer import IM_START, toy_tokenizer
@@ -60,6 +61,40 @@ def toy_generator_policy(
 
         torch.manual_seed(sample_seed)
     return TrainerModelPolicy(model, tokenizer, generation_config, temperature)
+
+
+def toy_grpo_args(output_dir: str, *, tokenizer: Any = None, **overrides: Any) -> dict[str, Any]:
+    """``GRPOConfig`` keyword arguments for a toy chat policy's GRPO run on CPU.
+
+    :func:`~torchrl_trl_interop.testing.toy_trainer_args` (2 steps, offline, seeded) with 4 rows
+    per device, 2 generations per prompt, 6 completion tokens, learning rate ``1e-2``, fp32, and
+    the chat template's ``<|im_start|>`` suppressed in generation (a random toy model samples it,
+    and torchrl parses it as a new turn); ``overrides`` win, ``generation_kwargs`` included.
+
+    Keyword Args:
+        tokenizer (PreTrainedTokenizerFast, optional): whose ``<|im_start|>`` id is suppressed.
+            Defaults to :func:`toy_tokenizer`.
+
+    Examples:
+        >>> from torchrl_trl_interop.testing import IM_START, toy_tokenizer
+        >>> args = toy_grpo_args("/tmp/run", max_steps=4)
+        >>> args["num_generations"], args["max_steps"], args["bf16"]
+        (2, 4, False)
+        >>> args["generation_kwargs"]["suppress_tokens"] == [
+        ...     toy_tokenizer().convert_tokens_to_ids(IM_START)]
+        True
+    """
+    tokenizer = tokenizer if tokenizer is not None else toy_tokenizer()
+    args: dict[str, Any] = {
+        "num_generations": 2,
+        "max_completion_length": 6,
+        "learning_rate": 1e-2,
+        "bf16": False,  # GRPOConfig defaults to bf16 autocast, on CPU too
+        "generation_kwargs": {"suppress_tokens": [tokenizer.convert_tokens_to_ids(IM_START)]},
+        **toy_trainer_args(output_dir, per_device_train_batch_size=4),
+    }
+    args.update(overrides)
+    return args
 
 
 def toy_answer_length(completions, **kwargs):
