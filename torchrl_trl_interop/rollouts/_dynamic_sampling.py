@@ -127,7 +127,11 @@ def finite(rewards: Sequence[float | None]) -> list[float]:
         >>> finite([1.0, None, float("nan"), 0.0])
         [1.0, 0.0]
     """
-    return [r for r in rewards if r is not None and math.isfinite(r)]
+    return [r for r in rewards if _scores(r)]
+
+
+def _scores(reward: float | None) -> bool:
+    return reward is not None and math.isfinite(reward)
 
 
 def candidates_for(keep: int, group_size: int, candidate_group_size: int) -> int:
@@ -181,7 +185,7 @@ def select_candidates(
         raise ValueError(f"select_candidates: cannot keep {keep} of {len(rewards)} candidates.")
     if not has_spread(rewards):
         return list(range(keep))
-    scored = [i for i, r in enumerate(rewards) if r is not None and math.isfinite(r)]
+    scored = [i for i, r in enumerate(rewards) if _scores(r)]
     best = max(scored, key=lambda i: rewards[i])
     worst = min(scored, key=lambda i: rewards[i])
     if keep == 1:
@@ -207,11 +211,12 @@ def select_group(
     """
     kept = select_candidates(rewards, keep)
     flat = not has_spread([rewards[i] for i in kept])
+    scored = finite(rewards)
     metrics: dict[str, Any] = {
         CANDIDATES: float(len(rewards)),
         ZERO_STD_BEFORE: (float(not has_spread(rewards[:keep])), 1.0),
         ZERO_STD_AFTER: (float(flat), 1.0),
-        CANDIDATE_REWARD: (float(sum(finite(rewards))), float(len(finite(rewards)))),
+        CANDIDATE_REWARD: (float(sum(scored)), float(len(scored))),
     }
     if flat and drop_zero_std:
         metrics[DROPPED_ZERO_STD] = float(len(kept))
@@ -299,8 +304,9 @@ def sample_candidates(
         metrics[CANDIDATES].append(float(count))
         metrics[ZERO_STD_BEFORE].append(float(not has_spread(scores[: stop - start])))
         metrics[ZERO_STD_AFTER].append(float(not has_spread([scores[i] for i in chosen])))
-        if finite(scores):
-            metrics[CANDIDATE_REWARD].append(sum(finite(scores)) / len(finite(scores)))
+        scored = finite(scores)
+        if scored:
+            metrics[CANDIDATE_REWARD].append(sum(scored) / len(scored))
         first += count
     log_metrics(trainer, metrics)
     return {key: [values[i] for i in kept] for key, values in out.items()}

@@ -40,12 +40,17 @@ class _Recorder:
         return ""
 
 
+def _chosen_template(policy: Any) -> dict[str, Any]:
+    """The policy's ``chat_template_name`` / ``chat_template``, those that are set."""
+    names = ("chat_template_name", "chat_template")
+    return {n: getattr(policy, n) for n in names if getattr(policy, n, None) is not None}
+
+
 def _template_kwargs(policy: Any, tokenizer: Any, add_generation_prompt: bool) -> dict | None:
     """What torchrl passes to ``tokenizer.apply_chat_template`` for ``policy``, or ``None``."""
     from torchrl.data.llm import History
 
-    names = ("chat_template_name", "chat_template")
-    kwargs = {n: getattr(policy, n) for n in names if getattr(policy, n, None) is not None}
+    kwargs = _chosen_template(policy)
     key = (
         kwargs.get("chat_template_name"),
         kwargs.get("chat_template"),
@@ -82,10 +87,10 @@ def render(history: Any, policy: Any, tokenizer: Any, *, add_generation_prompt: 
     tokenizer = getattr(policy, "tokenizer", None) or tokenizer
     kwargs = _template_kwargs(policy, tokenizer, add_generation_prompt)
     if kwargs is None or kwargs.get("tokenize"):  # not a text render: torchrl's own path
-        names = ("chat_template_name", "chat_template")
-        chosen = {n: getattr(policy, n) for n in names if getattr(policy, n, None) is not None}
         return history.apply_chat_template(
-            tokenizer=tokenizer, add_generation_prompt=add_generation_prompt, **chosen
+            tokenizer=tokenizer,
+            add_generation_prompt=add_generation_prompt,
+            **_chosen_template(policy),
         )
     rows = history.tolist(tolist_first=True)
     return [
