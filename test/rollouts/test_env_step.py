@@ -13,6 +13,7 @@ import pytest
 import torch
 from tensordict import TensorDict, is_tensor_collection, set_list_to_stack
 from tensordict.nn import TensorDictModuleBase
+from test_policy_output import _layout
 from torchrl.envs import Transform, UnsqueezeTransform
 
 from torchrl_trl_interop import as_reward_transform, history_to_messages, messages_to_history
@@ -174,3 +175,29 @@ def test_inverts():
     assert not inverts(env.transform) and not inverts(None)
     assert inverts(UnsqueezeTransform(-1, in_keys_inv=["action"]))
     assert inverts(env.append_transform(WritesOnInverse()).transform)  # inside a Compose
+
+
+def test_next_history_is_torchrls_in_new_containers():
+    """``_next_history`` lays the next prompt out as torchrl's step does, over the same
+    leaves, in new containers: a tool transform extending it in place leaves the input alone."""
+    from torchrl.data.llm import History
+
+    from torchrl_trl_interop.rollouts._env_step import _next_history
+
+    env = toy_tool_env(batch_size=2)
+    with set_list_to_stack(True), torch.no_grad():
+        td = env.reset(TensorDict({"query": ["What is 2 plus 3?"] * 2}, batch_size=[2]))
+        td = toy_model_policy(None)(td)
+        ours, theirs = _next_history(env.base_env, td), env.base_env._step(td)
+        full = td["history"].full
+        assert _layout(ours) == _layout(theirs)
+        prompt = ours["history"].prompt
+        assert history_to_messages(prompt) == history_to_messages(theirs["history"].prompt)
+        assert prompt is not full and prompt._tensordict is not full._tensordict
+        rows, input_rows = prompt._tensordict.tensordicts, full._tensordict.tensordicts
+        assert all(a is not b for a, b in zip(rows, input_rows))
+        before = history_to_messages(full)
+        reply = History(role=["tool"] * 2, content=["5", "5"], batch_size=(2,)).unsqueeze(-1)
+        prompt.extend(reply, dim=-1)  # as torchrl's tool transforms do, in place
+        assert history_to_messages(full) == before
+        assert [m[-1]["role"] for m in history_to_messages(prompt)] == ["tool", "tool"]

@@ -99,11 +99,46 @@ def step(env: Any, td: Any) -> Any:
         return env.step(td)
     env._assert_tensordict_shape(td)
     base = env.base_env
-    next_td = base._step(td)
+    next_td = _next_history(base, td)
     base._complete_done(base.full_done_spec, next_td)
     next_td = env.transform._step(td, next_td)
     td.set("next", env._step_proc_data(next_td))
     return td
+
+
+def _next_history(base: Any, td: Any) -> Any:
+    """``ChatEnv._step`` in history mode: the next prompt is the step's full History.
+
+    torchrl deep-copies that History (``TensorDict.set`` clones a value it must re-batch,
+    ~1.5 ms for 8 rows) so that a tool transform extending the new prompt in place
+    (``history.extend(..., inplace=True)``) leaves the step's input alone. Extending replaces a
+    History's containers, never its leaves, so new containers over the same leaves protect the
+    input as well: one ``TensorDict`` per row and a lazy stack of them, as torchrl's copy lays
+    them out. Any other layout, or an environment with a device, is ``base._step(td)``.
+    """
+    from tensordict import LazyStackedTensorDict, TensorDict
+    from torchrl.envs.llm import ChatEnv
+    from torchrl.modules.llm import ChatHistory
+
+    chat = td.get("history", None) if base.input_mode == "history" else None
+    full = getattr(chat, "full", None)
+    layout = getattr(full, "_tensordict", None)
+    if (
+        type(base)._step_history is not ChatEnv._step_history
+        or base.device is not None
+        or not isinstance(layout, LazyStackedTensorDict)
+        or not all(type(row) is TensorDict for row in layout.tensordicts)
+    ):
+        return base._step(td)
+    rows = [
+        TensorDict._new_unsafe(dict(row.items()), batch_size=row.batch_size, device=row.device)
+        for row in layout.tensordicts
+    ]
+    prompt = type(full)._from_tensordict(LazyStackedTensorDict(*rows, stack_dim=layout.stack_dim))
+    history = TensorDict._new_unsafe({"prompt": prompt}, batch_size=td.batch_size)
+    out = td.empty()
+    out.set("history", ChatHistory._from_tensordict(history))
+    return out
 
 
 def _flat_step_mdp(env: Any) -> bool:

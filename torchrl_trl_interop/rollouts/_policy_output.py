@@ -8,7 +8,8 @@ either layout as real rows, cut by that mask (never by comparing ids with the pa
 also be the eos id), so no pad token reaches a trainer as a prompt or policy token.
 
 The keys hang under the policy's own roots (``policy.tokens_key``, ``masks_key``,
-``log_probs_key``, ``history_key``), torchrl's by default.
+``log_probs_key``, ``history_key``), torchrl's by default. :func:`stack_rows` writes the ragged
+layout (one ``TensorDict`` per row in a lazy stack, under torchrl's tensorclass) in one pass.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from tensordict import LazyStackedTensorDict, NonTensorData, TensorDict
 from tensordict.utils import NestedKey
 
 from .._keys import (
@@ -29,7 +31,7 @@ from .._keys import (
     as_nested_key,
 )
 
-__all__ = ["PolicyKeys", "PolicyRows", "read_policy_rows"]
+__all__ = ["PolicyKeys", "PolicyRows", "read_policy_rows", "stack_rows"]
 
 
 def _under(policy: Any, root: str, layout_key: tuple[str, str]) -> NestedKey:
@@ -135,3 +137,35 @@ def read_policy_rows(
         responses=[r.tolist() for r in responses],
         log_probs=None if scores is None else [s.tolist() for s in scores],
     )
+
+
+_SCALAR = torch.Size(())
+
+
+def stack_rows(cls: Any, **columns: list) -> Any:
+    """``cls`` (a torchrl LLM tensorclass) over a lazy stack of one ``TensorDict`` per row.
+
+    This is the layout torchrl's wrappers write with ``pad_output=False``: their attribute
+    assignment of a list (``tokens.response = [...]``) sets each row into a lazy stack, one
+    validated ``set`` per row and field. Here each row is built once; strings become
+    ``NonTensorData`` as a ``set`` makes them. Every column holds one value per row.
+
+    Examples:
+        >>> import torch
+        >>> from torchrl.modules.llm import Tokens
+        >>> tokens = stack_rows(Tokens, prompt=[torch.tensor([1, 2]), torch.tensor([3])])
+        >>> tokens.batch_size, tokens.get("prompt", as_list=True)[1]
+        (torch.Size([2]), tensor([3]))
+    """
+    names = list(columns)
+    rows = [
+        TensorDict._new_unsafe(
+            {
+                name: NonTensorData(data=value) if isinstance(value, str) else value
+                for name, value in zip(names, values)
+            },
+            batch_size=_SCALAR,
+        )
+        for values in zip(*columns.values(), strict=True)
+    ]
+    return cls._from_tensordict(LazyStackedTensorDict(*rows, stack_dim=0))

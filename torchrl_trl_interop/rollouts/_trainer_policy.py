@@ -12,13 +12,13 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
-from tensordict import TensorDictBase, lazy_stack
+from tensordict import TensorDict, TensorDictBase
 from torchrl.modules.llm import TransformersWrapper
 
 from .._conversation import history_to_messages
 from .._padding import pad_rows, position_mask
 from ._episodes import NO_TURN
-from ._policy_output import PolicyKeys
+from ._policy_output import PolicyKeys, stack_rows
 from ._render import generation_prompt, render
 
 __all__ = [
@@ -171,9 +171,11 @@ class TrainerModelPolicy(TransformersWrapper):
         if answers is None:
             parsed = self._parse(text_full).unbind(0)
             answers = [after_prompt(row, prompt) for row, prompt in zip(parsed, prompt_rows)]
-        empty = History(role=["assistant"], content=[""], batch_size=(1,))
         # nothing parsed: an empty assistant turn, as torchrl writes
-        return [empty.clone() if a.shape[0] == 0 else a for a in answers]
+        return [
+            History(role=["assistant"], content=[""], batch_size=(1,)) if a.shape[0] == 0 else a
+            for a in answers
+        ]
 
     def _from_transformers_generate_history(self, td, cfg, out):
         from torchrl.modules.llm import ChatHistory, LogProbs, Masks, Text, Tokens
@@ -201,34 +203,28 @@ class TrainerModelPolicy(TransformersWrapper):
         responses = [r[:n].cpu() for r, n in zip(response, ends)]
         full = [torch.cat([p, r]) for p, r in zip(prompts, responses)]
 
-        tokens = Tokens._from_tensordict(out.empty())
-        tokens.prompt, tokens.response, tokens.full = prompts, responses, full
-        out.set(self.tokens_key, tokens)
-        masks = Masks._from_tensordict(out.empty())
-        masks.all_attention_mask = [torch.ones(len(f), dtype=torch.bool) for f in full]
-        out.set(self.masks_key, masks)
-        scores = LogProbs._from_tensordict(out.empty())
-        scores.response = [lp[:n].cpu() for lp, n in zip(log_probs, ends)]
-        out.set(self.log_probs_key, scores)
-
         text_full = self.tokenizer.batch_decode(full, skip_special_tokens=False)
         text_prompt = self.tokenizer.batch_decode(prompts, skip_special_tokens=False)
-        text = Text._from_tensordict(out.empty())
-        text.prompt, text.full = text_prompt, text_full
-        text.response = [f[len(p) :] for f, p in zip(text_full, text_prompt)]
-        out.set(self.text_key, text)
-
+        text_response = [f[len(p) :] for f, p in zip(text_full, text_prompt)]
         # the answer parsed from the text, each row extended on its own (rows may differ in length)
         prompt_rows = list(history.unbind(0))
-        answers = self._answers(prompt_rows, text_prompt, text.response, text_full)
-        chat = ChatHistory._from_tensordict(out.empty())
-        chat.prompt = history
-        chat.response = lazy_stack(answers)
-        chat.full = lazy_stack(
-            [p.extend(a, inplace=False, dim=0) for p, a in zip(prompt_rows, answers)]
+        answers = self._answers(prompt_rows, text_prompt, text_response, text_full)
+        full_history = [p.extend(a, inplace=False, dim=0) for p, a in zip(prompt_rows, answers)]
+
+        # torchrl's ragged layout (what ``out``'s attribute assignment builds), row by row once
+        result = TensorDict(batch_size=out.batch_size, device=out.device)
+        result.set(
+            self.tokens_key, stack_rows(Tokens, prompt=prompts, response=responses, full=full)
         )
-        out.set(self.history_key, chat)
-        return out
+        masks = [torch.ones(len(f), dtype=torch.bool) for f in full]
+        result.set(self.masks_key, stack_rows(Masks, all_attention_mask=masks))
+        scores = [lp[:n].cpu() for lp, n in zip(log_probs, ends)]
+        result.set(self.log_probs_key, stack_rows(LogProbs, response=scores))
+        texts = {"prompt": text_prompt, "full": text_full, "response": text_response}
+        result.set(self.text_key, stack_rows(Text, **texts))
+        chat = {"prompt": prompt_rows, "response": answers, "full": full_history}
+        result.set(self.history_key, stack_rows(ChatHistory, **chat))
+        return result
 
 
 def _unbind(value: Any) -> Any:

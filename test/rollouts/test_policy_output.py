@@ -1,0 +1,87 @@
+"""The policy's output layout: ``stack_rows`` builds what torchrl's attribute assignment builds.
+
+torchrl's LLM wrappers write ragged output (``pad_output=False``) by assigning lists to a
+tensorclass over a lazy stack (``tokens.response = [...]``); ``TrainerModelPolicy`` builds the
+same layout row by row with ``stack_rows``. Tensors, strings and ``History`` rows are compared
+container by container, leaf by leaf.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from tensordict import (
+    TensorDict,
+    is_tensor_collection,
+    is_tensorclass,
+    lazy_stack,
+    set_list_to_stack,
+)
+from torchrl.data.llm import History
+from torchrl.modules.llm import ChatHistory, LogProbs, Text, Tokens
+
+from torchrl_trl_interop.rollouts._policy_output import stack_rows
+
+
+def _layout(value, depth=0) -> list:
+    """The classes of ``value``'s containers and leaves, key by key, rows of lazy stacks too."""
+    data = value._tensordict if is_tensorclass(value) else value
+    shape = value.shape if isinstance(value, torch.Tensor) else value.batch_size
+    out = [(depth, type(value).__name__, type(data).__name__, tuple(shape))]
+    if type(data).__name__ == "LazyStackedTensorDict":
+        out.append(("stack_dim", data.stack_dim))
+        for row in data.tensordicts:
+            out += _layout(row, depth + 1)
+    elif is_tensor_collection(data) and not type(value).__name__.startswith("NonTensor"):
+        for key in sorted(data.keys()):
+            out += [key, *_layout(data.get(key), depth + 1)]
+    return out
+
+
+def _assigned(cls, columns: dict) -> object:
+    """What torchrl's wrappers build: the lists assigned to a tensorclass over a lazy stack."""
+    n = len(next(iter(columns.values())))
+    out = TensorDict(batch_size=[n]).to_lazystack(0)
+    value = cls._from_tensordict(out.empty())
+    for name, column in columns.items():  # History rows as the policy assigned them: stacked
+        setattr(value, name, lazy_stack(column) if isinstance(column[0], History) else column)
+    out.set("value", value)
+    return TensorDict(batch_size=[n]).update(out).get("value")
+
+
+def _histories(n):
+    return [
+        History(role=["user"] * (i + 1), content=[f"q{i}"] * (i + 1), batch_size=(i + 1,))
+        for i in range(n)
+    ]
+
+
+COLUMNS = {
+    "tokens": (Tokens, lambda n: {"prompt": [torch.arange(i + 1) for i in range(n)]}),
+    "log-probs": (LogProbs, lambda n: {"response": [-torch.rand(i + 2) for i in range(n)]}),
+    "text": (Text, lambda n: {"prompt": [f"p{i}" for i in range(n)], "full": ["f"] * n}),
+    "history": (ChatHistory, lambda n: {"prompt": _histories(n), "full": _histories(n)}),
+}
+
+
+@pytest.mark.parametrize("n", [1, 3])
+@pytest.mark.parametrize("kind", list(COLUMNS))
+def test_stack_rows_is_torchrls_layout(kind, n):
+    cls, make = COLUMNS[kind]
+    columns = make(n)
+    with set_list_to_stack(True):
+        ours, theirs = stack_rows(cls, **columns), _assigned(cls, columns)
+        assert _layout(ours) == _layout(theirs)
+        for name, column in columns.items():
+            read = ours.get(name, as_list=True) if kind != "history" else getattr(ours, name)
+            if kind == "history":
+                assert [h.tolist() for h in read.unbind(0)] == [h.tolist() for h in column]
+            elif kind == "text":
+                assert list(read) == column
+            else:
+                assert all(torch.equal(a, b) for a, b in zip(read, column))
+
+
+def test_stack_rows_needs_one_value_per_row():
+    with pytest.raises(ValueError):
+        stack_rows(Text, prompt=["a", "b"], full=["c"])
