@@ -18,8 +18,13 @@ step's output in place of the old ones. torchrl copies every entry it carries ov
 here they are carried as they are, which the online loop can afford: it never reads the step's
 input again.
 
+The step's base part is ``ChatEnv``'s own, but for its copy of the conversation: torchrl
+deep-copies the step's full History into the next prompt (~1.5 ms for 8 rows); here it gets new
+containers over the same leaves, which protect the input as well (:func:`_next_history`).
+
 The upstream fixes: copy in ``Transform.inv`` only when a transform has inverse keys; carry
-entries over in ``step_mdp`` without copying them (or copy History leaves as leaves).
+entries over in ``step_mdp`` without copying them (or copy History leaves as leaves); in
+``ChatEnv._step_history``, copy the History's containers, not its leaves.
 """
 
 from __future__ import annotations
