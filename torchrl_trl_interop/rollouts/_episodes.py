@@ -211,6 +211,7 @@ class _Episodes:
             add_generation_prompt=True,
         )
         closing = turn_closing(self.policy, self.tokenizer)
+        added = {}  # per active row, the text the environment added
         for i, row in enumerate(rows):
             if not row.active:
                 continue
@@ -228,10 +229,11 @@ class _Episodes:
                 eos_text = self.tokenizer.decode([last], skip_special_tokens=False)
                 if close.startswith(eos_text):
                     close = close[len(eos_text) :]
-            text = close + texts[i][len(answered[i]) :]
-            row.extend(
-                list(self.tokenizer(text, add_special_tokens=False)["input_ids"]), None, True
-            )
+            added[i] = close + texts[i][len(answered[i]) :]
+        if added:  # tokenized in one call
+            ids = self.tokenizer(list(added.values()), add_special_tokens=False)["input_ids"]
+            for i, row_ids in zip(added, ids):
+                rows[i].extend(list(row_ids), None, True)
 
 
 def run_episodes(

@@ -20,8 +20,8 @@ __all__ = ["generation_prompt", "render", "turn_closing"]
 
 _PROBE = "\x00torchrl_trl_interop\x00"
 _NO_ROLE = "<none>"  # torchrl's placeholder turn, which its renders skip
-#: per tokenizer: {(chat_template_name, chat_template, tokenizer template, generation prompt):
-#: the keyword arguments torchrl gives the tokenizer's apply_chat_template}
+#: per tokenizer: {(what, chat_template_name, chat_template, tokenizer template): value}, the
+#: keyword arguments torchrl gives the tokenizer's apply_chat_template and the probe renders
 _RECORDED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
@@ -46,29 +46,40 @@ def _chosen_template(policy: Any) -> dict[str, Any]:
     return {n: getattr(policy, n) for n in names if getattr(policy, n, None) is not None}
 
 
+def _cached(policy: Any, tokenizer: Any, what: Any, compute: Any) -> Any:
+    """``compute()``, once per tokenizer, policy template and tokenizer template (``what`` names
+    the value: a probe render's text or the arguments torchrl passes)."""
+    kwargs = _chosen_template(policy)
+    key = (
+        what,
+        kwargs.get("chat_template_name"),
+        kwargs.get("chat_template"),
+        getattr(tokenizer, "chat_template", None),
+    )
+    try:
+        cache = _RECORDED.setdefault(tokenizer, {})
+    except TypeError:  # a tokenizer that takes no weak reference: compute every time
+        return compute()
+    if key not in cache:
+        cache[key] = compute()
+    return cache[key]
+
+
 def _template_kwargs(policy: Any, tokenizer: Any, add_generation_prompt: bool) -> dict | None:
     """What torchrl passes to ``tokenizer.apply_chat_template`` for ``policy``, or ``None``."""
     from torchrl.data.llm import History
 
-    kwargs = _chosen_template(policy)
-    key = (
-        kwargs.get("chat_template_name"),
-        kwargs.get("chat_template"),
-        getattr(tokenizer, "chat_template", None),
-        add_generation_prompt,
-    )
-    try:
-        recorded = _RECORDED.setdefault(tokenizer, {})
-    except TypeError:  # a tokenizer that takes no weak reference: record every time
-        recorded = {}
-    if key not in recorded:
+    def record() -> dict | None:
         recorder = _Recorder(tokenizer)
         probe = History.from_chats([[{"role": "user", "content": _PROBE}]])[0]
         probe.apply_chat_template(
-            tokenizer=recorder, add_generation_prompt=add_generation_prompt, **kwargs
+            tokenizer=recorder,
+            add_generation_prompt=add_generation_prompt,
+            **_chosen_template(policy),
         )
-        recorded[key] = recorder.kwargs
-    return recorded[key]
+        return recorder.kwargs
+
+    return _cached(policy, tokenizer, ("arguments", add_generation_prompt), record)
 
 
 def render(history: Any, policy: Any, tokenizer: Any, *, add_generation_prompt: bool) -> list:
@@ -117,9 +128,14 @@ def turn_closing(policy: Any, tokenizer: Any) -> str:
         >>> turn_closing(None, toy_tokenizer())
         '<|im_end|>\\n'
     """
-    chat = [{"role": "user", "content": "?"}, {"role": "assistant", "content": _PROBE}]
-    text = _probe_render(policy, tokenizer, chat, False)
-    return text.split(_PROBE, 1)[1] if _PROBE in text else ""
+
+    def closing() -> str:
+        chat = [{"role": "user", "content": "?"}, {"role": "assistant", "content": _PROBE}]
+        text = _probe_render(policy, tokenizer, chat, False)
+        return text.split(_PROBE, 1)[1] if _PROBE in text else ""
+
+    tokenizer = getattr(policy, "tokenizer", None) or tokenizer
+    return _cached(policy, tokenizer, "turn closing", closing)
 
 
 def generation_prompt(policy: Any, tokenizer: Any) -> str | None:
