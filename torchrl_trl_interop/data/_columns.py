@@ -130,13 +130,28 @@ def _history_column(batch: TensorDictBase, key: NestedKey) -> Column:
     return Column(key, MESSAGES, history_to_messages(history))
 
 
-def _string_rows(batch: TensorDictBase, key: NestedKey) -> list | None:
-    """The strings of a lazy stack of single ``NonTensorData`` strings (text), or ``None``."""
-    rows = row_entries(batch, key_parts(key))
-    if rows is None or not all(type(v) is NonTensorData and not v.batch_size for v in rows):
+def _strings(rows: list | None, scalar: bool = False) -> list | None:
+    """The strings of per-row single ``NonTensorData`` strings (text), or ``None``
+    (``scalar``: the rows are known to be 0-dim)."""
+    if rows is None or not all(type(v) is NonTensorData for v in rows):
+        return None
+    if not scalar and any(v.batch_size for v in rows):
         return None
     values = [v._non_tensordict["data"] for v in rows]
     return values if all(type(v) is str for v in values) else None
+
+
+def _string_rows(batch: TensorDictBase, key: NestedKey) -> list | None:
+    """The strings of a lazy stack's rows of single ``NonTensorData`` strings, or ``None``."""
+    return _strings(row_entries(batch, key_parts(key)))
+
+
+def _stacked_strings(value: Any) -> list | None:
+    """The strings of a ``NonTensorStack`` of single ``NonTensorData`` strings, or ``None``
+    (``tolist`` reads each through tensordict's attribute access: ~25 µs a row)."""
+    if type(value) is not NonTensorStack or value.batch_dims != 1:
+        return None
+    return _strings(value.tensordicts, scalar=True)  # the entries of a 1-dim stack are 0-dim
 
 
 def _unwrap(value: Any) -> Any:
@@ -180,6 +195,9 @@ def _column(
     value = batch.get(key)
     if isinstance(value, torch.Tensor):
         return Column(key, DENSE, value, bounds)
+    strings = _stacked_strings(value)
+    if strings is not None:
+        return Column(key, VALUES, strings)
     return Column(key, VALUES, _value_rows(key, value, batch.batch_size[0], owner))
 
 

@@ -1,7 +1,8 @@
 """How the dataset reads a torchrl buffer from other processes: workers, spawn and Ray.
 
 Every reach into torchrl's private attributes (a buffer's ``_rng``, a storage's ``_storage``,
-Ray buffer client classes) lives here, so a torchrl upgrade has one module to check. The checks
+Ray buffer client classes) lives here or, for reading a plain storage's rows, in ``_direct``,
+so a torchrl upgrade has two modules to check. The checks
 refuse reads that would silently yield wrong rows (see the project BRIEF): stale copies in
 DataLoader workers, half-written rows, samplers copied into several readers.
 """
@@ -25,6 +26,7 @@ from torchrl.data import (
 
 from .._keys import key_to_str
 from ._committed import CommittedWriter
+from ._direct import direct_sample
 from ._selection import column_keys, non_tensor_columns
 
 __all__ = [
@@ -73,16 +75,23 @@ def sample(
 ) -> TensorDictBase:
     """``replay_buffer.sample(batch_size)``, drawn with ``generator`` when one is given.
 
-    The buffer keeps its own generator: it is swapped back after the call.
+    The buffer keeps its own generator: it is swapped back after the call. A plain tensor-storage
+    buffer is read from its storage directly (``_direct.direct_sample``): the same rows.
     """
     if generator is None:
-        return replay_buffer.sample(batch_size)
+        return _sample(replay_buffer, batch_size)
     previous = replay_buffer._rng
     replay_buffer.set_rng(generator)
     try:
-        return replay_buffer.sample(batch_size)
+        return _sample(replay_buffer, batch_size)
     finally:
         replay_buffer.set_rng(previous)
+
+
+def _sample(replay_buffer: ReplayBuffer, batch_size: int) -> TensorDictBase:
+    """``replay_buffer.sample``, read from a plain tensor storage directly (``_direct``)."""
+    batch = direct_sample(replay_buffer, batch_size)
+    return batch if batch is not None else replay_buffer.sample(batch_size)
 
 
 def _shallow_copy(obj: Any) -> Any:

@@ -20,6 +20,7 @@ from tensordict.utils import NestedKey
 from ._arrow import arrow_table, declared_schema, python_columns
 from ._columns import Column, walk_columns
 from ._committed import committed_length, read_committed, read_committed_rows
+from ._direct import direct_read
 from ._processes import (
     check_overwrites,
     check_picklable_for_workers,
@@ -126,7 +127,8 @@ class BufferReader:
         with set_list_to_stack(True):  # History needs it; scoped to the read
             if committed:
                 return read_committed_rows(self.replay_buffer, index)
-            return self.replay_buffer[index]
+            batch = direct_read(self.replay_buffer, index)  # a plain storage: the same rows
+            return batch if batch is not None else self.replay_buffer[index]
 
     def length(self, committed: bool = False) -> int:
         """Rows stored now (``committed``: rows a :class:`CommittedWriter` finished writing)."""
