@@ -22,7 +22,7 @@ from torchrl_trl_interop import (
     rows_to_tensordict,
     split_prompt_completion,
 )
-from torchrl_trl_interop._history_fields import _layout_fields
+from torchrl_trl_interop._history_fields import _layout_fields, _layout_values, history_messages
 from torchrl_trl_interop.testing import toy_chats
 
 
@@ -359,6 +359,13 @@ class TestFastPathMatchesTensorclassPath:
                 assert plain(history_to_messages(history[row])) == expected[row]
             if layout != "tool_calls":  # every plain layout is read from its payloads
                 assert _layout_fields(history._tensordict, history.ndim) is not None
+            if history.ndim == 2:  # the turns' dicts a chat template renders: tolist's own
+                assert history_messages(history) == history.tolist(tolist_first=True)
+                fast = [
+                    _layout_values(history._tensordict, 2, names, exact=True) is not None
+                    for names in (("role", "content", "is_complete"), ("role", "content"))
+                ]
+                assert any(fast) == (layout != "tool_calls")  # read from the payloads
 
     def test_broadcast_payload(self):
         """A ``NonTensorData`` holds one value for its whole batch: read as that value per turn

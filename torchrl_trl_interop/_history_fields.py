@@ -6,7 +6,8 @@ fields stack every turn (what :func:`~torchrl_trl_interop.messages_to_history` b
 ``LazyTensorStorage`` returns), and any nesting of the two. :func:`history_fields` reads
 ``(roles, contents)`` from the ``NonTensorData`` / ``NonTensorStack`` payloads in one walk, for
 every layout, and falls back to tensordict's ``tolist`` for any other; :func:`history_column`
-reads a column of ``[T]`` Histories row by row without building the stacked History.
+reads a column of ``[T]`` Histories row by row without building the stacked History;
+:func:`history_messages` reads every turn's dict (what ``tolist`` gives) the same way.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from ._keys import row_entries
 if TYPE_CHECKING:  # pragma: no cover
     from torchrl.data.llm import History
 
-__all__ = ["history_column", "history_fields"]
+__all__ = ["history_column", "history_fields", "history_messages"]
 
 
 def history_fields(history: History) -> tuple[Any, Any]:
@@ -84,27 +85,37 @@ def _layout_fields(td: Any, ndim: int) -> tuple[Any, Any] | None:
     TensorDicts whose fields stack every turn (:func:`messages_to_history`, a
     ``LazyTensorStorage``), any nesting of the two, stacked along any dimension; ``None`` for
     any other layout or a turn with tool calls (read through ``_tool_calls`` instead)."""
+    return _layout_values(td, ndim, ("role", "content"), exact=False)
+
+
+def _layout_values(td: Any, ndim: int, names: tuple[str, ...], exact: bool) -> tuple | None:
+    """The fields ``names`` of a History's tensordict as nested lists, read as
+    :func:`_layout_fields` reads the roles and contents; ``exact``: ``None`` unless every turn
+    holds exactly these fields (else: ``None`` for a turn with tool calls)."""
     cls = type(td)
     if cls is LazyStackedTensorDict:
         dim = td.stack_dim
         if not 0 <= dim < ndim or not td.tensordicts:
             return None
         if ndim == 1:  # one conversation's turns: the common case, read in one loop
-            return _turn_fields(td.tensordicts)
-        rows = [_layout_fields(sub, ndim - 1) for sub in td.tensordicts]
+            return _turn_fields(td.tensordicts, names, exact)
+        rows = [_layout_values(sub, ndim - 1, names, exact) for sub in td.tensordicts]
         if any(row is None for row in rows):
             return None
-        return _stacked([r for r, _ in rows], dim), _stacked([c for _, c in rows], dim)
+        return tuple(_stacked([row[i] for row in rows], dim) for i in range(len(names)))
     if cls is not TensorDict or len(td._batch_size) != ndim:
         return None
     fields = td._tensordict
-    if "tool_calls" in fields:
+    if not _holds(fields, names, exact):
         return None
-    roles = _payloads(fields.get("role"), ndim)
-    contents = _payloads(fields.get("content"), ndim)
-    if roles is None or contents is None:
-        return None
-    return roles, contents
+    values = tuple(_payloads(fields.get(name), ndim) for name in names)
+    return None if any(v is None for v in values) else values
+
+
+def _holds(fields: dict, names: tuple[str, ...], exact: bool) -> bool:
+    if exact:
+        return len(fields) == len(names) and all(name in fields for name in names)
+    return "tool_calls" not in fields
 
 
 def history_column(batch: Any, key: tuple[str, ...]) -> tuple[list, list] | None:
@@ -122,22 +133,44 @@ def history_column(batch: Any, key: tuple[str, ...]) -> tuple[list, list] | None
     return [r for r, _ in fields], [c for _, c in fields]
 
 
-def _turn_fields(turns: list) -> tuple[list, list] | None:
-    """``(roles, contents)`` of per-turn TensorDicts (no batch dimension), what
-    :func:`_layout_fields` reads for them, without a call per turn; ``None`` for any other."""
-    roles, contents = [], []
+def _turn_fields(turns: list, names: tuple[str, ...], exact: bool) -> tuple | None:
+    """The fields ``names`` of per-turn TensorDicts (no batch dimension), what
+    :func:`_layout_values` reads for them, without a call per turn; ``None`` for any other."""
+    values: tuple[list, ...] = tuple([] for _ in names)
     for turn in turns:
         if type(turn) is not TensorDict or turn._batch_size:
             return None
         fields = turn._tensordict
-        if "tool_calls" in fields:
+        if not _holds(fields, names, exact):
             return None
-        role, content = fields.get("role"), fields.get("content")
-        if type(role) is not NonTensorData or type(content) is not NonTensorData:
-            return None
-        roles.append(role._non_tensordict["data"])
-        contents.append(content._non_tensordict["data"])
-    return roles, contents
+        for name, column in zip(names, values):
+            value = fields.get(name)
+            if type(value) is not NonTensorData:
+                return None
+            column.append(value._non_tensordict["data"])
+    return values
+
+
+def history_messages(history: History) -> list:
+    """``history.tolist(tolist_first=True)`` of a ``[B, T]`` History: per conversation, one dict
+    per turn (``role``, ``content`` and ``is_complete`` where the History holds it).
+
+    Read from the payloads in one walk (~30x tensordict's ``tolist`` on 8 rows) when every turn
+    holds just these fields; any other History (tool calls, other fields, other layouts) goes
+    through ``tolist``.
+
+    Examples:
+        >>> from torchrl.data.llm import History
+        >>> history = History.from_chats([[{"role": "user", "content": "Hi"}]])
+        >>> history_messages(history) == history.tolist(tolist_first=True)
+        True
+    """
+    if history.ndim == 2:
+        for names in (("role", "content", "is_complete"), ("role", "content")):
+            values = _layout_values(history._tensordict, 2, names, exact=True)
+            if values is not None:
+                return [[dict(zip(names, turn)) for turn in zip(*row)] for row in zip(*values)]
+    return history.tolist(tolist_first=True)
 
 
 def _field_lists(td: Any, field: str, ndim: int) -> Any:

@@ -16,6 +16,8 @@ from __future__ import annotations
 import weakref
 from typing import Any
 
+from .._history_fields import history_messages
+
 __all__ = ["generation_prompt", "render", "turn_closing"]
 
 _PROBE = "\x00torchrl_trl_interop\x00"
@@ -103,7 +105,7 @@ def render(history: Any, policy: Any, tokenizer: Any, *, add_generation_prompt: 
             add_generation_prompt=add_generation_prompt,
             **_chosen_template(policy),
         )
-    rows = history.tolist(tolist_first=True)
+    rows = history_messages(history)  # tolist's dicts, read from the payloads
     return [
         tokenizer.apply_chat_template(
             conversation=[m for m in row if m["role"] != _NO_ROLE], **kwargs
