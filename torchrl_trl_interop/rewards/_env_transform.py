@@ -22,6 +22,7 @@ from torchrl.data import Composite, Unbounded
 from torchrl.envs.transforms import Compose, Transform, TransformedEnv
 
 from .._checks import as_names, check_bool, check_keywords, public_call, speaking_for
+from .._history_fields import history_fields
 from .._keys import DONE_KEY, HISTORY_KEY, REWARD_KEY, as_nested_key, keys_present
 from ._from_trl import TRLRewardFuncWrapper
 from ._input_mode import CHAT_MODES, resolve_input_mode
@@ -274,8 +275,12 @@ class RewardTransform(Transform):
                 )
             flat = tensordict if tensordict.ndim == 1 else tensordict.reshape(-1)
             with set_list_to_stack(True):
-                roles = flat.get(self.history_key).role
-                roles = roles.tolist() if hasattr(roles, "tolist") else list(roles)
+                history = flat.get(self.history_key)
+                if history.ndim == 2:  # [B, T]: read from the payloads, any layout
+                    roles = history_fields(history)[0]
+                else:
+                    roles = history.role
+                    roles = roles.tolist() if hasattr(roles, "tolist") else list(roles)
             last = [[r for r in row if r != "<none>"][-1:] for row in roles]
             scored &= torch.tensor([bool(r) and r[0] in self.completion_roles for r in last])
         if self.only_done:
