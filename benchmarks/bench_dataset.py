@@ -510,7 +510,7 @@ def main() -> None:
     global TOUCH_MODE
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rows", type=int, default=20_000, help="rows stored and iterated")
-    parser.add_argument("--repeats", type=int, default=3, help="repetitions; the median is kept")
+    parser.add_argument("--repeats", type=int, default=5, help="repetitions; the median is kept")
     parser.add_argument("--quick", action="store_true", help="smoke run: 2,048 rows, 1 repeat")
     parser.add_argument("--touch", choices=["element", "sum"], default="element")
     parser.add_argument(

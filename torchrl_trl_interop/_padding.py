@@ -1,4 +1,4 @@
-"""Padding and unpadding with tensor ops: trim bounds, zero-copy row splits, pad, pack right.
+"""Padding and unpadding with tensor ops: attended spans, zero-copy row splits, pad, pack right.
 
 Plain functions over tensors, shared by the dataset's column split
 (``_columns``), the collator (``_collate``) and
@@ -8,73 +8,133 @@ the reward model's input packing (``_inputs``).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import cached_property
 
+import numpy as np
 import torch
 from torch.nn.utils.rnn import pad_sequence
 
 __all__ = [
+    "Spans",
     "length_buckets",
+    "mask_spans",
     "pack_right",
     "pad_rows",
     "position_mask",
-    "split_rows",
-    "trim_bounds",
     "trim_row",
     "unbucket",
 ]
 
 
-def trim_bounds(mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """First attended index and one-past-last attended index per row of a ``[B, L]`` mask.
-
-    Rows with no attended token get ``(0, 0)``.
-
-    Examples:
-        >>> import torch
-        >>> trim_bounds(torch.tensor([[0, 1, 1, 0], [1, 1, 1, 1], [0, 0, 0, 0]]))
-        (tensor([1, 0, 0]), tensor([3, 4, 0]))
-    """
+def _spans_torch(mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, bool]:
     mask = mask.bool()
     length = mask.shape[-1]
+    if length == 0:  # no position: every span is empty (argmax refuses an empty dim)
+        empty = torch.zeros(mask.shape[:-1], dtype=torch.long, device=mask.device)
+        return empty, empty.clone(), False
     has_any = mask.any(-1)
     first = mask.int().argmax(-1)
     last = length - mask.flip(-1).int().argmax(-1)
     first = torch.where(has_any, first, torch.zeros_like(first))
     last = torch.where(has_any, last, torch.zeros_like(last))
-    return first, last
+    return first, last, False
 
 
-def split_rows(
-    value: torch.Tensor,
-    bounds: tuple[torch.Tensor, torch.Tensor, torch.Size] | None = None,
-) -> list[torch.Tensor]:
-    """Splits a ``[B, ...]`` tensor into rows, cut to ``bounds`` when the leading shapes match.
+def _spans_numpy(mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, bool]:
+    """:func:`_spans_torch` of a ``[B, L > 0]`` CPU mask, ~4x faster.
 
-    ``bounds`` is ``(first, last, mask_shape)`` from :func:`trim_bounds` of a ``[B, L]`` mask; a
-    tensor whose leading shape is not ``mask_shape`` is split as it is. Trimming copies nothing:
-    in the flattened ``[B * L, ...]`` tensor each row's attended span is one contiguous run, so
-    one ``split`` into (gap, span) chunks gives every row as a view.
+    NumPy's ``argmax`` of a boolean row stops at its first ``True``. The span's end is then
+    its start plus the row's count of ``True`` when every row's attended positions form one
+    run (no row rises from ``False`` to ``True`` twice), as tokenizers and TorchRL's wrappers
+    write them; otherwise it is read from the reversed rows.
+    """
+    real = mask.numpy() if mask.dtype == torch.bool else mask.detach().numpy() != 0
+    first = real.argmax(1)  # 0 for a row with no attended token, as wanted
+    count = np.count_nonzero(real, axis=1)
+    rises = np.count_nonzero(real[:, 1:] > real[:, :-1]) + np.count_nonzero(real[:, 0])
+    if rises == np.count_nonzero(count):  # one run per row that has one
+        last = first + count
+        solid = mask.dtype == torch.bool
+    else:
+        last = np.where(count > 0, real.shape[1] - real[:, ::-1].argmax(1), 0)
+        solid = False
+    return torch.from_numpy(first), torch.from_numpy(last), solid
+
+
+def mask_spans(mask: torch.Tensor) -> Spans:
+    """Each row's attended span in a ``[B, L]`` mask, found once to cut every column of a batch.
+
+    Rows with no attended token get the span ``(0, 0)``. See :class:`Spans`.
 
     Examples:
         >>> import torch
-        >>> ids = torch.tensor([[0, 5, 6], [7, 8, 9]])
-        >>> first, last = trim_bounds(torch.tensor([[0, 1, 1], [1, 1, 1]]))
-        >>> split_rows(ids, (first, last, ids.shape))
-        [tensor([5, 6]), tensor([7, 8, 9])]
+        >>> spans = mask_spans(torch.tensor([[False, True, True], [True, True, True]]))
+        >>> spans.first, spans.last, spans.solid
+        (tensor([1, 0]), tensor([3, 3]), True)
     """
-    if bounds is not None:
-        first, last, mask_shape = bounds
-        if len(mask_shape) == 2 and value.shape[:2] == mask_shape and mask_shape[0] > 0:
-            rows, length = mask_shape
-            flat = value.contiguous().reshape(rows * length, *value.shape[2:])
-            gaps = torch.empty(rows + 1, dtype=torch.long)
-            gaps[0] = first[0]
-            gaps[1:-1] = (length - last[:-1]) + first[1:]
-            gaps[-1] = length - last[-1]
-            sizes = torch.stack([gaps[:-1], last - first], 1).reshape(-1).tolist()
-            sizes.append(int(gaps[-1]))
-            return list(flat.split(sizes)[1::2])
-    return list(value.unbind(0))
+    if mask.ndim == 2 and mask.device.type == "cpu" and mask.shape[0] > 0 and mask.shape[1] > 0:
+        first, last, solid = _spans_numpy(mask)
+    else:
+        first, last, solid = _spans_torch(mask)
+    return Spans(first, last, mask, solid)
+
+
+@dataclass(eq=False)
+class Spans:
+    """Each row's attended span ``[first, last)`` in a ``[B, L]`` ``mask`` (:func:`mask_spans`).
+
+    ``solid`` is ``True`` when the mask is boolean and attends every position of every span:
+    its own rows, cut to their spans, are then all ``True``.
+    """
+
+    first: torch.Tensor
+    last: torch.Tensor
+    mask: torch.Tensor
+    solid: bool = False
+
+    @property
+    def shape(self) -> torch.Size:
+        """The mask's shape."""
+        return self.mask.shape
+
+    @cached_property
+    def sizes(self) -> list[int]:
+        """Chunk sizes of the flattened ``[B * L]`` mask: gap, span, gap, ..., span, gap."""
+        first, last = self.first.cpu().numpy(), self.last.cpu().numpy()
+        rows, length = self.shape
+        sizes = np.empty(2 * rows + 1, dtype=np.int64)
+        sizes[0] = first[0]
+        sizes[1:-1:2] = last - first
+        sizes[2:-1:2] = length - last[:-1] + first[1:]
+        sizes[-1] = length - last[-1]
+        return sizes.tolist()
+
+    def split(self, value: torch.Tensor) -> list[torch.Tensor]:
+        """Splits a ``[B, ...]`` tensor into rows, each cut to its span when the tensor's leading
+        shape is the mask's (otherwise the rows as they are).
+
+        Cutting copies nothing: in the flattened ``[B * L, ...]`` tensor each row's span is one
+        contiguous run, so one ``split`` into (gap, span) chunks gives every row as a view. The
+        mask's own rows, when ``solid``, are one new ``True`` tensor split into the spans alone
+        (half the views: views are most of the cost).
+
+        Examples:
+            >>> import torch
+            >>> ids = torch.tensor([[0, 5, 6], [7, 8, 9]])
+            >>> mask_spans(torch.tensor([[0, 1, 1], [1, 1, 1]])).split(ids)
+            [tensor([5, 6]), tensor([7, 8, 9])]
+        """
+        shape = self.shape
+        if len(shape) != 2 or value.shape[:2] != shape or shape[0] == 0:
+            return list(value.unbind(0))
+        sizes = self.sizes
+        if self.solid and value is self.mask:
+            lengths = sizes[1::2]
+            return list(value.new_ones(sum(lengths)).split(lengths))
+        rows, length = shape
+        flat = value.contiguous().reshape(rows * length, *value.shape[2:])
+        return list(flat.split(sizes)[1::2])
 
 
 def trim_row(value: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

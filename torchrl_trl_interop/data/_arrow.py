@@ -202,7 +202,7 @@ def _packed(column: Column, dtype: torch.dtype) -> tuple[torch.Tensor, list[int]
     if column.kind == DENSE:
         value = column.data.detach().cpu()
         if column.bounds is not None:
-            first, last, mask_shape = column.bounds
+            first, last, mask_shape = column.bounds.first, column.bounds.last, column.bounds.shape
             if len(mask_shape) == 2 and value.shape[:2] == mask_shape and mask_shape[0] > 0:
                 first, last = first.cpu(), last.cpu()
                 positions = torch.arange(mask_shape[1])

@@ -29,7 +29,7 @@ from .._checks import as_device, check_tensordict
 from .._conversation import history_to_messages, messages_of
 from .._history_fields import history_column, history_fields
 from .._keys import flatten_nested, get_entry, key_parts, keys_present, row_entries
-from .._padding import split_rows, trim_bounds, trim_row
+from .._padding import Spans, mask_spans, trim_row
 from .._tool_calls import has_turn_fields
 from ._selection import (
     as_column_key,
@@ -52,8 +52,9 @@ DENSE, RAGGED, TURNS, MESSAGES, VALUES = "dense", "ragged", "turns", "messages",
 class Column:
     """One column of a ``[B]`` batch, as :func:`walk_columns` found it.
 
-    ``kind`` is ``"dense"`` (``data``: a ``[B, ...]`` tensor, cut by ``bounds``, the
-    ``(first, last, mask shape)`` of a dense mask, when its leading shape is the mask's),
+    ``kind`` is ``"dense"`` (``data``: a ``[B, ...]`` tensor, cut to ``bounds``, the
+    :class:`~torchrl_trl_interop._padding.Spans` of a dense mask, when its leading shape is the
+    mask's),
     ``"ragged"`` (``data``: ``B`` per-row tensors, already cut to their masks), ``"turns"``
     (``data``: ``(roles, contents)`` of History turns without tool calls), ``"messages"``
     (``data``: ``B`` TRL message lists of History with tool calls) or ``"values"`` (``data``:
@@ -63,13 +64,13 @@ class Column:
     key: NestedKey
     kind: str
     data: Any
-    bounds: Any = None
+    bounds: Spans | None = None
 
     def rows(self, device: torch.device | None = None) -> list:
         """The column's ``B`` per-row values: tensors (on ``device``), ``str``, message lists."""
         if self.kind == DENSE:
             value = self.data if device is None else self.data.to(device)
-            return split_rows(value, self.bounds)
+            return list(value.unbind(0)) if self.bounds is None else self.bounds.split(value)
         if self.kind == RAGGED:
             return list(self.data) if device is None else [v.to(device) for v in self.data]
         if self.kind == TURNS:
@@ -86,20 +87,22 @@ def _ragged_rows(batch: TensorDictBase, key: NestedKey) -> list:
     return rows if rows is not None else list(batch.get(key, as_list=True))
 
 
-def _mask_rows(batch: TensorDictBase, mask_key: NestedKey | None) -> tuple[Any, list | None]:
-    """What the mask at ``mask_key`` cuts with: ``(bounds, None)`` for a dense mask (see
-    :func:`trim_bounds`), ``(None, per-row masks)`` for a ragged one, ``(None, None)`` without."""
+def _mask_rows(
+    batch: TensorDictBase, mask_key: NestedKey | None
+) -> tuple[Spans | None, list | None]:
+    """What the mask at ``mask_key`` cuts with: ``(spans, None)`` for a dense mask (see
+    :func:`mask_spans`), ``(None, per-row masks)`` for a ragged one, ``(None, None)`` without."""
     if mask_key is None:
         return None, None
     if probe(batch, mask_key)[1]:
         return None, _ragged_rows(batch, mask_key)
     mask = batch.get(mask_key)
-    return (*trim_bounds(mask), mask.shape), None
+    return mask_spans(mask), None
 
 
-def _cut_rows(rows: list[torch.Tensor], bounds: Any) -> list[torch.Tensor]:
-    """Per-row tensors cut to a dense mask's bounds, each whose length is the mask's width."""
-    first, last, mask_shape = bounds
+def _cut_rows(rows: list[torch.Tensor], bounds: Spans) -> list[torch.Tensor]:
+    """Per-row tensors cut to a dense mask's spans, each whose length is the mask's width."""
+    first, last, mask_shape = bounds.first, bounds.last, bounds.shape
     if len(mask_shape) != 2 or len(rows) != mask_shape[0]:
         return rows
     width = mask_shape[1]
