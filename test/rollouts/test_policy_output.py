@@ -20,7 +20,8 @@ from tensordict import (
 from torchrl.data.llm import History
 from torchrl.modules.llm import ChatHistory, LogProbs, Text, Tokens
 
-from torchrl_trl_interop.rollouts._policy_output import stack_rows
+from torchrl_trl_interop import messages_to_history
+from torchrl_trl_interop.rollouts._policy_output import extend_history, stack_rows
 
 
 def _layout(value, depth=0) -> list:
@@ -85,3 +86,68 @@ def test_stack_rows_is_torchrls_layout(kind, n):
 def test_stack_rows_needs_one_value_per_row():
     with pytest.raises(ValueError):
         stack_rows(Text, prompt=["a", "b"], full=["c"])
+
+
+_CHATS = [
+    [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": f"What is {i} plus 2?"},
+    ]
+    for i in range(3)
+]
+_ANSWERS = [
+    "<|im_start|>assistant\n3<|im_end|>",  # complete
+    "<|im_start|>assistant\n4 plus",  # cut short: is_complete False
+    "<|im_start|>assistant\nA<|im_end|>\n<|im_start|>user\nB<|im_end|>",  # two turns
+]
+
+
+def _leaves(history) -> list:
+    """Every NonTensorData leaf of a History, field by field, turn by turn."""
+    td = history._tensordict
+    if type(td).__name__ == "LazyStackedTensorDict":
+        return [row.get(k) for k in sorted(td.tensordicts[0].keys()) for row in td.tensordicts]
+    return [leaf for k in sorted(td.keys()) for leaf in getattr(td.get(k), "tensordicts", [])]
+
+
+@pytest.mark.parametrize("prompts", ["from_chats", "messages_to_history"])
+def test_extend_history_is_history_extend(prompts):
+    """Same containers, same values, over the same leaves as ``History.extend`` (which concatenates
+    with ``torch.cat``), for the prompt layouts torchrl and ``messages_to_history`` write, the
+    answer layout ``from_text`` writes, and the extended layout itself (the next turn)."""
+    with set_list_to_stack(True):
+        build = History.from_chats if prompts == "from_chats" else messages_to_history
+        rows = build(_CHATS).unbind(0)
+        answers = [History.from_text(t, chat_template_name="chatml_format") for t in _ANSWERS]
+        for prompt, answer in zip(rows, answers):
+            theirs, ours = (
+                prompt.extend(answer, inplace=False, dim=0),
+                extend_history(prompt, answer),
+            )
+            assert _layout(ours) == _layout(theirs)
+            assert ours.tolist() == theirs.tolist()
+            assert ours.tolist()[: prompt.shape[0]] == prompt.tolist()  # the inputs unchanged
+            if prompts == "from_chats":  # the leaves themselves, as torch.cat keeps them
+                assert all(a is b for a, b in zip(_leaves(ours), _leaves(theirs)))
+            again_theirs = theirs.extend(answer, inplace=False, dim=0)
+            again_ours = extend_history(ours, answer)
+            assert _layout(again_ours) == _layout(again_theirs)
+            assert again_ours.tolist() == again_theirs.tolist()
+
+
+def test_extend_history_other_fields_go_through_extend():
+    """An answer with fields the prompt lacks (tool calls) is ``History.extend``'s to join: here
+    tensordict refuses to concatenate them, and so does ``extend_history``, with its error."""
+    with set_list_to_stack(True):
+        prompt = History.from_chats(_CHATS[:1])[0]
+        answer = History(
+            role=["assistant"],
+            content=[""],
+            tool_calls=[[{"name": "add", "arguments": {"a": 1}}]],
+            batch_size=(1,),
+        )
+        with pytest.raises(RuntimeError) as theirs:
+            prompt.extend(answer, inplace=False, dim=0)
+        with pytest.raises(RuntimeError) as ours:
+            extend_history(prompt, answer)
+        assert str(ours.value) == str(theirs.value)

@@ -18,7 +18,7 @@ from torchrl.modules.llm import TransformersWrapper
 from .._conversation import history_to_messages
 from .._padding import pad_rows, position_mask
 from ._episodes import NO_TURN
-from ._policy_output import PolicyKeys, stack_rows
+from ._policy_output import PolicyKeys, extend_history, stack_rows
 from ._render import generation_prompt, render
 
 __all__ = [
@@ -128,12 +128,13 @@ class TrainerModelPolicy(TransformersWrapper):
         ids = self.tokenizer(texts, add_special_tokens=False)["input_ids"]
         return [torch.tensor(row, dtype=torch.long) for row in ids]
 
-    def _parse(self, texts: list[str]) -> Any:
+    def _parse(self, texts: list[str]) -> list:
+        """torchrl's parse of each text, one History per text (a list of texts would be parsed
+        the same way, then lazily stacked, which the rows must be taken out of again)."""
         from torchrl.data.llm import History
 
-        return History.from_text(
-            texts, chat_template_name=self.chat_template_name, tokenizer=self.tokenizer
-        )
+        name, tokenizer = self.chat_template_name, self.tokenizer
+        return [History.from_text(t, chat_template_name=name, tokenizer=tokenizer) for t in texts]
 
     def _answers(
         self, prompt_rows: list, text_prompt: list, text_response: list, text_full: list
@@ -142,9 +143,9 @@ class TrainerModelPolicy(TransformersWrapper):
 
         Parsing the whole conversation (``History.from_text`` of the full text) costs time in
         every message of it; the answer is parsed from the response alone, behind the template's
-        generation prompt (which every prompt ends with), in one call. On a template's first
-        call, row 0 is also parsed the whole way and must agree, else (a template whose parser
-        needs the whole text) every row of every call is.
+        generation prompt (which every prompt ends with). On a template's first call, row 0 is
+        also parsed the whole way and must agree, else (a template whose parser needs the whole
+        text) every row of every call is.
         """
         from torchrl.data.llm import History
 
@@ -161,7 +162,7 @@ class TrainerModelPolicy(TransformersWrapper):
             and agrees is not False
             and all(p.endswith(header) for p in text_prompt)
         ):
-            answers = list(self._parse([header + r for r in text_response]).unbind(0))
+            answers = self._parse([header + r for r in text_response])
             if agrees is None:  # once per template
                 whole = after_prompt(self._parse(text_full[:1])[0], prompt_rows[0])
                 agrees = history_to_messages(whole) == history_to_messages(answers[0])
@@ -169,7 +170,7 @@ class TrainerModelPolicy(TransformersWrapper):
             if not agrees:
                 answers = None
         if answers is None:
-            parsed = self._parse(text_full).unbind(0)
+            parsed = self._parse(text_full)
             answers = [after_prompt(row, prompt) for row, prompt in zip(parsed, prompt_rows)]
         # nothing parsed: an empty assistant turn, as torchrl writes
         return [
@@ -209,7 +210,7 @@ class TrainerModelPolicy(TransformersWrapper):
         # the answer parsed from the text, each row extended on its own (rows may differ in length)
         prompt_rows = list(history.unbind(0))
         answers = self._answers(prompt_rows, text_prompt, text_response, text_full)
-        full_history = [p.extend(a, inplace=False, dim=0) for p, a in zip(prompt_rows, answers)]
+        full_history = [extend_history(p, a) for p, a in zip(prompt_rows, answers)]
 
         # torchrl's ragged layout (what ``out``'s attribute assignment builds), row by row once
         result = TensorDict(batch_size=out.batch_size, device=out.device)
