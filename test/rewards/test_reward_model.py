@@ -274,6 +274,55 @@ class TestMicroBatches:
         model.zero_grad()
 
 
+class TestCausalModelsNeedNoMask:
+    """A causal model's real tokens never attend to the padding on their right: its ragged
+    micro-batches are scored without a mask (the causal kernel), an encoder's with one; every
+    reward is the row's own."""
+
+    @pytest.mark.parametrize("arch", ARCHS)
+    def test_mask_passed_to_encoders_only(self, arch):
+        model = reward_model(arch)
+        masks = []
+
+        def record(module, args, kwargs):
+            masks.append(kwargs.get("attention_mask"))
+
+        rows = make_rows([9, 2, 7, 3], seed=8)
+        handle = model.register_forward_pre_hook(record, with_kwargs=True)
+        try:
+            wrapper = HFRewardModelWrapper(model, max_batch_size=2, inference_mode=True)
+            reward = wrapper(lazy_td(rows))["reward"]
+        finally:
+            handle.remove()
+        assert len(masks) == 2  # two ragged micro-batches: (2, 3) and (7, 9)
+        if arch == "bert":
+            assert all(m is not None and not m.all() for m in masks)
+        else:
+            assert masks == [None, None]
+        expected = torch.tensor([score_alone(model, r) for r in rows])
+        torch.testing.assert_close(reward, expected, atol=1e-5, rtol=0)
+
+    def test_one_bidirectional_layer_keeps_the_mask(self):
+        from torchrl_trl_interop.rewards._scoring import is_causal
+
+        model = toy_reward_model("llama", pad_token_id=0)
+        assert is_causal(model)
+        model.model.layers[-1].self_attn.is_causal = False  # e.g. a prefix or encoder layer
+        assert not is_causal(model)
+        rows = make_rows([6, 2, 4], seed=9)
+        reward = HFRewardModelWrapper(model, inference_mode=True)(lazy_td(rows))["reward"]
+        dense = torch.nn.utils.rnn.pad_sequence(rows, batch_first=True)
+        mask = torch.nn.utils.rnn.pad_sequence([torch.ones_like(r) for r in rows], batch_first=True)
+        with torch.no_grad():  # the masked call, what the wrapper has to reproduce
+            expected = model(input_ids=dense, attention_mask=mask).logits[:, 0]
+        torch.testing.assert_close(reward, expected, atol=1e-5, rtol=0)
+
+    def test_a_custom_module_is_not_assumed_causal(self):
+        from torchrl_trl_interop.rewards._scoring import is_causal
+
+        assert not is_causal(_Dummy("tensor"))
+
+
 class _Dummy(torch.nn.Module):
     """A hand-written reward model: reward = mean token id, returned in several formats."""
 
