@@ -276,18 +276,22 @@ class TestMicroBatches:
 
 class TestCausalModelsNeedNoMask:
     """A causal model's real tokens never attend to the padding on their right: its ragged
-    micro-batches are scored without a mask (the causal kernel), an encoder's with one; every
-    reward is the row's own."""
+    micro-batches are scored without a mask (the causal kernel), an encoder's with one, and a
+    model that warns about padding without a mask (GPT-2) with one too; every reward is the
+    row's own."""
 
     @pytest.mark.parametrize("arch", ARCHS)
-    def test_mask_passed_to_encoders_only(self, arch):
+    def test_mask_passed_unless_causal_and_silent(self, arch, caplog):
         model = reward_model(arch)
         masks = []
 
         def record(module, args, kwargs):
             masks.append(kwargs.get("attention_mask"))
 
+        from transformers.utils.logging import warning_once
+
         rows = make_rows([9, 2, 7, 3], seed=8)
+        warning_once.cache_clear()  # transformers logs its padding warning once per process
         handle = model.register_forward_pre_hook(record, with_kwargs=True)
         try:
             wrapper = HFRewardModelWrapper(model, max_batch_size=2, inference_mode=True)
@@ -295,20 +299,35 @@ class TestCausalModelsNeedNoMask:
         finally:
             handle.remove()
         assert len(masks) == 2  # two ragged micro-batches: (2, 3) and (7, 9)
-        if arch == "bert":
-            assert all(m is not None and not m.all() for m in masks)
-        else:
+        if arch == "llama":
             assert masks == [None, None]
+        else:
+            assert all(m is not None and not m.all() for m in masks)
+        assert "attention_mask" not in caplog.text  # transformers' padding warning
         expected = torch.tensor([score_alone(model, r) for r in rows])
         torch.testing.assert_close(reward, expected, atol=1e-5, rtol=0)
 
+    def test_gpt2_keeps_its_mask_because_it_warns_without_one(self, caplog):
+        """Why GPT-2 keeps its mask: called without one on padded rows, its forward logs
+        transformers' padding warning, which a user of the wrapper should never see."""
+        from transformers.utils.logging import warning_once
+
+        from torchrl_trl_interop.rewards._scoring import scores_without_mask
+
+        model = toy_reward_model("gpt2", pad_token_id=0)
+        assert not scores_without_mask(model)
+        warning_once.cache_clear()  # logged once per process: make this call the first
+        with torch.no_grad():
+            model(input_ids=torch.tensor([[5, 6, 7], [8, 9, 0]]))
+        assert "attention_mask" in caplog.text
+
     def test_one_bidirectional_layer_keeps_the_mask(self):
-        from torchrl_trl_interop.rewards._scoring import is_causal
+        from torchrl_trl_interop.rewards._scoring import scores_without_mask
 
         model = toy_reward_model("llama", pad_token_id=0)
-        assert is_causal(model)
+        assert scores_without_mask(model)
         model.model.layers[-1].self_attn.is_causal = False  # e.g. a prefix or encoder layer
-        assert not is_causal(model)
+        assert not scores_without_mask(model)
         rows = make_rows([6, 2, 4], seed=9)
         reward = HFRewardModelWrapper(model, inference_mode=True)(lazy_td(rows))["reward"]
         dense = torch.nn.utils.rnn.pad_sequence(rows, batch_first=True)
@@ -318,9 +337,9 @@ class TestCausalModelsNeedNoMask:
         torch.testing.assert_close(reward, expected, atol=1e-5, rtol=0)
 
     def test_a_custom_module_is_not_assumed_causal(self):
-        from torchrl_trl_interop.rewards._scoring import is_causal
+        from torchrl_trl_interop.rewards._scoring import scores_without_mask
 
-        assert not is_causal(_Dummy("tensor"))
+        assert not scores_without_mask(_Dummy("tensor"))
 
 
 class _Dummy(torch.nn.Module):

@@ -2,12 +2,13 @@
 
 ``_inputs`` packs each row's real tokens to the right;
 :func:`score_packed` fills the padding so the model pools the last real token, scores the rows
-in length-bucketed micro-batches (a causal model without a mask: :func:`is_causal`) and reads
+in length-bucketed micro-batches (a causal model without a mask: :func:`scores_without_mask`) and reads
 every check of the call back from the device at once, after the model ran. :class:`~torchrl_trl_interop.HFRewardModelWrapper` calls it.
 """
 
 from __future__ import annotations
 
+import inspect
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -26,7 +27,7 @@ from ._pooling import (
     pooling_model,
 )
 
-__all__ = ["NONFINITE_MODES", "is_causal", "report_nonfinite", "score_packed"]
+__all__ = ["NONFINITE_MODES", "report_nonfinite", "score_packed", "scores_without_mask"]
 
 NONFINITE_MODES = ("raise", "warn", "ignore")
 
@@ -152,11 +153,10 @@ def _score(
         chunks = [(ids[b, :w], mask[b, :w], lengths[b]) for b, w in zip(buckets, widths)]
 
     rewards = []
-    causal = is_causal(model)
+    maskless = scores_without_mask(model)  # a causal model's real tokens never see the padding
     with pooling_model(model, config, pooling_pad) as pooled:  # never mutates the model
         for chunk_ids, chunk_mask, chunk_len in chunks:
-            # a causal model's real tokens never see the padding after them: no mask to build
-            if not causal and (pass_mask or bool((chunk_len != chunk_ids.shape[-1]).any())):
+            if not maskless and (pass_mask or bool((chunk_len != chunk_ids.shape[-1]).any())):
                 out = pooled(input_ids=chunk_ids, attention_mask=chunk_mask.long())
             else:
                 out = pooled(input_ids=chunk_ids)
@@ -167,25 +167,47 @@ def _score(
     return unbucket(rewards, buckets), clash  # back to the original row order
 
 
-def is_causal(model: nn.Module) -> bool:
-    """Whether every attention module of ``model`` is causal, so rows padded on the right can be
-    scored without an attention mask.
+def scores_without_mask(model: nn.Module) -> bool:
+    """Whether rows padded on the right can be scored without an attention mask.
 
-    transformers' attention modules say so in ``is_causal`` (what its kernels read when no mask
-    is given): ``True`` in decoders (Llama, GPT-2, Qwen...), ``False`` in encoders (BERT,
-    ModernBERT) and bidirectional variants. A real token then attends only to the tokens before
-    it, all real, at the same positions: its hidden state, and the reward pooled at the last one,
+    True for a causal model: every attention module says ``is_causal=True`` (the flag
+    transformers' own kernels read when no mask is given; ``False`` in encoders such as BERT or
+    ModernBERT and in bidirectional variants). A real token then attends only to the real tokens
+    before it, at the same positions: its hidden state, and the reward pooled at the last one,
     are those of the masked call, while attention runs on the causal kernel instead of a
-    materialised mask (~10-20% of a toy Llama's forward on CPU). A model with no such flag
-    (a custom module) is not assumed causal.
+    materialised mask (~10-20% of a toy Llama's forward on CPU). Models whose forward warns
+    about padding without a mask (GPT-2: a logged warning and a read of the device) keep the
+    mask, and so does a model without the flag (a custom module).
 
     Examples:
         >>> from torchrl_trl_interop.testing import toy_reward_model
-        >>> is_causal(toy_reward_model("llama")), is_causal(toy_reward_model("bert"))
-        (True, False)
+        >>> [scores_without_mask(toy_reward_model(arch)) for arch in ("llama", "gpt2", "bert")]
+        [True, False, False]
     """
-    flags = [m.__dict__["is_causal"] for m in model.modules() if "is_causal" in m.__dict__]
-    return bool(flags) and all(flag is True for flag in flags)
+    causal = None
+    for module in model.modules():
+        flag = module.__dict__.get("is_causal")
+        if flag is not None:
+            if flag is not True:
+                return False
+            causal = True
+        if _warns_without_mask(type(module)):
+            return False
+    return bool(causal)
+
+
+_WARNS: dict[type, bool] = {}  # module class -> its forward warns when no mask is given
+
+
+def _warns_without_mask(cls: type) -> bool:
+    warns = _WARNS.get(cls)
+    if warns is None:
+        forward = getattr(cls, "forward", None)
+        code = getattr(inspect.unwrap(forward) if forward is not None else None, "__code__", None)
+        warns = _WARNS[cls] = (
+            code is not None and "warn_if_padding_and_no_attention_mask" in code.co_names
+        )
+    return warns
 
 
 def _nonfinite(reward: torch.Tensor, nonfinite: str) -> torch.Tensor | None:
