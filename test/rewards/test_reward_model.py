@@ -17,6 +17,7 @@ from torchrl_trl_interop import (
     RewardShapeError,
     messages_to_history,
 )
+from torchrl_trl_interop.rewards._scoring import scores_without_mask
 from torchrl_trl_interop.testing import (
     toy_chats,
     toy_padded,
@@ -282,13 +283,13 @@ class TestCausalModelsNeedNoMask:
 
     @pytest.mark.parametrize("arch", ARCHS)
     def test_mask_passed_unless_causal_and_silent(self, arch, caplog):
+        from transformers.utils.logging import warning_once
+
         model = reward_model(arch)
         masks = []
 
         def record(module, args, kwargs):
             masks.append(kwargs.get("attention_mask"))
-
-        from transformers.utils.logging import warning_once
 
         rows = make_rows([9, 2, 7, 3], seed=8)
         warning_once.cache_clear()  # transformers logs its padding warning once per process
@@ -312,8 +313,6 @@ class TestCausalModelsNeedNoMask:
         transformers' padding warning, which a user of the wrapper should never see."""
         from transformers.utils.logging import warning_once
 
-        from torchrl_trl_interop.rewards._scoring import scores_without_mask
-
         model = toy_reward_model("gpt2", pad_token_id=0)
         assert not scores_without_mask(model)
         warning_once.cache_clear()  # logged once per process: make this call the first
@@ -322,8 +321,6 @@ class TestCausalModelsNeedNoMask:
         assert "attention_mask" in caplog.text
 
     def test_one_bidirectional_layer_keeps_the_mask(self):
-        from torchrl_trl_interop.rewards._scoring import scores_without_mask
-
         model = toy_reward_model("llama", pad_token_id=0)
         assert scores_without_mask(model)
         model.model.layers[-1].self_attn.is_causal = False  # e.g. a prefix or encoder layer
@@ -337,8 +334,6 @@ class TestCausalModelsNeedNoMask:
         torch.testing.assert_close(reward, expected, atol=1e-5, rtol=0)
 
     def test_a_custom_module_is_not_assumed_causal(self):
-        from torchrl_trl_interop.rewards._scoring import scores_without_mask
-
         assert not scores_without_mask(_Dummy("tensor"))
 
 

@@ -68,9 +68,9 @@ class HFRewardModelWrapper(TensorDictModuleBase):
     and defaults: token input). The mask, not the pad id, decides which tokens are real, so each
     reward equals that of the row scored alone whatever the padding (the rows are then padded on
     the right, and a causal model such as Llama is called without a mask: its real tokens never
-    see the padding after them); ragged input (lazy stacks,
-    nested lists, jagged tensors) and any batch shape (``[]``, ``[B]``, ``[E, G]``) are read as
-    they are; the reward is never an inference tensor; NaN or infinite rewards raise by default.
+    see the padding after them); ragged input (lazy stacks, nested lists, jagged tensors) and
+    any batch shape (``[]``, ``[B]``, ``[E, G]``) are read as they are; the reward is never an
+    inference tensor; NaN or infinite rewards raise by default.
     ``docs/overview.rst`` says how, and where upstream differs.
 
     ============== ================ ============================================================

@@ -2,8 +2,9 @@
 
 ``_inputs`` packs each row's real tokens to the right;
 :func:`score_packed` fills the padding so the model pools the last real token, scores the rows
-in length-bucketed micro-batches (a causal model without a mask: :func:`scores_without_mask`) and reads
-every check of the call back from the device at once, after the model ran. :class:`~torchrl_trl_interop.HFRewardModelWrapper` calls it.
+in length-bucketed micro-batches (a causal model without a mask: :func:`scores_without_mask`)
+and reads every check of the call back from the device at once, after the model ran.
+:class:`~torchrl_trl_interop.HFRewardModelWrapper` calls it.
 """
 
 from __future__ import annotations
@@ -175,9 +176,9 @@ def scores_without_mask(model: nn.Module) -> bool:
     ModernBERT and in bidirectional variants). A real token then attends only to the real tokens
     before it, at the same positions: its hidden state, and the reward pooled at the last one,
     are those of the masked call, while attention runs on the causal kernel instead of a
-    materialised mask (~10-20% of a toy Llama's forward on CPU). Models whose forward warns
-    about padding without a mask (GPT-2: a logged warning and a read of the device) keep the
-    mask, and so does a model without the flag (a custom module).
+    materialised mask (~10-20% of a toy Llama's forward on CPU). Models whose forward logs a
+    padding warning when called without a mask (GPT-2) keep the mask, and so does a model
+    without the flag (a custom module).
 
     Examples:
         >>> from torchrl_trl_interop.testing import toy_reward_model
