@@ -80,7 +80,6 @@ def warm_start(model_dir: str, out_dir: str, steps: int, accuracy: float) -> Non
         args=SFTConfig(
             learning_rate=1e-2,
             warmup_steps=20,
-            bf16=False,
             **toy_trainer_args(
                 out_dir, max_steps=steps, per_device_train_batch_size=32, logging_steps=100
             ),

@@ -152,7 +152,6 @@ def warm_start(model, tokenizer, data, *, steps, learning_rate, batch_size):
         args=SFTConfig(
             learning_rate=learning_rate,
             warmup_steps=20,
-            bf16=False,
             **run_args(steps, batch_size, logging_steps=100),
         ),
         train_dataset=data,
@@ -794,7 +793,6 @@ grpo = GRPOTrainer(
         reward_weights=[1.0, 0.0],
         max_completion_length=12,
         learning_rate=1e-3,
-        bf16=False,
         # a sampled <|im_start|> would open a new turn when torchrl parses the answer
         generation_kwargs={"suppress_tokens": [tok.convert_tokens_to_ids(IM_START)]},
         **run_args(GRPO_STEPS, NUM_GENERATIONS * PROMPTS_PER_STEP, logging_steps=10),

@@ -39,7 +39,6 @@ def test_config_from_args_is_the_trainers(tmp_path, extra_eos):
         temperature=0.7,
         top_k=20,
         repetition_penalty=1.1,
-        bf16=False,
         generation_kwargs={"no_repeat_ngram_size": 3},
         **toy_trainer_args(tmp_path),
     )

@@ -89,7 +89,6 @@ def toy_grpo_args(output_dir: str, *, tokenizer: Any = None, **overrides: Any) -
         "num_generations": 2,
         "max_completion_length": 6,
         "learning_rate": 1e-2,
-        "bf16": False,  # GRPOConfig defaults to bf16 autocast, on CPU too
         "generation_kwargs": {"suppress_tokens": [tokenizer.convert_tokens_to_ids(IM_START)]},
         **toy_trainer_args(output_dir, per_device_train_batch_size=4),
     }

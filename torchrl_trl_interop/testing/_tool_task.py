@@ -297,7 +297,6 @@ def toy_tool_grpo_args(output_dir: str, **overrides: Any) -> dict[str, Any]:
         "max_completion_length": 64,
         "max_tool_calling_iterations": 1,
         "learning_rate": 1e-3,
-        "bf16": False,
         **toy_trainer_args(output_dir, per_device_train_batch_size=4),
     }
     args.update(overrides)
