@@ -22,9 +22,10 @@ from tensordict.utils import NestedKey
 from .._checks import as_mapping, as_names, require
 from .._keys import NEXT_DONE_KEY, NEXT_REWARD_KEY, as_nested_key, key_parts
 from ._episodes import find_env_problem
-from ._tool_env import PUBLIC_NAMES, TorchRLEnvironment
+from ._tool_env import PUBLIC_NAMES, TorchRLEnvironment, get_reward
 from ._tool_schemas import function_with_signature
 from ._tools import env_transforms, find_tools, tool_transforms
+from ._trl_prompts import has_prompt_source
 from ._trl_tools import check_tool_template
 
 __all__ = ["as_trl_environment_factory"]
@@ -102,7 +103,7 @@ class _EnvironmentFactory:
 
     def _make(self) -> Any:
         env = self.make_env()
-        problem = find_env_problem(env)
+        problem = find_env_problem(env, own_prompts=True)
         if problem is not None:
             error, reason = problem
             raise error(f"{_OWNER}: make_env() returned an env that cannot be used: {reason}.")
@@ -120,16 +121,19 @@ class _EnvironmentFactory:
             step_key in [key_parts(k)[-1] for k in getattr(t, "out_keys", [])]
             for t in env_transforms(env)
         )
-        if not tools and not writes_reward:
+        if not tools and not writes_reward and not has_prompt_source(env):
             raise ValueError(
-                f"{_OWNER}: the environment has no tool transform and no transform writing a "
-                f"reward at {self.reward_key!r}: nothing to bridge into TRL. Add a tool transform "
-                "(SimpleToolTransform, ExecuteToolsInOrder, MCPToolTransform, PythonInterpreter) "
-                "or a reward transform (RewardTransform, a torchrl reward parser)."
+                f"{_OWNER}: the environment has no tool transform, no transform writing a "
+                f"reward at {self.reward_key!r} and no prompt source: nothing to bridge into TRL. "
+                "Add a tool transform (SimpleToolTransform, ExecuteToolsInOrder, "
+                "MCPToolTransform, PythonInterpreter), a reward transform (RewardTransform, a "
+                "torchrl reward parser) or a DataLoadingPrimer serving its prompts."
             )
         body = {"_tools": {t.name: t for t in tools}, "_factory": self, "_token": self.token}
+        if writes_reward:  # TRL 1.16 adds it as a reward source (weight 1, the class's name)
+            body["get_reward"] = get_reward
         for tool in tools:
-            call = _tool_body(tool.name)
+            call = _tool_body(tool.name, tool.signature.is_async)
             body[tool.name] = function_with_signature(call, tool.signature, method=True)
         self._cls = type(_class_name(self.name), (TorchRLEnvironment,), body)
         return self._cls
@@ -160,9 +164,10 @@ class _EnvironmentFactory:
         return list(columns)
 
 
-def _tool_body(name: str) -> Callable[..., str]:
-    def body(self: TorchRLEnvironment, **arguments: Any) -> str:
-        return self._call_tool(name, **arguments)
+def _tool_body(name: str, is_async: bool) -> Callable[..., Any]:
+    def body(self: TorchRLEnvironment, **arguments: Any) -> Any:
+        call = self._acall_tool if is_async else self._call_tool  # async: a coroutine, awaited
+        return call(name, **arguments)
 
     return body
 

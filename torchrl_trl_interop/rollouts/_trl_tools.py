@@ -50,7 +50,7 @@ class _ToolBox:
 def _checked(signature: ToolSignature, call: Callable[..., Any]) -> Callable[..., Any]:
     def body(box: _ToolBox, **arguments: Any) -> Any:
         signature.signature.bind(**arguments)  # a missing or unknown argument: TypeError
-        return call(**arguments)
+        return call(**arguments)  # an awaitable for an async tool, awaited by the method
 
     return body
 
@@ -123,7 +123,10 @@ def as_trl_tools(
                 "ExecuteToolsInOrder, MCPToolTransform, PythonInterpreter) or a ToolRegistry, got "
                 f"{type(bad[0]).__name__}."
             )
-        found = {t.name: (t.signature, t.call) for t in find_tools(transforms, rename, _OWNER)}
+        found = {
+            t.name: (t.signature, t.acall if t.signature.is_async else t.call)
+            for t in find_tools(transforms, rename, _OWNER)
+        }
     box = _ToolBox(found)
     return [getattr(box, name) for name in found]
 
