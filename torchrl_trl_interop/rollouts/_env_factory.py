@@ -204,7 +204,10 @@ def as_trl_environment_factory(
     * ``reset(**row)``: resets the environment with the row's ``prompt`` (a message list, or
       text as one user turn); the row's other columns (or ``row_keys``) go into the reset
       tensordict, where reward parsers read them (e.g. ``"answer"``). It returns what the
-      environment appended to the prompt's last message, or ``None``. An environment that
+      environment appended to the prompt's last message, or ``None``. A row without
+      ``prompt`` starts from TRL's empty user turn; an environment with its own prompt source
+      (a ``DataLoadingPrimer``) is reset without the row's prompt and returns the one it serves,
+      which TRL appends to the last message it shows. An environment that
       changes the prompt in another way (a ``ChatEnv(system_prompt=...)``) raises: the model,
       prompted by TRL with the dataset's prompt, would not see it.
     * one method per tool the environment carries: ``SimpleToolTransform``'s functions (signature
@@ -219,6 +222,13 @@ def as_trl_environment_factory(
       argument, a call after the episode ended) is raised, and TRL feeds it back to the model.
     * the properties ``env`` (the TorchRL environment), ``messages`` (its conversation as TRL
       messages) and ``reward`` (the sum of its rewards so far, ``None`` if none was written).
+    * ``get_reward()``, when the environment writes a reward: TRL 1.16 adds it as a reward
+      source itself (weight 1, the class's name; ``reward_funcs`` then optional). It sums the
+      rewards of the steps not yet handed to TRL; it never sees the final answer.
+
+    Tool methods raise ``ToolFailed`` when the tool raised (TRL counts it in
+    ``tools/failure_frequency``; the environment's History holds the reply), an async tool's
+    method is a coroutine function, and ``get_json_schema`` of a method is the tool function's.
 
     ``factory.reward_func`` is a TRL reward function, named after the environment (``name``):
     for each completion it closes that completion's episode with the final answer (the last
@@ -227,7 +237,9 @@ def as_trl_environment_factory(
     :class:`~torchrl_trl_interop.RewardTransform` or torchrl's reward parsers), or ``None``
     where the environment wrote none. The environment's conversation is then the prompt, the
     calls, the replies and the final answer, as the model saw them. Pass it as
-    ``reward_funcs=factory.reward_func`` (or next to other reward functions).
+    ``reward_funcs=factory.reward_func`` (or next to other reward functions) when the
+    environment scores the final answer. Each step's reward reaches TRL once: through
+    ``reward_func`` or ``get_reward``, whichever reads it first.
 
     ================================ ============================== ==========================
     the model's turn (TRL)           the TorchRL environment        returned to TRL
@@ -276,8 +288,7 @@ def as_trl_environment_factory(
             prompt at reset (not a ChatEnv); if it carries a tool transform whose tools cannot
             be listed, or a tool function without type hints.
         ValueError: if the environment has neither a tool nor a reward transform (nothing to
-            bridge), its batch size is not ``(1,)``, it is not in history mode or holds a
-            ``DataLoadingPrimer``; if a tool's schema cannot become a signature (naming the tool
+            bridge), its batch size is not ``(1,)`` or it is not in history mode; if a tool's schema cannot become a signature (naming the tool
             and the field), a tool's name is not an identifier, is a keyword, is taken, or two
             tools share one; if a tool transform reads calls in a syntax that cannot be written;
             if ``processing_class``'s chat template cannot call tools.
