@@ -307,7 +307,7 @@ def as_trl_environment_factory(
         as_trl_environment_factory('calculator', tools=['add'])
         >>> env = factory()  # what GRPOTrainer does, once per rollout
         >>> inspect.signature(env.add)  # what TRL renders into the prompt
-        <Signature (*, a: int, b: int)>
+        <Signature (*, a: int, b: int) -> int>
         >>> env.reset(prompt=[{"role": "user", "content": "What is 2 plus 3?"}]) is None
         True
         >>> env.add(a=2, b=3)  # the model's tool call, run by the TorchRL environment

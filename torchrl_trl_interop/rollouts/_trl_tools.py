@@ -96,7 +96,7 @@ def as_trl_tools(
         >>> from torchrl_trl_interop.testing import toy_add  # typed, with a Google-style docstring
         >>> [tool] = as_trl_tools(SimpleToolTransform(tools={"add": toy_add}))
         >>> tool.__name__, inspect.signature(tool)
-        ('add', <Signature (*, a: int, b: int)>)
+        ('add', <Signature (*, a: int, b: int) -> int>)
         >>> tool(a=2, b=3)
         'Tool add executed successfully:\\n5'
     """
