@@ -1,18 +1,25 @@
-"""TRL's own GRPOTrainer tests of ``tools=`` and ``environment_factory``, run twice.
+"""TRL's own GRPOTrainer tests of its tools, environment and rollout-function seams, run twice.
 
-Ported from TRL's ``tests/test_grpo_trainer.py`` (huggingface/trl at f2cd577, the newest stored
-snapshot; its environment and tool code matches the installed trl 1.16.0's ``grpo_trainer.py``):
-``test_train_with_tools`` (sync and async tool), ``test_train_with_multiple_environments``,
-``test_train_with_unknown_environment_raises``, ``test_train_with_environment_factory``,
-``test_train_with_environment_owned_reward``,
+Ported from TRL's ``tests/test_grpo_trainer.py`` at huggingface/trl f2cd577 (1.10.0.dev0, the
+newest stored snapshot: its v1.16.0 tag is not stored). The trainer code these tests exercise is
+the installed trl 1.16.0's; it differs from that snapshot only in multimodal tool images and in
+listing an environment's methods on its class (properties are not evaluated). Ported:
+``test_train_with_tools`` (sync and async tool), ``test_train_with_malformed_tool_calls``,
+``test_train_with_multiple_environments``, ``test_train_with_unknown_environment_raises``,
+``test_train_with_environment_factory``, ``test_train_with_environment_owned_reward``,
 ``test_environment_owned_reward_coexists_with_reward_funcs``,
 ``test_environment_owned_reward_mixed_environments``,
 ``test_environment_owned_data_requires_max_steps``,
-``test_multiple_environments_without_dataset_raises`` and
-``test_train_with_environment_owned_data``. Each runs once with TRL's test environment or tool
-as TRL wrote it (``mode="trl"``) and once with a TorchRL environment doing the same through this
-package's adapters (``mode="torchrl"``), with the same assertions. Offline: the hub's tiny Qwen
-models become the toy tool tokenizer (TRL's Qwen2.5 template) and a toy Llama; TRL's scripted
+``test_multiple_environments_without_dataset_raises``,
+``test_train_with_environment_owned_data``, and from ``TestGRPORolloutDispatch``
+``test_generate_prefers_rollout_func`` and
+``test_generate_rollout_func_raises_when_required_keys_are_missing`` (on a real trainer, not
+TRL's stub).
+
+Each runs once with TRL's test environment, tool or rollout function as TRL wrote it
+(``mode="trl"``) and once with a TorchRL environment doing the same through this package's
+adapters (``mode="torchrl"``), with the same assertions. Offline: the hub's tiny Qwen models
+become the toy tool tokenizer (TRL's Qwen2.5 template) and a toy Llama; TRL's scripted
 ``generate`` writes the same texts, tokenized by the toy tokenizer; the hub reward model is a
 reward function (``completion_length``); 2 steps instead of TRL's epochs.
 """
@@ -212,6 +219,34 @@ def test_train_with_tools(tok, tmp_path, mode, tool):
     log = metrics(trainer)
     assert log["tools/call_frequency"] == pytest.approx(2 / 3)
     assert log["tools/failure_frequency"] == pytest.approx(1 / 2)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_train_with_malformed_tool_calls(tok, tmp_path, mode):
+    tools = (
+        [multiply_tool]
+        if mode == "trl"
+        else as_trl_tools(SimpleToolTransform(tools={"multiply_tool": multiply_tool}))
+    )
+    trainer = trainer_for(
+        tok,
+        tmp_path,
+        train_dataset=conversational(),
+        tools=tools,
+        args={"per_device_train_batch_size": 3, "num_generations": 3, "max_completion_length": 128},
+    )
+    # a second generation call (batch < 3) would mean a malformed call was run: no entry for it
+    generate = scripted_generate(
+        tok,
+        {
+            3: [
+                '<tool_call>\n{"arguments": {"a": 3, "b": 4}}\n</tool_call><|im_end|>',
+                '<toolcall>\n{"arguments": {"a": 3, "b": 4}}\n</toolcall><|im_end|>',
+                '<tool_call>\n{"arguments": {a: 3, b: 4}}\n</tool_call><|im_end|>',
+            ]
+        },
+    )
+    train_scripted(trainer, generate)
 
 
 # environment_factory --------------------------------------------------------------------------
@@ -492,3 +527,64 @@ def test_train_with_environment_owned_data(tok, tmp_path, mode):
     train_scripted(trainer, scripted_generate(tok, {3: done}, prompts))
     # the model was prompted with the environment's own prompt, as TRL's environment gives it
     assert prompts and all(WORD in p for p in prompts)
+
+
+# rollout_func (TRL's TestGRPORolloutDispatch, on a real trainer instead of a stub) ---------------
+
+
+def rollout_dispatch_trainer(tmp_path, mode: str, returned: dict, drop: str | None = None):
+    from unittest.mock import MagicMock
+
+    from torchrl_trl_interop import as_trl_rollout_func
+    from torchrl_trl_interop.testing import toy_chat_env, toy_grpo_args, toy_tokenizer
+
+    tok = toy_tokenizer(padding_side="left")
+    if mode == "trl":  # TRL's: a rollout function returning fixed rows
+        rollout_func = MagicMock(return_value=returned)
+    else:  # ours, its returns recorded (``drop``: a key left out)
+        ours, returns = as_trl_rollout_func(toy_chat_env(tok, batch_size=2)), []
+
+        def run(prompts, trainer):
+            returns.append({k: v for k, v in ours(prompts, trainer).items() if k != drop})
+            return returns[-1]
+
+        rollout_func = MagicMock(side_effect=run)
+        rollout_func.returns = returns
+    trainer = GRPOTrainer(
+        model=toy_causal_lm(tokenizer=tok),
+        reward_funcs=completion_length,
+        args=GRPOConfig(**toy_grpo_args(str(tmp_path), tokenizer=tok)),
+        train_dataset=conversational(4),
+        processing_class=tok,
+        rollout_func=rollout_func,
+    )
+    trainer.rollout_func = rollout_func  # TRL keeps the function it was given
+    return trainer, rollout_func
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_generate_prefers_rollout_func(tmp_path, mode):
+    returned = {
+        "prompt_ids": [[1]],
+        "completion_ids": [[2]],
+        "logprobs": [[-0.1]],
+        "env_mask": [[1]],
+    }
+    trainer, rollout_func = rollout_dispatch_trainer(tmp_path, mode, returned)
+    prompts = ["prompt"] if mode == "trl" else [[{"role": "user", "content": "Hi"}]] * 2
+    result = trainer._generate(prompts)
+    rollout_func.assert_called_once_with(prompts, trainer)
+    out = returned if mode == "trl" else rollout_func.returns[0]
+    assert result[0] == out["prompt_ids"]
+    assert result[1] == out["completion_ids"]
+    assert result[2] == out["env_mask"]  # the tool mask, from env_mask
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_generate_rollout_func_raises_when_required_keys_are_missing(tmp_path, mode):
+    returned = {"prompt_ids": [[1]], "completion_ids": [[2]]}
+    # ours: its rows without their log-probs
+    trainer, _ = rollout_dispatch_trainer(tmp_path, mode, returned, drop="logprobs")
+    prompts = ["prompt"] if mode == "trl" else [[{"role": "user", "content": "Hi"}]] * 2
+    with pytest.raises(ValueError, match="rollout_func must return keys"):
+        trainer._generate(prompts)
