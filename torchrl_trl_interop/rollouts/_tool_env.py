@@ -4,9 +4,11 @@
 :func:`~torchrl_trl_interop.as_trl_environment_factory` builds. An instance owns one TorchRL
 LLM environment (``batch_size=(1,)``) and steps it: ``reset(**row)`` with the row's prompt, each
 tool method with the model's call written as the environment's tool transform reads it, and
-:meth:`~TorchRLEnvironment._close` with the completion's final answer. Only ``reset`` and the
-tool methods the factory adds are public functions: TRL turns every other public function of the
-class into a tool.
+:meth:`~TorchRLEnvironment._close` with the completion's final answer; :func:`get_reward`
+hands TRL the rewards the tool steps wrote. Only ``reset``, ``get_reward`` (which the factory
+adds when the environment writes a reward) and the tool methods are public functions: TRL turns
+every other public function of the class into a tool. A step's reward reaches TRL once, through
+``get_reward`` or the factory's ``reward_func``.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from ._trl_prompts import PLACEHOLDER_PROMPT, has_prompt_source, shown_prompt
 if TYPE_CHECKING:  # pragma: no cover
     from ._tools import TorchRLTool
 
-__all__ = ["PUBLIC_NAMES", "TorchRLEnvironment"]
+__all__ = ["PUBLIC_NAMES", "TorchRLEnvironment", "get_reward"]
 
 _OWNER = "as_trl_environment_factory"
 
@@ -95,8 +97,8 @@ def _final_answer(completion: Any) -> str | None:
 class TorchRLEnvironment:
     """Base of the classes :func:`as_trl_environment_factory` builds: one TorchRL env per instance.
 
-    Only ``reset`` and the tool methods added by the factory are public functions: TRL turns
-    every other public function of the class into a tool.
+    Only ``reset``, ``get_reward`` and the tool methods added by the factory are public
+    functions: TRL turns every other public function of the class into a tool.
     """
 
     _tools: dict[str, TorchRLTool] = {}
