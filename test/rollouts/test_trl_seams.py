@@ -182,6 +182,32 @@ class TestToolFailures:
         assert env.messages[-1] == {"role": "tool", "content": str(failure.value)}
         assert str(failure.value).startswith("Tool failing_tool failed:")
 
+    def test_a_registry_service_that_raises_is_a_failure(self):
+        from torchrl.envs.llm import ChatEnv
+        from torchrl.envs.llm.transforms import ExecuteToolsInOrder, ToolRegistry
+        from torchrl.envs.llm.transforms.tools import XMLBlockParser
+
+        class Divide:
+            """Divides two whole numbers."""
+
+            name = "divide"
+            schema_in = {"a": int, "b": int}
+
+            def __call__(self, a, b, **kwargs):
+                return {"result": a // b}
+
+        def make_env():
+            env = ChatEnv(batch_size=(1,), input_mode="history")
+            tools = ExecuteToolsInOrder(ToolRegistry([Divide()]), XMLBlockParser())
+            return env.append_transform(tools)
+
+        env = as_trl_environment_factory(make_env, name="divider")()
+        env.reset(prompt=QUESTION)
+        assert "succeeded" in env.divide(a=4, b=2)
+        with pytest.raises(ToolFailed, match="by zero"):
+            env.divide(a=1, b=0)
+        assert "failed" in env.messages[-1]["content"]
+
     def test_async_failure_raises_too(self):
         async def failing(a: int) -> int:
             """Fails.

@@ -98,6 +98,7 @@ def _watched(transform: Any, env_name: str, outcome: tuple[bool, Any] | None) ->
         finally:
             services[env_name] = service
     elif isinstance(transform, MCPToolTransform):
+        own = vars(transform).get("_execute_tool_sync")  # normally None: the class's method
         execute = transform._execute_tool_sync
 
         def execute_watched(*args: Any, **kwargs: Any) -> dict:
@@ -110,7 +111,10 @@ def _watched(transform: Any, env_name: str, outcome: tuple[bool, Any] | None) ->
         try:
             yield failures
         finally:
-            del transform._execute_tool_sync  # the class's method again
+            if own is None:
+                del transform._execute_tool_sync  # the class's method again
+            else:
+                transform._execute_tool_sync = own
     else:  # PythonInterpreter: an error in the code is the program's output, as TRL would show it
         yield failures
 
