@@ -38,6 +38,11 @@ COMPLETION = [
 ]
 
 
+@pytest.fixture(autouse=True)
+def _silence_experimental(monkeypatch):
+    monkeypatch.setenv("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func's "experimental" warning
+
+
 def multiply_tool(a: int, b: int) -> int:
     """
     Multiplies two integers.
