@@ -12,6 +12,7 @@ environment, served (a WebSocket session per row) or in this process.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -32,7 +33,7 @@ from .._keys import (
 )
 from ..data._columns import row_values
 from ..rollouts._episodes import NO_TURN, REWARDED_KEY, _same_length
-from ._sessions import Reply, open_sessions
+from ._sessions import Reply, close_quietly, open_sessions
 
 __all__ = ["OpenEnvChatEnv"]
 
@@ -209,6 +210,12 @@ class OpenEnvChatEnv(EnvBase):
             connect_timeout_s=float(connect_timeout_s),
             message_timeout_s=float(message_timeout_s),
         )
+        for session in self._sessions:
+            session.group = self._sessions
+        # an environment dropped without close() (a re-run notebook cell) gives its sessions
+        # back when collected: a server's slots are not held by an object nobody can reach
+        self._release = weakref.finalize(self, close_quietly, list(self._sessions))
+        self._release.atexit = False  # at exit the process's sockets close anyway
         self._chats: list[list[dict[str, Any]] | None] = [None] * batch_size
         self._done = [False] * batch_size
         self._seed: int | None = None
@@ -291,7 +298,7 @@ class OpenEnvChatEnv(EnvBase):
                 kwargs["seed"] = seed + i
             if prompts[i] is not None:
                 kwargs[self.prompt_kwarg] = prompts[i]
-            reply = self._sessions[i].reset(**kwargs)
+            reply = self._reset_row(i, kwargs)
             chat = self._messages(reply, i, "reset")
             if not chat and prompts[i] is not None:  # the prompt is the conversation, as ChatEnv's
                 p = prompts[i]
@@ -311,6 +318,18 @@ class OpenEnvChatEnv(EnvBase):
             kept = tensordict.exclude(*reserved)
             out = kept.to_lazystack(0).update(out) if kept.keys() else out
         return out
+
+    def _reset_row(self, i: int, kwargs: dict[str, Any]) -> Reply:
+        try:
+            return self._sessions[i].reset(**kwargs)
+        except RuntimeError as err:
+            if "CAPACITY_REACHED" not in str(err):
+                raise
+            # refused by a full server: give back the slots the other rows hold, now
+            self.close(raise_if_closed=False)
+            raise RuntimeError(
+                f"{err} This environment's sessions were closed: build a new one."
+            ) from err
 
     # -- step ------------------------------------------------------------------------------------
 
@@ -385,6 +404,9 @@ class OpenEnvChatEnv(EnvBase):
     def close(self, *, raise_if_closed: bool = True) -> None:
         """Closes every session (a client's WebSocket, an in-process environment)."""
         sessions, self._sessions = getattr(self, "_sessions", []), []
+        release = getattr(self, "_release", None)
+        if release is not None:
+            release.detach()
         errors = []
         for session in sessions:
             try:
