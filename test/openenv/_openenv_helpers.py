@@ -152,3 +152,18 @@ def last_step_env_class():
             return State(step_count=self.steps)
 
     return LastStepRewardEnv
+
+
+def slow_tool_env():
+    """``toy_tool_env`` whose steps take 3 s (a slow tool): for clients that time out.
+    Module-level, so the CLI serves it (``_openenv_helpers:slow_tool_env``)."""
+    from torchrl.envs import Transform
+
+    from torchrl_trl_interop.testing import toy_tool_env
+
+    class Slow(Transform):
+        def _step(self, tensordict, next_tensordict):
+            time.sleep(3.0)
+            return next_tensordict
+
+    return toy_tool_env().append_transform(Slow())
