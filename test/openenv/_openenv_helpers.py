@@ -103,3 +103,67 @@ def torchrl_episode(prompt=PROMPT, script=None, make_env=None) -> list[tuple]:
         reward = float(step["next", "reward"].sum())
         out.append((after[len(answered) :], reward, bool(step["next", "done"].any())))
     return out
+
+
+# -- an OpenEnv environment that rewards only at its last step -----------------------------------
+
+
+def last_step_env_class():
+    """An OpenEnv environment (OpenEnv's own classes, no TorchRL inside) that plays as many steps
+    as its prompt asks (``"Finish in 3 steps."``), says which step it is after each, and rewards
+    only the last one: ``reward=None`` before, ``1.0`` at the end (``None`` throughout when the
+    prompt says ``"unrewarded"``), as OpenEnv's environments usually do. Built in a function so
+    that importing the helpers does not import OpenEnv's server."""
+    import re
+
+    from openenv.core.env_server.interfaces import Environment
+    from openenv.core.env_server.types import Action, Observation, State
+
+    class TextAction(Action):
+        content: str
+
+    class TextObservation(Observation):
+        messages: list[dict] = []
+
+    class LastStepRewardEnv(Environment):
+        SUPPORTS_CONCURRENT_SESSIONS = True
+        action_type = TextAction
+
+        def __init__(self):
+            super().__init__()
+            self.steps, self.length, self.prompt = 0, 1, ""
+
+        def reset(self, seed=None, episode_id=None, prompt="Finish in 1 steps.", **kwargs):
+            if not isinstance(prompt, str):  # TRL messages
+                prompt = prompt[-1]["content"]
+            self.steps, self.prompt = 0, prompt
+            self.length = int(re.search(r"(\d+) step", prompt).group(1))
+            return TextObservation(messages=[{"role": "user", "content": prompt}])
+
+        def step(self, action, timeout_s=None, **kwargs):
+            self.steps += 1
+            done = self.steps >= self.length
+            reward = 1.0 if done and "unrewarded" not in self.prompt else None
+            said = [] if done else [{"role": "user", "content": f"Step {self.steps} done."}]
+            return TextObservation(messages=said, reward=reward, done=done)
+
+        @property
+        def state(self):
+            return State(step_count=self.steps)
+
+    return LastStepRewardEnv
+
+
+def slow_tool_env():
+    """``toy_tool_env`` whose steps take 3 s (a slow tool): for clients that time out.
+    Module-level, so the CLI serves it (``_openenv_helpers:slow_tool_env``)."""
+    from torchrl.envs import Transform
+
+    from torchrl_trl_interop.testing import toy_tool_env
+
+    class Slow(Transform):
+        def _step(self, tensordict, next_tensordict):
+            time.sleep(3.0)
+            return next_tensordict
+
+    return toy_tool_env().append_transform(Slow())

@@ -254,19 +254,46 @@ def _turn_values(column: Column) -> list:
     ]
 
 
-def _holds(declared: Any, found: Any) -> bool:
-    """Whether values of type ``found`` convert to ``declared`` unchanged (promotion gives it)."""
-    try:
-        return _unify([declared, found], "", "", "") == declared
-    except TypeError:
-        return False
+def _only_adds_fields(declared: Any, wider: Any) -> bool:
+    """Whether ``wider`` is ``declared`` with more struct fields (or a type where ``declared``
+    knew none: ``null``), every value of ``declared`` kept as it is.
+
+    Examples:
+        >>> import pyarrow as pa
+        >>> turn = pa.struct([("role", pa.string()), ("content", pa.string())])
+        >>> call = pa.struct([*turn, ("tool_calls", pa.list_(pa.string()))])
+        >>> _only_adds_fields(pa.list_(turn), pa.list_(call)), _only_adds_fields(pa.int64(), pa.float64())
+        (True, False)
+    """
+    import pyarrow as pa
+
+    if declared == wider or pa.types.is_null(declared):
+        return True
+    if pa.types.is_struct(declared) and pa.types.is_struct(wider):
+        names = [f.name for f in wider]
+        return all(
+            f.name in names and _only_adds_fields(f.type, wider.field(f.name).type)
+            for f in declared
+        )
+    lists = (pa.types.is_list, pa.types.is_large_list)
+    if any(is_list(declared) and is_list(wider) for is_list in lists):
+        return _only_adds_fields(declared.value_type, wider.value_type)
+    return False
 
 
 def _python_values(column: Column, name: str, owner: str, declared: Any) -> list:
     if declared is not None:
         found = column_type(column, name, owner)
         if found != declared:
-            if not _holds(declared, found):
+            try:
+                target = _unify([declared, found], "", "", "")
+            except TypeError:
+                target = None
+            if target is not None and target != declared and _only_adds_fields(declared, target):
+                # fields first met in a later batch (tool calls): every row of the batch gets
+                # them, None where absent, as to_hf_dataset() types the column from all rows
+                return _values_array(column, name, owner).cast(target).to_pylist()
+            if target != declared:
                 raise TypeError(
                     f"{owner}: column {name!r} holds {found} values in this batch, but the view's "
                     f"features were fixed as {declared} from the first batch of the buffer, and "
@@ -291,7 +318,9 @@ def python_columns(
 
     ``declared`` (a ``pyarrow.Schema`` from :func:`declared_schema`, or ``None``): a column whose
     rows have another type is converted to the declared one if it holds them exactly (ints in a
-    float column), and refused otherwise.
+    float column); to a wider one if the rows only add struct fields (tool calls first met in a
+    later batch: every message of the batch gets the ``tool_calls`` and ``name`` fields, as
+    ``to_hf_dataset()`` gives them); and refused otherwise (floats in an int column).
 
     Raises:
         TypeError: if a column does not fit its declared type, or its rows have no common type.

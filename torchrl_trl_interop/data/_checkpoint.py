@@ -69,7 +69,11 @@ class BufferCheckpointCallback(TrainerCallback):
     only), *before* the trainer writes its own files, so an older checkpoint is never rotated
     away (``save_total_limit``) before the new one holds the buffer. On several ranks the ranks
     then wait for each other (a barrier): every rank's files are in the checkpoint before the
-    trainer writes ``trainer_state.json``. When ``trainer.train(
+    trainer writes ``trainer_state.json``. Rows written after that save and before the
+    trainer's checkpoint (a callback listed after this one that writes in ``on_step_end``) are
+    saved too: in ``on_save`` the checkpoint's buffer is replaced, atomically, by one holding
+    them, so whatever the order of the callbacks the snapshot holds every row written before
+    the checkpoint. When ``trainer.train(
     resume_from_checkpoint=...)`` resumes, the buffer is loaded back in ``on_train_begin``, so
     an online run continues with the buffer as it was at that step.
 
@@ -135,6 +139,7 @@ class BufferCheckpointCallback(TrainerCallback):
         self.resume_from_checkpoint = resume_from_checkpoint
         self.save_dataloader = save_dataloader
         self._saved_step: int | None = None
+        self._saved_rows: tuple = ()
 
     def __repr__(self) -> str:
         return (
@@ -149,10 +154,16 @@ class BufferCheckpointCallback(TrainerCallback):
         """Where the trainer saves this step's checkpoint (``args.output_dir/checkpoint-N``)."""
         return Path(args.output_dir) / f"checkpoint-{state.global_step}"
 
+    def _written(self) -> tuple:
+        """What changes when rows are written: the length and the writer's counters."""
+        writer = getattr(self.replay_buffer, "_writer", None)
+        counters = (getattr(writer, name, None) for name in ("_write_count", "_cursor"))
+        return (len(self.replay_buffer), *(int(c) if c is not None else None for c in counters))
+
     def _save(self, args: Any, state: Any, train_dataloader: Any) -> None:
         if self._saved_step == state.global_step:
             return
-        self._saved_step = state.global_step
+        self._saved_step, self._saved_rows = state.global_step, self._written()
         target = self.checkpoint_dir(args, state)
         if self.save_dataloader and getattr(train_dataloader, "use_stateful_dataloader", False):
             self._save_dataloader(target, train_dataloader)
@@ -187,7 +198,18 @@ class BufferCheckpointCallback(TrainerCallback):
             self._save(args, state, kwargs.get("train_dataloader"))
 
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        self._save(args, state, kwargs.get("train_dataloader"))  # saves not announced above
+        if self._saved_step != state.global_step:  # a save not announced above
+            self._save(args, state, kwargs.get("train_dataloader"))
+        elif self._saved_rows != self._written():
+            # rows written after this step's save (a callback listed after this one writes in
+            # on_step_end): the checkpoint's buffer is replaced, atomically, by one holding them.
+            # The trainer's files are written by now: no barrier (the other ranks save no
+            # buffer, and may have seen no write).
+            self._saved_rows = self._written()
+            if state.is_world_process_zero:
+                save_replay_buffer(
+                    self.replay_buffer, self.checkpoint_dir(args, state) / self.dirname
+                )
 
     # -- resuming ----------------------------------------------------------------------------
 

@@ -4,7 +4,8 @@ driven by TorchRL.
 The public names live at the top level (``from torchrl_trl_interop import OpenEnvChatEnv``);
 the modules here are private, one job each:
 
-* ``_wire``: the action and observation models, the tools' JSON schemas;
+* ``_wire``: the action and observation models, the tools' JSON schemas, a client's mistakes;
+* ``_errors``: the served app answers those alike over HTTP and the WebSocket;
 * ``_to_openenv``: :func:`~torchrl_trl_interop.as_openenv_environment`, a TorchRL LLM
   environment as an OpenEnv ``Environment``;
 * ``_sessions``: one OpenEnv session, in this process or over OpenEnv's WebSocket protocol;

@@ -58,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
             session_timeout_s=args.session_timeout,
             log_level=args.log_level,
         )
-    except (ValueError, TypeError, ImportError, AttributeError, OSError) as err:
+    except (ValueError, TypeError, RuntimeError, ImportError, AttributeError, OSError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     return 0

@@ -12,6 +12,7 @@ environment, served (a WebSocket session per row) or in this process.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -31,7 +32,8 @@ from .._keys import (
     to_python,
 )
 from ..data._columns import row_values
-from ._sessions import Reply, open_sessions
+from ..rollouts._episodes import NO_TURN, REWARDED_KEY, _same_length
+from ._sessions import Reply, close_quietly, open_sessions
 
 __all__ = ["OpenEnvChatEnv"]
 
@@ -58,7 +60,25 @@ def _observed_messages(observation: dict[str, Any]) -> list[dict[str, Any]]:
 
 def _chats(history: Any) -> list[list[dict[str, Any]]]:
     """Each row of a ``[B, T]`` History as TRL messages, torchrl's ``<none>`` padding dropped."""
-    return [[m for m in chat if m["role"] != "<none>"] for chat in history_to_messages(history)]
+    return [
+        [m for m in chat if m["role"] != NO_TURN["role"]] for chat in history_to_messages(history)
+    ]
+
+
+def _filled(rows: list[Any]) -> Any:
+    """``[T_i]`` Histories stacked as one ``[B, T]`` History, the shorter ones filled at the end
+    with torchrl's placeholder turn (``"<none>"``), as ``ChatEnv`` batches keep one length:
+    torchrl's policies (``TransformersWrapper``) cannot read a ragged batch of conversations."""
+    width = max(row.shape[-1] for row in rows)
+    rows = [
+        row.extend(
+            messages_to_history([dict(NO_TURN)] * (width - row.shape[-1])), dim=-1, inplace=False
+        )
+        if row.shape[-1] < width
+        else row
+        for row in rows
+    ]
+    return lazy_stack(rows)
 
 
 class OpenEnvChatEnv(EnvBase):
@@ -79,10 +99,19 @@ class OpenEnvChatEnv(EnvBase):
     * **step**: the last turn of the policy's ``("history", "full")``, an assistant turn, is sent
       as ``action_fn(content)``; the next ``("history", "prompt")`` is ``("history", "full")`` and
       the messages the observation adds; the reward goes to ``("next", "reward")`` (shape
-      ``[*batch, 1, 1]``, as torchrl's LLM reward transforms write it; ``NaN`` when the
-      environment gives none) and the done flag to ``("next", "done")`` and
-      ``("next", "terminated")``. Rows already done are not sent again: they keep their
-      conversation, with reward 0.0.
+      ``[*batch, 1, 1]``, as torchrl's LLM reward transforms write it) and the done flag to
+      ``("next", "done")`` and ``("next", "terminated")``. OpenEnv environments often reward
+      only the last step (``reward=None`` before): a step without a reward writes ``0.0``,
+      which adds nothing to a return (``MCAdvantage``'s sums stay finite), and
+      ``("next", "rewarded")`` (bool, ``[*batch, 1]``) says which steps the environment
+      rewarded, so an episode never rewarded is told from one rewarded ``0.0``:
+      :func:`~torchrl_trl_interop.as_trl_rollout_func` sums the rewarded steps only and gives
+      TRL ``env_reward=None`` for an episode without any. Rows already done are not sent again
+      (nor rows torchrl's partial steps leave out, ``"_step"``): they keep their conversation,
+      with reward 0.0. Conversations of one batch keep one length: the shorter ones (rows
+      done, or given fewer messages) are filled with torchrl's placeholder turn
+      (``"<none>"``), as a ``ChatEnv`` batch, so torchrl's ``TransformersWrapper`` and
+      ``LLMCollector`` drive rows that end at different steps.
 
     The defaults speak the format of :func:`~torchrl_trl_interop.as_openenv_environment`
     (``{"content": ...}`` actions, ``messages`` in observations), so a TorchRL environment served
@@ -181,19 +210,29 @@ class OpenEnvChatEnv(EnvBase):
             connect_timeout_s=float(connect_timeout_s),
             message_timeout_s=float(message_timeout_s),
         )
+        for session in self._sessions:
+            session.group = self._sessions
+        # an environment dropped without close() (a re-run notebook cell) gives its sessions
+        # back when collected: a server's slots are not held by an object nobody can reach
+        self._release = weakref.finalize(self, close_quietly, list(self._sessions))
+        self._release.atexit = False  # at exit the process's sockets close anyway
         self._chats: list[list[dict[str, Any]] | None] = [None] * batch_size
         self._done = [False] * batch_size
         self._seed: int | None = None
         self._make_specs()
 
     def _make_specs(self) -> None:
-        from torchrl.data import Composite, NonTensor, Unbounded
+        from torchrl.data import Binary, Composite, NonTensor, Unbounded
         from torchrl.modules.llm.policies import ChatHistory
 
         shape = self.batch_size
         history = HISTORY_KEY[0]
         self.full_observation_spec = Composite(
-            {history: ChatHistory.default_spec(shape=shape, keys=["prompt"])}, shape=shape
+            {
+                history: ChatHistory.default_spec(shape=shape, keys=["prompt"]),
+                REWARDED_KEY: Binary(n=1, shape=(*shape, 1), dtype=torch.bool),
+            },
+            shape=shape,
         )
         self.full_action_spec = Composite(
             {history: ChatHistory.default_spec(shape=shape, keys=["full"])}, shape=shape
@@ -259,7 +298,7 @@ class OpenEnvChatEnv(EnvBase):
                 kwargs["seed"] = seed + i
             if prompts[i] is not None:
                 kwargs[self.prompt_kwarg] = prompts[i]
-            reply = self._sessions[i].reset(**kwargs)
+            reply = self._reset_row(i, kwargs)
             chat = self._messages(reply, i, "reset")
             if not chat and prompts[i] is not None:  # the prompt is the conversation, as ChatEnv's
                 p = prompts[i]
@@ -272,38 +311,55 @@ class OpenEnvChatEnv(EnvBase):
                 )
             self._chats[i], self._done[i] = chat, False
         with set_list_to_stack(True):
-            out = self._history_td(messages_to_history(self._chats))
+            out = self._history_td(messages_to_history(_same_length(self._chats)))
+            out.set(REWARDED_KEY, torch.zeros(n, 1, dtype=torch.bool))
         if tensordict is not None:  # keep the prompt and the row's columns, as ChatEnv does
             reserved = [HISTORY_KEY[0], _RESET_KEY, "next", *self.done_keys, *self.reward_keys]
             kept = tensordict.exclude(*reserved)
             out = kept.to_lazystack(0).update(out) if kept.keys() else out
         return out
 
+    def _reset_row(self, i: int, kwargs: dict[str, Any]) -> Reply:
+        try:
+            return self._sessions[i].reset(**kwargs)
+        except RuntimeError as err:
+            if "CAPACITY_REACHED" not in str(err):
+                raise
+            # refused by a full server: give back the slots the other rows hold, now
+            self.close(raise_if_closed=False)
+            raise RuntimeError(
+                f"{err} This environment's sessions were closed: build a new one."
+            ) from err
+
     # -- step ------------------------------------------------------------------------------------
 
     def _step(self, tensordict: TensorDictBase) -> TensorDictBase:
         n = self.batch_size[0]
-        rewards = torch.zeros(n)
+        rewards, rewarded = torch.zeros(n), torch.zeros(n, dtype=torch.bool)
         with set_list_to_stack(True):
             full = tensordict.get(HISTORY_KEY)
             chats = _chats(full)
             added: list[list[dict[str, Any]]] = [[] for _ in range(n)]
+            stepped = tensordict.get("_step", None)  # torchrl's partial steps
+            stepped = [True] * n if stepped is None else stepped.reshape(n, -1).any(-1).tolist()
             for i in range(n):
-                if self._done[i]:
+                if self._done[i] or not stepped[i]:
                     continue
                 content = self._assistant_turn(chats[i], i)
                 reply = self._sessions[i].step(self.action_fn(content))
                 added[i] = self._messages(reply, i, "step")
-                rewards[i] = float("nan") if reply.reward is None else float(reply.reward)
+                if reply.reward is not None:  # None: this step gives no reward, adds nothing
+                    rewards[i], rewarded[i] = float(reply.reward), True
                 self._chats[i], self._done[i] = chats[i] + added[i], reply.done
             rows = [full[i] for i in range(n)]
             rows = [
                 row.extend(messages_to_history(new), inplace=False, dim=-1) if new else row
                 for row, new in zip(rows, added)
             ]
-            out = self._history_td(lazy_stack(rows))
+            out = self._history_td(_filled(rows))
         done = torch.tensor(self._done).reshape(n, 1)
         out.set(REWARD_KEY, rewards.reshape(n, 1, 1))
+        out.set(REWARDED_KEY, rewarded.reshape(n, 1))
         out.set(DONE_KEY, done)
         out.set("terminated", done.clone())
         return out
@@ -348,6 +404,9 @@ class OpenEnvChatEnv(EnvBase):
     def close(self, *, raise_if_closed: bool = True) -> None:
         """Closes every session (a client's WebSocket, an in-process environment)."""
         sessions, self._sessions = getattr(self, "_sessions", []), []
+        release = getattr(self, "_release", None)
+        if release is not None:
+            release.detach()
         errors = []
         for session in sessions:
             try:

@@ -10,6 +10,7 @@ foreground (``python -m torchrl_trl_interop.openenv serve``).
 from __future__ import annotations
 
 import importlib
+import signal
 import socket
 import threading
 import time
@@ -65,10 +66,14 @@ def openenv_app(
         ...         ws.receive_json()["data"]["observation"]["messages"]
         [{'role': 'user', 'content': 'What is 2 plus 3?'}]
     """
+    cls = _environment_class(make_env, max_concurrent_envs, session_timeout_s)
+    return _app(cls, max_concurrent_envs, session_timeout_s)
+
+
+def _environment_class(make_env: Any, max_concurrent_envs: int, session_timeout_s: Any) -> type:
+    """The ``Environment`` class :func:`openenv_app` serves; checks the arguments."""
     require("openenv", "openenv_app")
-    from openenv.core.env_server import create_app
     from openenv.core.env_server.interfaces import Environment
-    from openenv.core.env_server.types import ConcurrencyConfig
 
     from ._to_openenv import as_openenv_environment
 
@@ -85,12 +90,22 @@ def openenv_app(
             f"openenv_app: max_concurrent_envs={max_concurrent_envs}, but every session would "
             "share one environment. Pass a function building a new environment per session."
         )
+    return cls
+
+
+def _app(cls: type, max_concurrent_envs: int, session_timeout_s: Any) -> FastAPI:
+    from openenv.core.env_server import create_app
+    from openenv.core.env_server.types import ConcurrencyConfig
+
+    from ._errors import answer_mistakes_clearly
+
     config = ConcurrencyConfig(
         max_concurrent_envs=max_concurrent_envs, session_timeout=session_timeout_s
     )
-    return create_app(
+    app = create_app(
         cls, cls.action_type, cls.observation_type, env_name=cls.__name__, concurrency_config=config
     )
+    return answer_mistakes_clearly(app)
 
 
 def _bound_socket(host: str, port: int) -> socket.socket:
@@ -108,13 +123,35 @@ def _bound_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
-def _uvicorn_server(app: Any, log_level: str) -> Any:
+def _uvicorn_server(app: Any, log_level: str, announce: str | None = None) -> Any:
+    """uvicorn's server, which prints ``announce`` once it listens, and stops on SIGINT and
+    SIGTERM with exit status 0 (uvicorn's own re-raises the signal once stopped: a
+    ``KeyboardInterrupt`` traceback and status 1 for Ctrl-C)."""
     import uvicorn
+
+    class Server(uvicorn.Server):
+        async def startup(self, sockets: Any = None) -> None:
+            await super().startup(sockets=sockets)
+            if self.started and announce:
+                print(announce, flush=True)
+
+        @contextmanager
+        def capture_signals(self) -> Iterator[None]:
+            if threading.current_thread() is not threading.main_thread():
+                yield  # a background server: the main thread owns the signals
+                return
+            stops = (signal.SIGINT, signal.SIGTERM)
+            previous = {sig: signal.signal(sig, self.handle_exit) for sig in stops}
+            try:
+                yield
+            finally:
+                for sig, handler in previous.items():
+                    signal.signal(sig, handler)
 
     config = uvicorn.Config(
         app, log_level=log_level, timeout_graceful_shutdown=_STOP_TIMEOUT_S, ws_ping_timeout=20.0
     )
-    return uvicorn.Server(config)
+    return Server(config)
 
 
 @contextmanager
@@ -226,16 +263,30 @@ def serve(
     session_timeout_s: float | None = None,
     log_level: str = "info",
 ) -> None:
-    """Serves ``MODULE:NAME`` in the foreground until interrupted (SIGINT/SIGTERM)."""
-    app = openenv_app(
-        load_env_factory(spec),
-        max_concurrent_envs=max_concurrent_envs,
-        session_timeout_s=session_timeout_s,
-    )
+    """Serves ``MODULE:NAME`` in the foreground until interrupted (SIGINT/SIGTERM).
+
+    One environment is built first, so that a ``make_env`` that cannot serve (batch size, not
+    a ChatEnv, an exception) fails here, with its reason, instead of in every client's session;
+    the URL is printed once the server listens.
+
+    Raises:
+        ValueError, TypeError: if ``make_env`` builds what cannot be served (the reason named).
+        RuntimeError: if building the environment raised another error.
+    """
+    cls = _environment_class(load_env_factory(spec), max_concurrent_envs, session_timeout_s)
+    try:
+        cls().close()
+    except (ValueError, TypeError) as err:
+        raise type(err)(f"{spec} cannot be served: {err}") from err
+    except Exception as err:
+        raise RuntimeError(
+            f"{spec} failed to build an environment: {type(err).__name__}: {err}"
+        ) from err
+    app = _app(cls, max_concurrent_envs, session_timeout_s)
     sock = _bound_socket(host, port)
     url = f"http://{host}:{sock.getsockname()[1]}"
-    print(f"serving {spec} with OpenEnv at {url} (WebSocket {url}/ws)", flush=True)
+    announce = f"serving {spec} with OpenEnv at {url} (WebSocket {url}/ws)"
     try:
-        _uvicorn_server(app, log_level).run(sockets=[sock])
+        _uvicorn_server(app, log_level, announce).run(sockets=[sock])
     finally:
         sock.close()

@@ -10,10 +10,18 @@ a lost or silent server (connection closed, no reply within ``message_timeout_s`
 
 from __future__ import annotations
 
+import time
+from collections import Counter
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
-__all__ = ["ClientSession", "LocalSession", "Reply", "open_sessions"]
+__all__ = ["ClientSession", "LocalSession", "Reply", "close_quietly", "open_sessions"]
+
+#: the WebSocket sessions this process holds open, per server URL
+_HELD: Counter = Counter()
+#: how long a reset refused for capacity is tried again: a slot another client just gave back
+#: is freed by the server a moment after that client's close returns
+_CAPACITY_GRACE_S = 2.0
 
 
 class Reply(NamedTuple):
@@ -66,42 +74,71 @@ class ClientSession:
         self.client = client
         self.owner = owner
         self.where = f"the OpenEnv server at {client.base_url}"
+        self.held = False  # counted in _HELD
+        self.group: list = [self]  # the sessions of its environment, for the capacity hint
+
+    def _capacity_hint(self) -> str:
+        others = _HELD[self.client.base_url] - sum(s.held for s in self.group)
+        if others > 0:
+            return (
+                f" This process still holds {others} other session(s) of this server: "
+                "environments not closed (an OpenEnvChatEnv of an earlier run, a re-run "
+                "notebook cell). Call close() on them, or drop them (they are released when "
+                "collected); then build this one again."
+            )
+        return (
+            f" No other session of this process holds a slot: the server runs fewer concurrent "
+            f"sessions than this environment's batch size ({len(self.group)}) plus other "
+            "clients' sessions; serve it with more max_concurrent_envs."
+        )
 
     def _call(self, what: str, call: Callable[[], Any]) -> Reply:
         from websockets.exceptions import ConnectionClosed
 
-        try:
-            result = call()
-        except RuntimeError as err:
-            if not str(err).startswith("Server error"):
-                raise
-            hint = ""
-            if "CAPACITY_REACHED" in str(err):
-                hint = (
-                    " The server runs fewer concurrent sessions than this environment's batch "
-                    "size: serve it with max_concurrent_envs >= batch_size."
-                )
-            raise RuntimeError(
-                f"{self.owner}: {self.where} refused the {what}: {err}.{hint}"
-            ) from err
-        except (ConnectionClosed, OSError) as err:  # OSError: refused, reset, TimeoutError
-            silent = isinstance(err, TimeoutError)
-            limit = getattr(self.client, "_message_timeout", "its limit")
-            cause = (
-                f"gave no reply within message_timeout_s={limit}"
-                if silent
-                else f"went away ({type(err).__name__}: {err})"
-            )
-            raise ConnectionError(
-                f"{self.owner}: {self.where} {cause} during the {what}. The session and its "
-                "episode are lost: check the server (its log, whether it still runs), then "
-                "reset."
-            ) from err
+        deadline = time.monotonic() + _CAPACITY_GRACE_S
+        while True:
+            try:
+                result = call()
+                break
+            except RuntimeError as err:
+                if not str(err).startswith("Server error"):
+                    raise
+                full = "CAPACITY_REACHED" in str(err)
+                if full and what == "reset" and time.monotonic() < deadline:
+                    time.sleep(0.05)  # a slot given back a moment ago: the server frees it soon
+                    continue
+                hint = self._capacity_hint() if full else ""
+                raise RuntimeError(
+                    f"{self.owner}: {self.where} refused the {what}: {err}.{hint}"
+                ) from err
+            except ConnectionClosed as err:
+                # a refused session's error frame may be lost when its close beats our send
+                # (the retry reconnects); past the grace, the server went away
+                if what == "reset" and time.monotonic() < deadline:
+                    time.sleep(0.05)
+                    continue
+                raise self._lost(what, err) from err
+            except OSError as err:  # refused, reset, TimeoutError
+                raise self._lost(what, err) from err
         return Reply(result.observation, result.reward, bool(result.done))
+
+    def _lost(self, what: str, err: BaseException) -> ConnectionError:
+        limit = getattr(self.client, "_message_timeout", "its limit")
+        cause = (
+            f"gave no reply within message_timeout_s={limit}"
+            if isinstance(err, TimeoutError)
+            else f"went away ({type(err).__name__}: {err})"
+        )
+        return ConnectionError(
+            f"{self.owner}: {self.where} {cause} during the {what}. The session and its "
+            "episode are lost: check the server (its log, whether it still runs), then reset."
+        )
 
     def connect(self) -> None:
         try:
             self.client.connect()
+            self.held = True
+            _HELD[self.client.base_url] += 1
         except (ConnectionError, OSError) as err:
             raise ConnectionError(
                 f"{self.owner}: could not connect to {self.where} ({err}). Is it running? "
@@ -117,7 +154,21 @@ class ClientSession:
         return self._call("step", lambda: self.client.step(payload))
 
     def close(self) -> None:
+        if self.held:
+            self.held = False
+            _HELD[self.client.base_url] -= 1
         self.client.close()
+
+
+def close_quietly(sessions: list) -> None:
+    """Closes every session, ignoring errors (a finalizer's job: the environment was dropped,
+    or refused by a full server, and nobody is there to hear a failure)."""
+    for session in sessions:
+        try:
+            session.close()
+        except Exception:  # noqa: S110 - a server already gone: nothing to release
+            pass
+    sessions.clear()
 
 
 def _session_of(value: Any, owner: str, **client_kwargs: Any) -> LocalSession | ClientSession:

@@ -41,45 +41,22 @@ from .._keys import (  # noqa: E402
     as_nested_key,
 )
 from ._wire import (  # noqa: E402
+    RequestStateError,
+    RequestTypeError,
+    RequestValueError,
     TorchRLChatAction,
     TorchRLChatObservation,
     all_transforms,
+    check_chat_env,
     tool_schemas,
 )
 
-__all__ = ["as_openenv_environment", "check_chat_env"]
+__all__ = ["as_openenv_environment"]
 
 _OWNER = "as_openenv_environment"
 _END_KEYS = ("terminated", "truncated")
 #: envs owned by a live instance: a factory returning one twice would share an episode
 _OWNED: weakref.WeakSet = weakref.WeakSet()
-
-
-def check_chat_env(env: Any, owner: str) -> Any:
-    """``env``'s base ChatEnv; raises unless ``env`` plays one history-mode episode at a time."""
-    if not isinstance(env, EnvBase):
-        raise TypeError(
-            f"{owner}: make_env returned {env!r:.100} of type {type(env).__name__}; expected a "
-            "torchrl environment: a ChatEnv (input_mode='history') or a TransformedEnv around one."
-        )
-    base = getattr(env, "base_env", env)
-    if not hasattr(base, "data_key") or not hasattr(base, "input_mode"):
-        raise TypeError(
-            f"{owner}: the environment's base is a {type(base).__name__}, which reads no prompt "
-            "at reset; use a torchrl.envs.llm.ChatEnv (or a TransformedEnv around one)."
-        )
-    if base.input_mode != "history":
-        raise ValueError(
-            f"{owner}: the ChatEnv has input_mode={base.input_mode!r}; OpenEnv messages are a "
-            "conversation: build it with input_mode='history'."
-        )
-    if tuple(env.batch_size) != (1,):
-        raise ValueError(
-            f"{owner}: the environment has batch_size={tuple(env.batch_size)}; an OpenEnv session "
-            "plays one episode, so build it with batch_size=(1,) (the server runs one "
-            "environment per session: max_concurrent_envs)."
-        )
-    return base
 
 
 def _conversation(history: Any) -> list[dict[str, Any]]:
@@ -137,9 +114,11 @@ class _TorchRLEnvironment(Environment[TorchRLChatAction, TorchRLChatObservation,
         columns go into the reset tensordict, where the environment's transforms read them."""
         self._check_idle()
         if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
-            raise TypeError(f"{type(self).__name__}.reset: seed must be an int, got {seed!r}.")
+            raise RequestTypeError(
+                f"{type(self).__name__}.reset: seed must be an int, got {seed!r}."
+            )
         if episode_id is not None and not isinstance(episode_id, str):
-            raise TypeError(
+            raise RequestTypeError(
                 f"{type(self).__name__}.reset: episode_id must be a str, got {episode_id!r:.100}."
             )
         td = self._reset_input(prompt, row)
@@ -166,20 +145,22 @@ class _TorchRLEnvironment(Environment[TorchRLChatAction, TorchRLChatObservation,
 
         name = type(self).__name__
         if kwargs:
-            raise TypeError(f"{name}.step got unexpected keyword arguments {sorted(kwargs)}.")
+            raise RequestTypeError(
+                f"{name}.step got unexpected keyword arguments {sorted(kwargs)}."
+            )
         action = self._as_action(action)
         if timeout_s is not None:
             timeout_s = check_real(timeout_s, "timeout_s", f"{name}.step")
             if timeout_s <= 0:
-                raise ValueError(f"{name}.step: timeout_s must be > 0, got {timeout_s}.")
+                raise RequestValueError(f"{name}.step: timeout_s must be > 0, got {timeout_s}.")
         self._check_idle()
         if self._td is None:
-            raise RuntimeError(
+            raise RequestStateError(
                 f"{name}.step was called before reset(), or after a step that timed out: call "
                 "reset(prompt=...) to start an episode first."
             )
         if self._done:
-            raise RuntimeError(
+            raise RequestStateError(
                 f"{name}.step: the episode {self._episode_id} is done (after {self._steps} "
                 "steps); call reset() to start another."
             )
@@ -234,14 +215,14 @@ class _TorchRLEnvironment(Environment[TorchRLChatAction, TorchRLChatObservation,
         data_key = self._base.data_key
         td = TensorDict(batch_size=[1])
         if prompt is None and not self._primed:
-            raise ValueError(
+            raise RequestValueError(
                 f"{name} needs prompt=... (a str or a list of messages): the ChatEnv reads "
                 f"{data_key!r} at reset and the environment holds no DataLoadingPrimer to serve "
                 "one."
             )
         if prompt is not None:
             if self._primed:
-                raise ValueError(
+                raise RequestValueError(
                     f"{name} got prompt=..., but the environment serves its own prompts (a "
                     "DataLoadingPrimer), which would replace it. Reset without prompt=, or "
                     "drop the DataLoadingPrimer."
@@ -251,7 +232,7 @@ class _TorchRLEnvironment(Environment[TorchRLChatAction, TorchRLChatObservation,
             elif is_message_list(prompt):
                 td.set(data_key, messages_to_history([prompt]))
             else:
-                raise TypeError(
+                raise RequestTypeError(
                     f"{name}: prompt must be a str or a list of {{'role', 'content'}} messages, "
                     f"got {prompt!r:.100} of type {type(prompt).__name__}."
                 )
@@ -260,7 +241,7 @@ class _TorchRLEnvironment(Environment[TorchRLChatAction, TorchRLChatObservation,
         for column, value in row.items():
             if column in taken:
                 hint = "pass the prompt as prompt=" if column == data_key else "rename it"
-                raise ValueError(
+                raise RequestValueError(
                     f"{name}: the row column {column!r} is an entry of the environment "
                     f"({sorted(map(str, taken))}); {hint}."
                 )
@@ -275,18 +256,18 @@ class _TorchRLEnvironment(Environment[TorchRLChatAction, TorchRLChatObservation,
             try:
                 return TorchRLChatAction.model_validate(dict(action))
             except ValidationError as err:
-                raise ValueError(
+                raise RequestValueError(
                     f"{name}: the action {dict(action)!r:.200} does not match the action schema "
                     f"{{'content': str}} (the assistant's message): {err}"
                 ) from err
-        raise TypeError(
+        raise RequestTypeError(
             f"{name}: action must be a {TorchRLChatAction.__name__} (or a dict "
             f"{{'content': str}}), got {action!r:.100} of type {type(action).__name__}."
         )
 
     def _check_idle(self) -> None:
         if self._running is not None and self._running.is_alive():
-            raise RuntimeError(
+            raise RequestStateError(
                 f"{type(self).__name__}: a step that timed out is still running in the "
                 "environment; this instance cannot start another until it ends. Open a new "
                 "session (a new instance) instead."

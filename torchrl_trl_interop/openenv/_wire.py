@@ -17,7 +17,41 @@ require("openenv", "torchrl_trl_interop's OpenEnv adapters")
 from openenv.core.env_server.types import Action, Observation  # noqa: E402
 from pydantic import Field  # noqa: E402
 
-__all__ = ["TorchRLChatAction", "TorchRLChatObservation", "all_transforms", "tool_schemas"]
+__all__ = [
+    "RequestError",
+    "RequestStateError",
+    "RequestTypeError",
+    "RequestValueError",
+    "TorchRLChatAction",
+    "TorchRLChatObservation",
+    "all_transforms",
+    "check_chat_env",
+    "tool_schemas",
+]
+
+
+class RequestError(Exception):
+    """A client's mistake, refused before the environment runs: a missing prompt, an action of
+    another schema, a step before reset. The served app answers it over HTTP with a 4xx and the
+    message the WebSocket gives (OpenEnv's HTTP routes would answer 500)."""
+
+    status_code = 422
+
+
+class RequestValueError(RequestError, ValueError):
+    """A request's value is wrong (a ``ValueError``)."""
+
+
+class RequestTypeError(RequestError, TypeError):
+    """A request's value has the wrong type (a ``TypeError``)."""
+
+
+class RequestStateError(RequestError, RuntimeError):
+    """A request the episode's state refuses (a ``RuntimeError``): a step before reset or
+    after the episode ended. HTTP 409 (OpenEnv's HTTP routes build a new environment per
+    request: a step there always comes before a reset)."""
+
+    status_code = 409
 
 
 class TorchRLChatAction(Action):
@@ -87,3 +121,33 @@ def tool_schemas(env: Any) -> list[dict[str, Any]]:
             declared = getattr(t, "tool_schemas", None) or {}
             out.extend(declared.get(n) or _schema_of(n, f) for n, f in tools.items())
     return out
+
+
+def check_chat_env(env: Any, owner: str) -> Any:
+    """``env``'s base ChatEnv; raises unless ``env`` plays one history-mode episode at a time
+    (what an OpenEnv session serves: one conversation)."""
+    from torchrl.envs import EnvBase
+
+    if not isinstance(env, EnvBase):
+        raise TypeError(
+            f"{owner}: make_env returned {env!r:.100} of type {type(env).__name__}; expected a "
+            "torchrl environment: a ChatEnv (input_mode='history') or a TransformedEnv around one."
+        )
+    base = getattr(env, "base_env", env)
+    if not hasattr(base, "data_key") or not hasattr(base, "input_mode"):
+        raise TypeError(
+            f"{owner}: the environment's base is a {type(base).__name__}, which reads no prompt "
+            "at reset; use a torchrl.envs.llm.ChatEnv (or a TransformedEnv around one)."
+        )
+    if base.input_mode != "history":
+        raise ValueError(
+            f"{owner}: the ChatEnv has input_mode={base.input_mode!r}; OpenEnv messages are a "
+            "conversation: build it with input_mode='history'."
+        )
+    if tuple(env.batch_size) != (1,):
+        raise ValueError(
+            f"{owner}: the environment has batch_size={tuple(env.batch_size)}; an OpenEnv session "
+            "plays one episode, so build it with batch_size=(1,) (the server runs one "
+            "environment per session: max_concurrent_envs)."
+        )
+    return base

@@ -11,6 +11,7 @@ the policy ends an assistant turn, and writes the score as the environment's rew
 from __future__ import annotations
 
 import inspect
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -26,6 +27,7 @@ from .._history_fields import history_fields
 from .._keys import DONE_KEY, HISTORY_KEY, REWARD_KEY, as_nested_key, keys_present
 from ._from_trl import TRLRewardFuncWrapper
 from ._input_mode import CHAT_MODES, resolve_input_mode
+from ._scoring import NONFINITE_MODES
 from ._to_trl import module_reward_key as _module_reward_key
 
 __all__ = ["RewardTransform", "as_reward_transform"]
@@ -53,8 +55,11 @@ class RewardTransform(Transform):
     scored when its last turn at ``history_key`` has one of the ``completion_roles``) or
     ``"text"`` (every row is scored; TRL reward functions read ``prompt_key`` and
     ``completion_key``). With ``only_done=True``, a row is scored only when the step ends its
-    episode (a sparse, trajectory-level reward). Other rows get ``0.0``. A row the reward leaves
-    unscored (TRL reward functions all returning ``None``) keeps its ``NaN``.
+    episode (a sparse, trajectory-level reward). Other rows get ``0.0``. A scored row whose reward
+    is not finite (TRL reward functions all returning ``None`` for it: ``NaN``) follows
+    ``nonfinite``, as in :class:`~torchrl_trl_interop.HFRewardModelWrapper`: by default an
+    error, since ``MCAdvantage`` spreads one ``NaN`` over its whole group and ``GRPOLoss`` is
+    then ``NaN``.
 
     Args:
         module (TRL reward function(s) or TensorDictModuleBase): TRL reward functions
@@ -92,6 +97,10 @@ class RewardTransform(Transform):
         completion_ids_key (NestedKey, optional): completion token ids for TRL reward
             functions. Defaults to ``None``.
         kwargs_keys (dict, optional): ``{kwarg name: key}`` passed to TRL reward functions.
+        nonfinite (str, optional): what to do when a scored row's reward is ``NaN`` (no TRL
+            function scored it: all returned ``None``) or infinite: ``"raise"`` a
+            :class:`ValueError` naming the rows, ``"warn"`` (:class:`RuntimeWarning`) and write
+            it, or ``"ignore"``. Defaults to ``"raise"``.
 
     Raises:
         TypeError: if ``module`` is neither a ``TensorDictModuleBase`` nor TRL reward functions
@@ -99,7 +108,7 @@ class RewardTransform(Transform):
             argument (``weights``, ``prompt_key``, ...) is given with a module, or a key or flag
             has the wrong type.
         ValueError: if ``input_mode`` is not ``"history"`` or ``"text"``, or a key argument of
-            the other mode is given; TRL reward functions' own argument errors
+            the other mode is given, or ``nonfinite`` is unknown; TRL reward functions' own argument errors
             (:class:`~torchrl_trl_interop.TRLRewardFuncWrapper`), named after this call. At the
             first reset or step, with ``only_done=True``, if a transform after this one sets
             done entries.
@@ -149,8 +158,13 @@ class RewardTransform(Transform):
         completion_key: NestedKey | None = None,
         completion_ids_key: NestedKey | None = None,
         kwargs_keys: Mapping[str, NestedKey] | None = None,
+        nonfinite: str = "raise",
     ) -> None:
         owner = public_call("RewardTransform")
+        if nonfinite not in NONFINITE_MODES:
+            raise ValueError(
+                f"{owner}: nonfinite={nonfinite!r}; expected one of {NONFINITE_MODES}."
+            )
         if isinstance(module, TensorDictModuleBase):
             func_args = {
                 "prompt_key": prompt_key,
@@ -208,6 +222,7 @@ class RewardTransform(Transform):
         self.only_done = check_bool(only_done, "only_done", owner)
         self.done_key = as_nested_key(done_key, "done_key")
         self.accumulate = check_bool(accumulate, "accumulate", owner)
+        self.nonfinite = nonfinite
         module_in_keys = [as_nested_key(k) for k in getattr(module, "in_keys", [])]
         super().__init__(in_keys=module_in_keys, out_keys=[self.reward_key])
         self.module = module
@@ -317,6 +332,7 @@ class RewardTransform(Transform):
         reward = torch.zeros(shape.numel())
         if rows.any():
             reward[rows] = self._score(tensordict, rows)
+            self._check_finite(reward)
         existing = next_tensordict.get(self.reward_key, None)
         target = existing.shape if existing is not None else (*shape, 1, 1)  # the spec's shape
         reward = reward.reshape(target).to(next_tensordict.device or "cpu")
@@ -330,6 +346,25 @@ class RewardTransform(Transform):
             reward = existing + reward.to(existing.dtype)
         next_tensordict.set(self.reward_key, reward)
         return next_tensordict
+
+    def _check_finite(self, reward: torch.Tensor) -> None:
+        """Applies ``nonfinite`` to the step's rewards (``[N]``, on the CPU)."""
+        if self.nonfinite == "ignore":
+            return
+        bad = ~torch.isfinite(reward)
+        if not bool(bad.any()):
+            return
+        rows = bad.nonzero().flatten().tolist()
+        message = (
+            f"{self._owner}: the reward of {len(rows)} of {reward.numel()} row(s) is NaN or "
+            f"infinite (rows {rows[:8]}): a TRL reward function returning None for every "
+            "function writes NaN. MCAdvantage would spread it over the row's group and GRPOLoss "
+            "would be NaN. Return a float for every row, or pass nonfinite='warn' or 'ignore' "
+            "(and leave such rows out before the advantage)."
+        )
+        if self.nonfinite == "raise":
+            raise ValueError(message)
+        warnings.warn(message, RuntimeWarning, stacklevel=2)
 
     def transform_reward_spec(self, reward_spec: Composite) -> Composite:
         if self.reward_key not in reward_spec.keys(True):
@@ -377,7 +412,7 @@ def as_reward_transform(
         >>> as_reward_transform(think_format_reward, only_dne=True)
         Traceback (most recent call last):
         ...
-        TypeError: as_reward_transform() got an unexpected keyword argument 'only_dne' (did you mean 'only_done'?). It takes: ['accumulate', 'completion_ids_key', 'completion_key', 'completion_roles', 'done_key', 'history_key', 'input_mode', 'kwargs_keys', 'module_reward_key', 'only_done', 'prompt_key', 'reward_key', 'weights'].
+        TypeError: as_reward_transform() got an unexpected keyword argument 'only_dne' (did you mean 'only_done'?). It takes: ['accumulate', 'completion_ids_key', 'completion_key', 'completion_roles', 'done_key', 'history_key', 'input_mode', 'kwargs_keys', 'module_reward_key', 'nonfinite', 'only_done', 'prompt_key', 'reward_key', 'weights'].
     """
     check_keywords(kwargs, _KEYWORDS, "as_reward_transform")
     with speaking_for("as_reward_transform"):

@@ -30,10 +30,13 @@ from ._policy_output import PolicyKeys, read_policy_rows
 from ._render import render, turn_closing
 from ._tools import env_transforms
 
-__all__ = ["NO_TURN", "RolloutRow", "find_env_problem", "run_episodes"]
+__all__ = ["NO_TURN", "REWARDED_KEY", "RolloutRow", "find_env_problem", "run_episodes"]
 
 #: torchrl's placeholder turn, which fills a batch of conversations to one length
 NO_TURN = {"role": "<none>", "content": ""}
+#: beside a step's reward, whether the environment gave one (``OpenEnvChatEnv`` writes it: an
+#: OpenEnv step's reward may be ``None``); a step without one adds nothing to ``env_reward``
+REWARDED_KEY = "rewarded"
 
 
 @dataclass
@@ -239,6 +242,22 @@ class _Episodes:
                 rows[i].extend(list(row_ids), None, True)
 
 
+def _add_rewards(rows: list[RolloutRow], td: Any, reward_key: NestedKey) -> None:
+    """Adds each active row's step reward to its ``env_reward``: a step whose ``rewarded`` entry
+    (beside ``reward_key``) is False gave none and adds nothing, so an episode never rewarded
+    keeps ``None``."""
+    reward = td.get(reward_key, None)
+    if reward is None:
+        return
+    key = (reward_key,) if isinstance(reward_key, str) else tuple(reward_key)
+    given = td.get((*key[:-1], REWARDED_KEY), None)
+    given = [True] * len(rows) if given is None else given.reshape(len(rows), -1).any(-1).tolist()
+    values = reward.reshape(len(rows), -1).sum(-1).tolist()
+    for row, value, rewarded in zip(rows, values, given):
+        if row.active and rewarded:
+            row.env_reward = (row.env_reward or 0.0) + float(value)
+
+
 def run_episodes(
     env: Any,
     policy: Any,
@@ -255,7 +274,8 @@ def run_episodes(
     """Runs ``len(prompts) == env.batch_size[0]`` episodes of at most ``max_turns`` policy turns.
 
     An episode stops when ``done_key`` is set after a step or after ``max_turns`` turns. Rewards at
-    ``reward_key`` are summed over its turns. ``read_logprobs=False`` leaves the policy's tokens
+    ``reward_key`` are summed over its turns, except those of steps whose ``"rewarded"`` entry
+    beside it is False (no reward given: ``OpenEnvChatEnv``); never rewarded, ``None``. ``read_logprobs=False`` leaves the policy's tokens
     at log-prob 0.0, to be scored afterwards.
 
     With a ``lockstep`` (a :class:`~torchrl_trl_interop.rollouts._ranks.Lockstep`: several
@@ -286,11 +306,7 @@ def run_episodes(
                 full = td.get(episodes.keys.full_history)
                 answered = render(full, policy, tokenizer, add_generation_prompt=False)
             td = step(env, td)
-            reward = td.get(reward_key, None)
-            if reward is not None:
-                for row, value in zip(rows, reward.reshape(len(rows), -1).sum(-1).tolist()):
-                    if row.active:
-                        row.env_reward = (row.env_reward or 0.0) + float(value)
+            _add_rewards(rows, td, reward_key)
             done = td.get(done_key, None)
             if done is not None:
                 for row, d in zip(rows, done.reshape(len(rows), -1).any(-1).tolist()):

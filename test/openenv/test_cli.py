@@ -1,0 +1,116 @@
+"""``python -m torchrl_trl_interop.openenv serve`` (issue 34): it builds one environment before
+it announces itself (a ``make_env`` that cannot serve fails at start, with its reason), prints
+its URL only once it listens, and stops with status 0 and no traceback on SIGINT and SIGTERM,
+even after a client timed out on a slow step."""
+
+from __future__ import annotations
+
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+from _openenv_helpers import PROMPT, STARTUP_TIMEOUT_S, _die_with_parent, free_port
+from openenv.core import GenericEnvClient
+
+from torchrl_trl_interop.openenv.__main__ import main
+
+HERE = Path(__file__).parent
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(
+    "spec, message",
+    [
+        ("torchrl_trl_interop.testing:toy_chat_env", r"batch_size=\(2,\)"),  # batch size 2
+        ("torchrl_trl_interop.testing:toy_tokenizer", "expected a torchrl environment"),
+    ],
+)
+def test_a_make_env_that_cannot_serve_fails_at_start(spec, message, capsys):
+    assert main(["serve", spec, "--port", str(free_port())]) == 2
+    err = capsys.readouterr()
+    assert f"{spec} cannot be served" in err.err
+    assert pytest.importorskip("re").search(message, err.err)
+    assert "serving" not in err.out
+
+
+def start(spec):
+    """The CLI on a free port; yields ``(process, lines)``, its output lines in a queue."""
+    port = free_port()
+    command = [sys.executable, "-m", "torchrl_trl_interop.openenv", "serve", spec]
+    command += ["--port", str(port), "--log-level", "warning"]
+    pythonpath = os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])
+    proc = subprocess.Popen(
+        command,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        preexec_fn=_die_with_parent if sys.platform == "linux" else None,
+        env={**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": pythonpath},
+    )
+    lines: queue.Queue = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(x) for x in proc.stdout], daemon=True).start()
+    return proc, lines, f"http://127.0.0.1:{port}"
+
+
+def announced(proc, lines, url) -> list[str]:
+    seen = []
+    while True:
+        try:
+            line = lines.get(timeout=STARTUP_TIMEOUT_S)
+        except queue.Empty:
+            raise TimeoutError(f"no announcement: {seen}") from None
+        seen.append(line)
+        if "serving" in line:
+            assert url in line
+            return seen
+
+
+def stop(proc, lines, sig) -> str:
+    proc.send_signal(sig)
+    try:
+        proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=20)
+    out = []
+    while not lines.empty():
+        out.append(lines.get())
+    return "".join(out)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_announced_when_listening_and_stopped_cleanly_after_a_client_timed_out():
+    proc, lines, url = start("_openenv_helpers:slow_tool_env")
+    try:
+        before = announced(proc, lines, url)
+        # the line means it listens: OpenEnv's client connects at once, no retry
+        with GenericEnvClient(base_url=url, message_timeout_s=1.0).sync() as client:
+            client.reset(prompt=PROMPT)
+            with pytest.raises((TimeoutError, OSError)):
+                client.step({"content": "slow"})  # the step takes 3 s: the client gives up
+    finally:
+        output = stop(proc, lines, signal.SIGINT)
+    output = "".join(before) + output
+    assert proc.returncode == 0, output
+    assert "Traceback" not in output and "CancelledError" not in output, output
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_sigterm_exits_zero():
+    proc, lines, url = start("torchrl_trl_interop.testing:toy_tool_env")
+    try:
+        announced(proc, lines, url)
+        with GenericEnvClient(base_url=url, message_timeout_s=60).sync() as client:
+            client.reset(prompt=PROMPT)
+    finally:
+        output = stop(proc, lines, signal.SIGTERM)
+    assert proc.returncode == 0, output
+    assert "Traceback" not in output, output
