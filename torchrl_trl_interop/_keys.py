@@ -38,6 +38,32 @@ NEXT_DONE_KEY: tuple[str, str] = ("next", "done")
 POLICY_VERSION_KEY: str = "policy_version"
 NEXT_POLICY_VERSION_KEY: tuple[str, str] = ("next", "policy_version")
 
+# -- torchrl's placeholder turn ------------------------------------------------------------------
+#: The role of the turn torchrl fills a ``ChatEnv`` batch's shorter conversations with, so that
+#: a ``[B, T]`` History keeps one length; torchrl's renders skip it. Known here only.
+PLACEHOLDER_ROLE: str = "<none>"
+
+
+def placeholder_turn() -> dict[str, str]:
+    """A new placeholder turn as a message dict (torchrl's padding of a shorter conversation).
+
+    Examples:
+        >>> placeholder_turn()
+        {'role': '<none>', 'content': ''}
+    """
+    return {"role": PLACEHOLDER_ROLE, "content": ""}
+
+
+def without_placeholders(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``messages`` without torchrl's placeholder turns (a new list; the dicts are not copied).
+
+    Examples:
+        >>> without_placeholders([{"role": "user", "content": "Hi"}, placeholder_turn()])
+        [{'role': 'user', 'content': 'Hi'}]
+    """
+    return [m for m in messages if m["role"] != PLACEHOLDER_ROLE]
+
+
 # -- keys ----------------------------------------------------------------------------------------
 
 

@@ -296,8 +296,10 @@ class TorchRLBufferDataset(torch.utils.data.IterableDataset):
         the buffer is never pickled to fingerprint it.
 
         The view declares :meth:`hf_features`, the types of the first ``batch_size`` stored
-        rows; a later row those types cannot hold exactly raises a :class:`TypeError` naming the
-        column, never a silent cast (``docs/overview.rst``, "Types in the Hugging Face views").
+        rows. A later batch that only adds struct fields (``tool_calls`` first appearing in an
+        online agentic buffer) widens them, as :meth:`to_hf_dataset` types such rows; any other
+        row those types cannot hold exactly raises a :class:`TypeError` naming the column, never
+        a silent cast (``docs/overview.rst``, "Types in the Hugging Face views").
 
         Keyword Args:
             num_shards (int, optional): shards of the view. Defaults to ``64`` with

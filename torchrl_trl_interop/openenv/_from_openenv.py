@@ -29,10 +29,12 @@ from .._keys import (
     REWARD_KEY,
     as_nested_key,
     key_parts,
+    placeholder_turn,
     to_python,
+    without_placeholders,
 )
 from ..data._columns import row_values
-from ..rollouts._episodes import NO_TURN, REWARDED_KEY, _same_length
+from ..rollouts._episodes import REWARDED_KEY, _same_length
 from ._sessions import Reply, close_quietly, open_sessions
 
 __all__ = ["OpenEnvChatEnv"]
@@ -60,9 +62,7 @@ def _observed_messages(observation: dict[str, Any]) -> list[dict[str, Any]]:
 
 def _chats(history: Any) -> list[list[dict[str, Any]]]:
     """Each row of a ``[B, T]`` History as TRL messages, torchrl's ``<none>`` padding dropped."""
-    return [
-        [m for m in chat if m["role"] != NO_TURN["role"]] for chat in history_to_messages(history)
-    ]
+    return [without_placeholders(chat) for chat in history_to_messages(history)]
 
 
 def _filled(rows: list[Any]) -> Any:
@@ -72,7 +72,9 @@ def _filled(rows: list[Any]) -> Any:
     width = max(row.shape[-1] for row in rows)
     rows = [
         row.extend(
-            messages_to_history([dict(NO_TURN)] * (width - row.shape[-1])), dim=-1, inplace=False
+            messages_to_history([placeholder_turn() for _ in range(width - row.shape[-1])]),
+            dim=-1,
+            inplace=False,
         )
         if row.shape[-1] < width
         else row

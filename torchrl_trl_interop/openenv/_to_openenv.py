@@ -39,6 +39,7 @@ from .._keys import (  # noqa: E402
     PROMPT_HISTORY_KEY,
     REWARD_KEY,
     as_nested_key,
+    without_placeholders,
 )
 from ._wire import (  # noqa: E402
     RequestStateError,
@@ -61,7 +62,7 @@ _OWNED: weakref.WeakSet = weakref.WeakSet()
 
 def _conversation(history: Any) -> list[dict[str, Any]]:
     """Row 0 of a ``[1, T]`` History as TRL messages (torchrl's ``<none>`` padding dropped)."""
-    return [m for m in history_to_messages(history)[0] if m["role"] != "<none>"]
+    return without_placeholders(history_to_messages(history)[0])
 
 
 class _TorchRLEnvironment(Environment[TorchRLChatAction, TorchRLChatObservation, State]):

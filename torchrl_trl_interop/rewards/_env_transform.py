@@ -24,7 +24,14 @@ from torchrl.envs.transforms import Compose, Transform, TransformedEnv
 
 from .._checks import as_names, check_bool, check_keywords, public_call, speaking_for
 from .._history_fields import history_fields
-from .._keys import DONE_KEY, HISTORY_KEY, REWARD_KEY, as_nested_key, keys_present
+from .._keys import (
+    DONE_KEY,
+    HISTORY_KEY,
+    PLACEHOLDER_ROLE,
+    REWARD_KEY,
+    as_nested_key,
+    keys_present,
+)
 from ._from_trl import TRLRewardFuncWrapper
 from ._input_mode import CHAT_MODES, resolve_input_mode
 from ._scoring import NONFINITE_MODES
@@ -296,7 +303,7 @@ class RewardTransform(Transform):
                 else:
                     roles = history.role
                     roles = roles.tolist() if hasattr(roles, "tolist") else list(roles)
-            last = [[r for r in row if r != "<none>"][-1:] for row in roles]
+            last = [[r for r in row if r != PLACEHOLDER_ROLE][-1:] for row in roles]
             scored &= torch.tensor([bool(r) and r[0] in self.completion_roles for r in last])
         if self.only_done:
             scored &= next_tensordict.get(self.done_key).reshape(n, -1).any(-1).cpu()

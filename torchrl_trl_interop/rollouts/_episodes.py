@@ -23,17 +23,16 @@ from tensordict import NonTensorStack, TensorDict, set_list_to_stack
 from tensordict.utils import NestedKey
 
 from .._conversation import history_to_messages, is_message_list, messages_to_history
-from .._keys import POLICY_VERSION_KEY
+from .._keys import POLICY_VERSION_KEY, placeholder_turn, without_placeholders
 from .._padding import pad_rows, position_mask
 from ._env_step import step, step_mdp
 from ._policy_output import PolicyKeys, read_policy_rows
 from ._render import render, turn_closing
 from ._tools import env_transforms
 
-__all__ = ["NO_TURN", "REWARDED_KEY", "RolloutRow", "find_env_problem", "run_episodes"]
+__all__ = ["REWARDED_KEY", "RolloutRow", "find_env_problem", "run_episodes"]
 
 #: torchrl's placeholder turn, which fills a batch of conversations to one length
-NO_TURN = {"role": "<none>", "content": ""}
 #: beside a step's reward, whether the environment gave one (``OpenEnvChatEnv`` writes it: an
 #: OpenEnv step's reward may be ``None``); a step without one adds nothing to ``env_reward``
 REWARDED_KEY = "rewarded"
@@ -121,9 +120,7 @@ def _to_messages(history: Any) -> list[list[dict[str, Any]]]:
         >>> _to_messages(batch)[0][0]["tool_calls"]
         [{'type': 'function', 'function': {'name': 'add', 'arguments': {'a': 2, 'b': 2}}}]
     """
-    return [
-        [m for m in chat if m["role"] != NO_TURN["role"]] for chat in history_to_messages(history)
-    ]
+    return [without_placeholders(chat) for chat in history_to_messages(history)]
 
 
 def _same_length(conversations: list[list[dict]]) -> list[list[dict]]:
@@ -138,7 +135,7 @@ def _same_length(conversations: list[list[dict]]) -> list[list[dict]]:
         [{'role': 'user', 'content': 'Hi'}, {'role': '<none>', 'content': ''}]
     """
     width = max(len(c) for c in conversations)
-    return [list(c) + [dict(NO_TURN) for _ in range(width - len(c))] for c in conversations]
+    return [list(c) + [placeholder_turn() for _ in range(width - len(c))] for c in conversations]
 
 
 class _Episodes:

@@ -17,11 +17,11 @@ import weakref
 from typing import Any
 
 from .._history_fields import history_messages
+from .._keys import without_placeholders
 
 __all__ = ["generation_prompt", "render", "turn_closing"]
 
 _PROBE = "\x00torchrl_trl_interop\x00"
-_NO_ROLE = "<none>"  # torchrl's placeholder turn, which its renders skip
 #: per tokenizer: {(what, chat_template_name, chat_template, tokenizer template): value}, the
 #: keyword arguments torchrl gives the tokenizer's apply_chat_template and the probe renders
 _RECORDED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -107,9 +107,7 @@ def render(history: Any, policy: Any, tokenizer: Any, *, add_generation_prompt: 
         )
     rows = history_messages(history)  # tolist's dicts, read from the payloads
     return [
-        tokenizer.apply_chat_template(
-            conversation=[m for m in row if m["role"] != _NO_ROLE], **kwargs
-        )
+        tokenizer.apply_chat_template(conversation=without_placeholders(row), **kwargs)
         for row in rows
     ]
 

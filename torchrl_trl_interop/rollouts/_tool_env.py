@@ -20,7 +20,7 @@ import torch
 from tensordict import NonTensorStack, TensorDict, set_list_to_stack
 
 from .._conversation import history_to_messages, is_message_list, messages_to_history
-from .._keys import HISTORY_KEY, PROMPT_HISTORY_KEY, key_parts
+from .._keys import HISTORY_KEY, PROMPT_HISTORY_KEY, key_parts, without_placeholders
 from ._env_step import step, step_mdp
 from ._tool_outcome import awaited, run_tool
 from ._trl_prompts import PLACEHOLDER_PROMPT, has_prompt_source, shown_prompt
@@ -40,7 +40,7 @@ PUBLIC_NAMES = ("reset", "get_reward", "env", "messages", "reward")
 
 def _messages(history: Any) -> list[dict[str, Any]]:
     """One ``[1, T]`` History as TRL messages, torchrl's ``<none>`` padding turns dropped."""
-    return [m for m in history_to_messages(history[0]) if m["role"] != "<none>"]
+    return without_placeholders(history_to_messages(history[0]))
 
 
 def _turns(messages: Sequence[dict[str, Any]]) -> list[tuple[Any, Any]]:

@@ -16,8 +16,8 @@ from tensordict import TensorDict, TensorDictBase
 from torchrl.modules.llm import TransformersWrapper
 
 from .._conversation import history_to_messages
+from .._keys import PLACEHOLDER_ROLE
 from .._padding import pad_rows, position_mask
-from ._episodes import NO_TURN
 from ._policy_output import PolicyKeys, extend_history, stack_rows
 from ._render import generation_prompt, render
 
@@ -150,7 +150,7 @@ class TrainerModelPolicy(TransformersWrapper):
         from torchrl.data.llm import History
 
         def after_prompt(row: Any, prompt: Any) -> Any:
-            turns = sum(role != NO_TURN["role"] for role in prompt.role)  # text has none of them
+            turns = sum(role != PLACEHOLDER_ROLE for role in prompt.role)  # text has none of them
             return row[turns:]
 
         header = self._generation_prompt

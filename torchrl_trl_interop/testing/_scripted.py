@@ -10,7 +10,13 @@ from tensordict import TensorDictBase, set_list_to_stack
 from tensordict.nn import TensorDictModuleBase
 
 from .._conversation import history_to_messages, messages_to_history
-from .._keys import HISTORY_KEY, PROMPT_HISTORY_KEY, PROMPT_TOKEN_KEY, RESPONSE_TOKEN_KEY
+from .._keys import (
+    HISTORY_KEY,
+    PROMPT_HISTORY_KEY,
+    PROMPT_TOKEN_KEY,
+    RESPONSE_TOKEN_KEY,
+    without_placeholders,
+)
 from ._tokenizer import toy_tokenizer
 
 _RESPONSE_LOG_PROBS_KEY = ("log_probs", "response")
@@ -99,9 +105,7 @@ class ScriptedChatPolicy(TensorDictModuleBase):
         td = tensordict if tensordict.ndim == 1 else tensordict.reshape(-1)
         with set_list_to_stack(True):
             prompt = td.get(PROMPT_HISTORY_KEY)
-            messages = [
-                [m for m in chat if m["role"] != "<none>"] for chat in history_to_messages(prompt)
-            ]
+            messages = [without_placeholders(chat) for chat in history_to_messages(prompt)]
             answers = [self.answer(m) for m in messages]
             response = messages_to_history([[{"role": "assistant", "content": a}] for a in answers])
             full = prompt.extend(response, inplace=False, dim=-1)
