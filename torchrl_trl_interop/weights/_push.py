@@ -5,22 +5,26 @@
 weights through the target's own machinery, checks first that they fit when the receiving
 model's names and shapes are known, and stamps the version once:
 
-============================================  ================================================
-target                                        push
-============================================  ================================================
-:class:`~torchrl_trl_interop.RemotePolicy`    ``update_policy_weights_(weights,
-                                              policy_version=version)``: checked against the
-                                              generator's names and shapes, streamed into its
-                                              shared staging buffer, then committed there with
-                                              its version
-a torchrl collector (``LLMCollector``,        ``update_policy_weights_(weights)`` (its own
-``RayLLMCollector``, any ``Collector``)       weight-sync scheme); its ``PolicyVersion``
-                                              tracker, when local and integer, is set
-a ``torchrl.weight_update.WeightSyncScheme``  ``send(weights)`` (initialised on the sender
-                                              side and connected by the caller)
-an ``nn.Module`` in this process (a torchrl   copied in place, one tensor at a time, into a
-LLM wrapper, a model)                         wrapper's ``.model``
-============================================  ================================================
+==============================================  ================================================
+target                                          push
+==============================================  ================================================
+:class:`~torchrl_trl_interop.RemotePolicy`,     ``update_policy_weights_(weights,
+:class:`~torchrl_trl_interop.RayRemotePolicy`   policy_version=version)``: checked against the
+                                                generator's names and shapes, streamed into its
+                                                staging buffer, then committed there with its
+                                                version
+a torchrl collector in a Ray actor              in the actor (``_remote_collector``): checked
+(``RayLLMCollector``)                           against its policy, put under ``"model"`` for a
+                                                wrapper, its ``update_policy_weights_``, its
+                                                integer ``PolicyVersion`` set to the version
+a torchrl collector here (``LLMCollector``,     ``update_policy_weights_(weights)`` (its own
+any ``Collector``)                              weight-sync scheme); its ``PolicyVersion``
+                                                tracker, when local and integer, is set
+a ``torchrl.weight_update.WeightSyncScheme``    ``send(weights)`` (initialised on the sender
+                                                side and connected by the caller)
+an ``nn.Module`` in this process (a torchrl     copied in place, one tensor at a time, into a
+LLM wrapper, a model)                           wrapper's ``.model``
+==============================================  ================================================
 """
 
 from __future__ import annotations
@@ -31,6 +35,8 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 from torchrl.weight_update import WeightSyncScheme
 
+from ._ray_policy import RayRemotePolicy
+from ._remote_collector import is_remote_collector, push_to_remote_collector
 from ._remote_policy import RemotePolicy
 from ._stream import sendable
 from ._tensors import check_weights_fit, named_tensors, policy_model, weights_layout
@@ -48,7 +54,7 @@ def target_kind(target: Any, owner: str) -> str:
         >>> target_kind(torch.nn.Linear(2, 2), "f")
         'module'
     """
-    if isinstance(target, RemotePolicy):
+    if isinstance(target, (RemotePolicy, RayRemotePolicy)):
         return "remote"
     if isinstance(target, WeightSyncScheme):
         return "scheme"
@@ -119,6 +125,9 @@ def push(
     kind = target_kind(target, owner)
     if kind == "remote":  # streams into its shared staging buffer
         target.update_policy_weights_(weights, policy_version=version, partial=partial)
+    elif kind == "collector" and is_remote_collector(target):  # RayLLMCollector: in its actor
+        layout, stream, partial = sendable(weights, None, partial=partial)
+        push_to_remote_collector(target, layout, stream, version, owner=owner, partial=partial)
     elif kind == "collector":
         policy = getattr(target, "policy", None)
         model = policy_model(policy)
