@@ -38,10 +38,11 @@ from torchrl.weight_update import WeightSyncScheme
 from ._ray_policy import RayRemotePolicy
 from ._remote_collector import is_remote_collector, push_to_remote_collector
 from ._remote_policy import RemotePolicy
+from ._staleness import set_policy_version
 from ._stream import sendable
 from ._tensors import check_weights_fit, named_tensors, policy_model, weights_layout
 
-__all__ = ["push", "set_policy_version", "target_kind"]
+__all__ = ["push", "target_kind"]
 
 
 def target_kind(target: Any, owner: str) -> str:
@@ -68,12 +69,6 @@ def target_kind(target: Any, owner: str) -> str:
         "(with update_policy_weights_), a torchrl WeightSyncScheme initialised on the sender "
         "side, or an nn.Module (a policy in this process: a torchrl LLM wrapper, a model)."
     )
-
-
-def set_policy_version(tracker: Any, version: int) -> None:
-    """Sets an integer torchrl ``PolicyVersion`` to ``version`` (others are left to their owner)."""
-    if tracker is not None and getattr(tracker, "version_type", None) in (int, "int"):
-        tracker.version = int(version)
 
 
 def _whole(stream: Any) -> TensorDictBase:

@@ -17,6 +17,7 @@ from typing import Any
 
 from tensordict import TensorDict, TensorDictBase
 
+from ._staleness import set_policy_version
 from ._tensors import Layout, check_weights_fit, policy_model, weights_layout
 
 __all__ = ["PUSH_TIMEOUT_S", "is_remote_collector", "push_to_remote_collector"]
@@ -47,8 +48,6 @@ def _receiver(collector: Any) -> tuple[Layout, bool]:
 
 def _apply(collector: Any, weights: TensorDictBase, version: int) -> Any:
     """In the actor: the collector's own weight update, then its version set to ``version``."""
-    from ._push import set_policy_version
-
     collector.update_policy_weights_(weights)
     set_policy_version(getattr(collector, "policy_version_tracker", None), version)
     return collector.policy_version
