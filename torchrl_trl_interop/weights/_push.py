@@ -20,6 +20,10 @@ a torchrl collector in a Ray actor              in the actor (``_remote_collecto
 a torchrl collector here (``LLMCollector``,     ``update_policy_weights_(weights)`` (its own
 any ``Collector``)                              weight-sync scheme); its ``PolicyVersion``
                                                 tracker, when local and integer, is set
+torchrl's ``VLLMWeightSender`` (the engines     ``update_weights(weights)`` (``_vllm_sender``):
+of a ``vLLMWrapper`` over ``AsyncVLLM``)        checked against the engines' names and shapes,
+                                                broadcast over NCCL; registered collectors'
+                                                ``PolicyVersion`` set to the version
 a ``torchrl.weight_update.WeightSyncScheme``    ``send(weights)`` (initialised on the sender
                                                 side and connected by the caller)
 an ``nn.Module`` in this process (a torchrl     copied in place, one tensor at a time, into a
@@ -41,12 +45,14 @@ from ._remote_policy import RemotePolicy
 from ._staleness import set_policy_version
 from ._stream import sendable
 from ._tensors import check_weights_fit, named_tensors, policy_model, weights_layout
+from ._vllm_sender import is_vllm_sender, is_vllm_wrapper, push_to_vllm
 
 __all__ = ["push", "target_kind"]
 
 
 def target_kind(target: Any, owner: str) -> str:
-    """``"remote"``, ``"collector"``, ``"scheme"`` or ``"module"``: how :func:`push` sends.
+    """``"remote"``, ``"collector"``, ``"vllm"``, ``"scheme"`` or ``"module"``: how :func:`push`
+    sends.
 
     Raises:
         TypeError: if ``target`` is none of them; the message names ``owner``.
@@ -57,8 +63,17 @@ def target_kind(target: Any, owner: str) -> str:
     """
     if isinstance(target, (RemotePolicy, RayRemotePolicy)):
         return "remote"
+    if is_vllm_sender(target):
+        return "vllm"
     if isinstance(target, WeightSyncScheme):
         return "scheme"
+    if is_vllm_wrapper(target):
+        raise TypeError(
+            f"{owner}: a torchrl vLLMWrapper holds no weights here: its engines get them through "
+            "torchrl's vLLM weight sync. Pass its sender instead: sender = "
+            "VLLMWeightSyncScheme(...).create_sender(), joined with "
+            "sender.init_all_workers_group(get_model_metadata(model), vllm_engine=engine)."
+        )
     if callable(getattr(target, "update_policy_weights_", None)):
         return "collector"
     if isinstance(target, torch.nn.Module):
@@ -139,6 +154,8 @@ def push(
             weights = TensorDict({"model": weights}, batch_size=[])
         target.update_policy_weights_(weights)
         set_policy_version(getattr(target, "policy_version_tracker", None), version)
+    elif kind == "vllm":  # torchrl's VLLMWeightSender: NCCL into the engines
+        push_to_vllm(target, weights, version, owner=owner)
     elif kind == "scheme":
         target.send(_whole(sendable(weights, None)[1]))
     else:  # a module here: each tensor copied in place as it comes
