@@ -8,11 +8,14 @@ model's names and shapes are known, and stamps the version once:
 ==============================================  ================================================
 target                                          push
 ==============================================  ================================================
-:class:`~torchrl_trl_interop.RemotePolicy`,     ``update_policy_weights_(weights,
-:class:`~torchrl_trl_interop.RayRemotePolicy`   policy_version=version)``: checked against the
+:class:`~torchrl_trl_interop.RemotePolicy`      ``update_policy_weights_(weights,
+                                                policy_version=version)``: checked against the
                                                 generator's names and shapes, streamed into its
-                                                staging buffer, then committed there with its
-                                                version
+                                                shared staging buffer, then committed there
+                                                with its version
+:class:`~torchrl_trl_interop.RayRemotePolicy`   the same call: checked, streamed into one
+                                                buffer, put in Ray's object store once,
+                                                committed by every actor with its version
 a torchrl collector in a Ray actor              in the actor (``_remote_collector``): checked
 (``RayLLMCollector``)                           against its policy, put under ``"model"`` for a
                                                 wrapper, its ``update_policy_weights_``, its
