@@ -13,7 +13,7 @@ Each figure is measured in one run (the machines are shared: compare within a ru
   ``copy_`` of every tensor into a preallocated buffer in this process. Interleaved; median.
 
 Run with ``python benchmarks/bench_ray.py`` (``make bench``); it starts a local Ray instance
-(``ray.init(num_cpus=2)``).
+(``ray.init(num_cpus=3)``: the 1- and 2-replica policies are live at once).
 """
 
 from __future__ import annotations
@@ -112,7 +112,8 @@ def main() -> None:
     import ray
 
     torch.set_num_threads(1)
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    # 3 actors live at once (1 + 2 replicas, one logical CPU each) on this 2-core machine
+    ray.init(num_cpus=3, include_dashboard=False, log_to_driver=False)
     try:
         figures = generation(args.rows, args.new_tokens, args.repeats)
         base = figures[0][1]

@@ -8,6 +8,7 @@ into a ``RayLLMCollector``; a dead actor is an error, not a hang.
 
 from __future__ import annotations
 
+import os
 import sys
 from functools import partial
 
@@ -134,12 +135,17 @@ def test_rows_are_split_across_replicas_in_order(ray_cluster):
         generator.close()
 
 
+def crash(actor):
+    """In an actor: its process exits at once."""
+    os._exit(1)
+
+
 def test_a_dead_actor_is_an_error_not_a_hang(ray_cluster):
-    ray = ray_cluster
     generator = RayRemotePolicy(partial(toy_generator_policy, seed=1), num_replicas=2, timeout=60)
     try:
         generator.update_policy_weights_(toy_causal_lm(tokenizer=toy_tokenizer()), policy_version=0)
-        ray.kill(generator._actors[1])
+        # replica 1's process exits (a crash, the OOM killer); Ray runs a caller's tasks in order
+        generator._actors[1].__ray_call__.remote(crash)
         with pytest.raises(RuntimeError, match="actor of replica 1 died"):
             generator.weights_checksums()
         with pytest.raises(RuntimeError, match="replica 1 died"):
@@ -148,6 +154,14 @@ def test_a_dead_actor_is_an_error_not_a_hang(ray_cluster):
             )
     finally:
         generator.close()
+
+
+def test_actors_ray_cannot_place_time_out(ray_cluster):
+    """More CPUs than the cluster has: the start ends at the timeout, saying why."""
+    generator = RayRemotePolicy(toy_generator_policy, remote_config={"num_cpus": 8}, timeout=3)
+    with pytest.raises(TimeoutError, match=r"Ray could not place them: each needs \{'num_cpus': 8"):
+        generator.update_policy_weights_(toy_causal_lm(tokenizer=toy_tokenizer()), policy_version=0)
+    assert not generator.started  # its actors were ended
 
 
 def test_ray_remote_policy_errors():

@@ -211,7 +211,13 @@ class RayRemotePolicy(TensorDictModuleBase):
                 raise TimeoutError(
                     f"{_OWNER}: no reply to {what} from replicas "
                     f"{sorted(index[r] for r in pending)} within timeout={self.timeout}s; "
-                    "their actors are alive but did not answer (raise timeout= for slow calls)."
+                    "their actors are alive but did not answer (raise timeout= for slow calls)"
+                    + (
+                        f", or Ray could not place them: each needs {self.remote_config} and "
+                        f"the cluster has {ray.available_resources()} free."
+                        if what == "its start"
+                        else "."
+                    )
                 )
             for ref in ready:
                 i = index[ref]
