@@ -64,7 +64,8 @@ def grpo(path: str, out: str, rollout_func, *, callbacks=(), **config):
 
     tok = toy_tokenizer()
     prompts = [[{"role": "user", "content": p}] for p in toy_prompts(8)]
-    args = GRPOConfig(**toy_grpo_args(out, tokenizer=tok, max_steps=2, **config))
+    # the toy fixtures train on the CPU (use_cpu=True): here the trainer is on the GPU
+    args = GRPOConfig(**toy_grpo_args(out, tokenizer=tok, max_steps=2, use_cpu=False, **config))
     trainer = GRPOTrainer(
         model=path,
         reward_funcs=toy_answer_length,
