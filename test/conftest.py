@@ -36,3 +36,42 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+#: Whether the running test builds a trainer config that autocasts on purpose (``autocast`` mark).
+_AUTOCAST_ALLOWED = [False]
+
+
+def pytest_configure(config):
+    """Every trainer config a test builds states fp32: one that would autocast fails the test.
+
+    TRL's configs default to ``bf16=True`` when ``fp16`` is not set, and a CPU with native bf16
+    (AMX, AVX512-BF16) then trains under bf16 autocast, so a test's numbers would depend on the
+    machine. transformers' ``TrainingArguments.__post_init__`` (which TRL's configs call after
+    resolving that default) is wrapped once here; ``@pytest.mark.autocast`` lets a test mean it.
+    """
+    try:
+        from transformers import TrainingArguments
+    except ImportError:  # the hf extra is not installed: no trainer config to check
+        return
+    original = TrainingArguments.__post_init__
+
+    def fp32_only(self):
+        original(self)
+        if (self.bf16 or self.fp16) and not _AUTOCAST_ALLOWED[0]:
+            raise AssertionError(
+                f"{type(self).__name__} would autocast (bf16={self.bf16}, fp16={self.fp16}): "
+                "every trainer config a test builds states fp32. Build it from "
+                "torchrl_trl_interop.testing.toy_trainer_args (or pass bf16=False), or mark a "
+                "test that autocasts on purpose with @pytest.mark.autocast."
+            )
+
+    TrainingArguments.__post_init__ = fp32_only
+
+
+def pytest_runtest_setup(item):
+    _AUTOCAST_ALLOWED[0] = item.get_closest_marker("autocast") is not None
+
+
+def pytest_runtest_teardown(item):
+    _AUTOCAST_ALLOWED[0] = False

@@ -72,3 +72,25 @@ def test_wheel_carries_the_license_and_spdx_metadata(dists):
     assert metadata.get_all("License-File") == ["LICENSE"]
     assert "torchrl_trl_interop/py.typed" in names
     assert not any(n.startswith(("test/", "docs/", "tutorials/")) for n in names)
+
+
+def test_installed_versions_lie_in_the_declared_ranges():
+    """The ranges in ``pyproject.toml`` are the ones CI tests: the versions this run tests (the
+    set-up installs the newest each range allows) satisfy every range of the core and the extras
+    the suite installs."""
+    tomllib = pytest.importorskip("tomllib")
+    from importlib import metadata
+
+    from packaging.requirements import Requirement
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+    extras = project["optional-dependencies"]
+    declared = [*project["dependencies"], *extras["hf"], *extras["ray"], *extras["openenv"]]
+    declared += [r for r in extras["test"] if not r.startswith("torchrl-trl-interop")]
+    outside = []
+    for line in declared:
+        requirement = Requirement(line)
+        version = metadata.version(requirement.name)
+        if not requirement.specifier.contains(version, prereleases=True):
+            outside.append(f"{requirement.name} {version} not in {requirement.specifier}")
+    assert outside == []

@@ -101,7 +101,7 @@ def check_positive_int(value: Any, arg: str, owner: str, *, allow_none: bool = F
     if value is None and allow_none:
         return
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        expected = "a positive int or None" if allow_none else "a positive int"
+        expected = "a positive int or None" if allow_none else "a positive integer"  # upstream's
         raise ValueError(f"{owner}: {arg} must be {expected}, got {arg}={value!r}.")
 
 

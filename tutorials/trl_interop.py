@@ -18,8 +18,8 @@ with both libraries together, and walks every bridge of ``torchrl_trl_interop`` 
    buffer's own rows.
 4. **Preferences on** :class:`~torchrl.data.llm.History`: the policy answers each question
    several times, a rule scores the answers, right-vs-wrong pairs train a reward model with TRL's
-   ``RewardTrainer``, and the trained model, back in TorchRL, ranks answers to questions it never
-   saw better than the untrained one.
+   ``RewardTrainer``, and the trained model, back in TorchRL, ranks the answers to questions it
+   never saw, every pair by a wide margin: it learned to spot the teacher's slip.
 5. **GRPO with TorchRL in the loop**: ``GRPOTrainer`` samples its completions from a TorchRL
    ``ChatEnv`` whose reward transform checks the sum: the task reward rises over the run, and the
    policy makes the teacher's slip far less often.
@@ -74,6 +74,7 @@ from torchrl_trl_interop.testing import (
     toy_reward_model,
     toy_tokenizer,
     toy_trainer_args,
+    worked_answer,
 )
 
 SHOW_PROGRESS = demo_setup(seed=0)
@@ -186,6 +187,12 @@ assert sft_log[-1] < sft_log[0] / 5
 # and often with the teacher's slip.
 
 
+def is_slip(question, answer):
+    """Whether ``answer`` is the teacher's slip: the two numbers of ``question`` side by side."""
+    a, b = parse_question(question)
+    return answer.endswith(f" is {a}{b}.")
+
+
 def sample_answers(seed):
     """Four answers to every question, sampled by TorchRL's pipeline; a few shares."""
     rb = toy_collected_buffer(
@@ -202,12 +209,11 @@ def sample_answers(seed):
     with set_list_to_stack(True):
         chats = history_to_messages(rb[:]["history", "full"])
     answers = [c[-1]["content"] for c in chats]
-    slips = [f"{a}{b}." for a, b in (parse_question(c[-2]["content"]) for c in chats)]
     shares = {
         "readable": printable_share(answers),
         "worked": sum(bool(re.fullmatch(r"\d plus \d is \d+\.", a)) for a in answers),
         "right": sum(correct_answer([c[:-1] for c in chats], [c[-1:] for c in chats])),
-        "slips": sum(a.endswith(" is " + s) for a, s in zip(answers, slips)),
+        "slips": sum(is_slip(c[-2]["content"], a) for c, a in zip(chats, answers)),
     }
     shares.update({k: v / len(chats) for k, v in shares.items() if k != "readable"})
     return answers, shares
@@ -617,8 +623,18 @@ for pair in pair_rows:
 # the reward model's chat template and learns to score ``chosen`` above ``rejected``. Every
 # margin is 1 here (the rule gives 0 or 1), so we drop that column. We keep a copy of the
 # untrained model to compare with later.
+#
+# This reward model has a tokenizer of its own, which writes every digit as one token, as the
+# Llama and Qwen tokenizers do (``toy_tokenizer(split_digits=True)``). The policy's toy BPE
+# merges a few numbers into one token (``" 12"``), and a reward model never trained on that
+# token cannot read the held-out slip ``"1 plus 2 is 12."``: with the policy's tokenizer, 16 of
+# the 48 held-out pairs were ranked right by a margin of 0.003 only, which bfloat16 rounds to a
+# tie. The History carries text, not token ids, so the two tokenizers need not agree: the
+# wrapper below renders each conversation with the reward model's own tokenizer.
 
-reward_model = toy_reward_model("llama", tokenizer=rm_tok, seed=0)
+judge_tok = toy_tokenizer(split_digits=True)  # the trained reward model's tokenizer
+print([judge_tok.decode([i]) for i in judge_tok("1 plus 2 is 12.")["input_ids"]])
+reward_model = toy_reward_model("llama", tokenizer=judge_tok, seed=0)
 untrained_model = copy.deepcopy(reward_model)
 trainer = RewardTrainer(
     model=reward_model,
@@ -628,7 +644,7 @@ trainer = RewardTrainer(
         **run_args(100, 16, logging_steps=20),
     ),
     train_dataset=pair_rows.remove_columns("margin"),
-    processing_class=rm_tok,
+    processing_class=judge_tok,
 )
 trainer.train()
 reward_model.eval()
@@ -637,7 +653,7 @@ print("training loss:", [round(log["loss"], 3) for log in train_log])
 assert trainer.state.global_step == 100
 assert train_log[-1]["loss"] < train_log[0]["loss"]
 first_chat = pair_rows[0]["prompt"] + pair_rows[0]["chosen"]
-chat_ids = rm_tok.apply_chat_template(first_chat, tokenize=True, return_dict=True)["input_ids"]
+chat_ids = judge_tok.apply_chat_template(first_chat, tokenize=True, return_dict=True)["input_ids"]
 assert trainer.train_dataset[0]["chosen_ids"] == chat_ids
 
 # %%
@@ -660,7 +676,7 @@ assert seen == set(held_out_questions) and not seen & set(train_questions)
 def rm_on_history(model, history_key=("history", "full"), reward_key="rm_reward"):
     return HFRewardModelWrapper(
         model,
-        tokenizer=rm_tok,
+        tokenizer=judge_tok,
         history_key=history_key,
         reward_key=reward_key,
         inference_mode=True,
@@ -695,9 +711,14 @@ assert correlation["trained"] > 0.3 > correlation["untrained"]
 # The held-out preference pairs are built from these rollouts the same way. With
 # ``prompt_key=None`` each side holds the whole conversation (TRL's implicit-prompt format),
 # which the wrapper scores directly: a pair is ranked right when ``chosen`` scores above
-# ``rejected``. The trained model ranks the held-out pairs clearly better than the untrained
-# one, and separates them by a wider margin.
+# ``rejected``, and its *margin* is the difference. An accuracy says little without its
+# margins: pairs ranked right by 0.003 count as right, and bfloat16, whose step is 0.008 at a
+# score of 1.7, rounds such a margin to a tie. So we print the smallest margin too, and ask it to
+# clear ``MIN_MARGIN``: the trained model ranks every held-out pair right, by a wide margin. The
+# untrained one cannot tell the answers apart: every one of its margins lies within 0.05 of zero,
+# so its accuracy, whatever it reads, is the tilt of a random model, not a ranking.
 
+MIN_MARGIN = 0.5  # about 60 bfloat16 steps at the scores seen here
 with set_list_to_stack(True):
     held_out = build_preference_pairs(fresh, group_key="group", prompt_key=None)[:]
 
@@ -715,10 +736,53 @@ margins = {
     "trained": held_out_margins(reward_model),
 }
 accuracy = {name: (m > 0).float().mean().item() for name, m in margins.items()}
+smallest = {name: m.min().item() for name, m in margins.items()}
 print(f"{len(held_out)} held-out pairs; accuracy:", _fmt(accuracy))
+print("smallest margin:", _fmt(smallest))
 assert len(held_out) >= 20
-assert accuracy["trained"] >= 0.7 and accuracy["trained"] - accuracy["untrained"] >= 0.15
-assert margins["trained"].mean() > margins["untrained"].mean()
+assert accuracy["trained"] == 1.0 and smallest["trained"] >= MIN_MARGIN
+assert margins["untrained"].abs().max() < 0.05
+
+# %%
+# **What it learned** is what its pairs teach. Most wrong answers of the policy are the
+# teacher's slip, two numbers side by side, so the reward model learned to spot the slip. It
+# was not taught to check a sum: a wrong one-digit answer, which the policy seldom writes, is
+# not told apart from a right one (the scores below), and a reward model for that needs pairs
+# with such answers.
+
+slips = sum(
+    is_slip(pair["prompt"][-1]["content"], pair["rejected"][-1]["content"]) for pair in pair_rows
+)
+print(f"{slips} of {len(pair_rows)} rejected answers in training are the slip")
+assert slips >= 0.8 * len(pair_rows)
+probe_question = held_out_questions[-2]  # "What is 3 plus 4?", never trained on
+a, b = parse_question(probe_question)
+probe_answers = [
+    worked_answer(a, b),
+    worked_answer(a, b, f"{a}{b}"),
+    worked_answer(a, b, a + b - 1),
+]
+probe = TensorDict(
+    {
+        "history": {
+            "full": messages_to_history(
+                [
+                    [
+                        {"role": "system", "content": SYSTEM},
+                        {"role": "user", "content": probe_question},
+                        {"role": "assistant", "content": answer},
+                    ]
+                    for answer in probe_answers
+                ]
+            )
+        }
+    },
+    batch_size=[len(probe_answers)],
+)
+probe_scores = trained_rm(probe)["rm_reward"].tolist()
+for answer, score in zip(probe_answers, probe_scores):
+    print(f"{score:+.2f}  {answer!r}")
+assert probe_scores[0] - probe_scores[1] >= MIN_MARGIN  # right vs the slip, never trained on
 
 # %%
 # The trained reward model also goes back to TRL, as a reward function:
@@ -727,21 +791,21 @@ assert margins["trained"].mean() > margins["untrained"].mean()
 # scores the module wrote. Part 5 hands it to ``GRPOTrainer`` next to the task reward.
 
 trained_rm_func = as_trl_reward_func(
-    trained_rm, reward_key="rm_reward", processing_class=rm_tok, name="trained_rm"
+    trained_rm, reward_key="rm_reward", processing_class=judge_tok, name="trained_rm"
 )
 prompts, completions = zip(*(split_prompt_completion(c) for c in fresh_conversations))
 # ``max_batch_size=None`` scores every row in one call, as ``trained_rm(fresh)`` did, so the
 # scores are the module's to the bit. By default rows are sorted by length and scored 32 at a
-# time (faster: less padding), which in bfloat16 can move a score by one bfloat16 step.
+# time (faster: less padding), which moves a score only in its last float32 digits.
 same_call = as_trl_reward_func(
-    trained_rm, reward_key="rm_reward", processing_class=rm_tok, max_batch_size=None
+    trained_rm, reward_key="rm_reward", processing_class=judge_tok, max_batch_size=None
 )
 bridged = same_call(prompts=list(prompts), completions=list(completions), completion_ids=None)
 assert torch.allclose(torch.tensor(bridged), fresh["rm_reward"], atol=1e-5)
 bucketed = trained_rm_func(
     prompts=list(prompts), completions=list(completions), completion_ids=None
 )
-assert torch.allclose(torch.tensor(bucketed), fresh["rm_reward"], atol=2e-2)
+assert torch.allclose(torch.tensor(bucketed), fresh["rm_reward"], atol=1e-4)
 
 # %%
 # Part 5 — GRPO with TorchRL in the loop
@@ -965,8 +1029,9 @@ for message in episode.messages:
 assert tool_after[0] - tool_before[0] >= 0.15 and tool_after[1] > tool_before[1]
 
 # %%
-# The figure: the task reward over the GRPO run, the reward model's held-out accuracy before and
-# after training, the distribution of its held-out margins, and the tool loop of Part 6.
+# The figure: the task reward over the GRPO run, the share of held-out pairs the reward model
+# ranks right (at all, and by at least ``MIN_MARGIN``) before and after training, the
+# distribution of its held-out margins, and the tool loop of Part 6.
 
 fig, axes = plt.subplots(1, 4, figsize=(20, 4))
 steps = list(range(1, GRPO_STEPS + 1))
@@ -987,16 +1052,34 @@ axes[0].set(
 )
 axes[0].legend(loc="lower right")
 names = ["untrained", "trained"]
-axes[1].bar(names, [accuracy[n] for n in names], color=["tab:gray", "tab:blue"])
+for offset, (label, threshold, hatch) in zip(
+    (-0.2, 0.2), (("margin > 0", 0.0, ""), (f"margin >= {MIN_MARGIN}", MIN_MARGIN, "//"))
+):
+    shares = [(margins[n] > threshold).float().mean().item() for n in names]
+    axes[1].bar(
+        [i + offset for i in range(len(names))],
+        shares,
+        width=0.4,
+        color=["tab:gray", "tab:blue"],
+        hatch=hatch,
+        edgecolor="k",
+        label=label,
+    )
 axes[1].axhline(0.5, color="k", ls="--", lw=1, label="chance")
-axes[1].set(ylim=(0, 1), ylabel="accuracy", title=f"RM on held-out pairs (n={len(held_out)})")
-axes[1].legend()
+axes[1].set_xticks(range(len(names)), names)
+axes[1].set(
+    ylim=(0, 1.05),
+    ylabel="share of pairs ranked right",
+    title=f"RM on held-out pairs (n={len(held_out)})",
+)
+axes[1].legend(loc="upper left")
 bins = torch.linspace(
     min(m.min() for m in margins.values()), max(m.max() for m in margins.values()), 20
 ).tolist()
 for n, color in zip(names, ["tab:gray", "tab:blue"]):
     axes[2].hist(margins[n].tolist(), bins=bins, alpha=0.6, color=color, label=n)
 axes[2].axvline(0, color="k", lw=1)
+axes[2].axvline(MIN_MARGIN, color="k", ls=":", lw=1, label=f"{MIN_MARGIN} (smallest asked)")
 axes[2].set(xlabel="score(chosen) - score(rejected)", title="RM held-out margins")
 axes[2].legend()
 tool_steps = list(range(1, TOOL_STEPS + 1))
@@ -1026,6 +1109,7 @@ summary = [
     f"policy answers readable : {readable:.0%}",
     f"task reward (GRPO)      : {reward_first:.2f} -> {reward_last:.2f}",
     f"RM held-out accuracy    : {accuracy['untrained']:.2f} -> {accuracy['trained']:.2f}",
+    f"RM smallest margin      : {smallest['untrained']:+.3f} -> {smallest['trained']:+.3f}",
     f"tool-loop reward (GRPO) : {tool_before[0]:.2f} -> {tool_after[0]:.2f}",
     f"tool calls per answer   : {tool_before[1]:.2f} -> {tool_after[1]:.2f}",
     f"time                    : {elapsed:.0f} s",

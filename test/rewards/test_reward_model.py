@@ -395,7 +395,7 @@ class TestModelOutputs:
         td = lazy_td([torch.tensor([2, 4])])
         with pytest.raises(RewardOutputError, match="of type object"):
             HFRewardModelWrapper(_Dummy("object"))(td)
-        with pytest.raises(RuntimeError, match="could not read a reward"):
+        with pytest.raises(RuntimeError, match="could not extract reward"):
             HFRewardModelWrapper(_Dummy("object"))(td)
 
     def test_nonfinite(self):

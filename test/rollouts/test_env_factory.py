@@ -564,8 +564,9 @@ class TestErrors:
         with pytest.raises(ValueError, match="system prompt"):
             as_trl_environment_factory(with_system)().reset(prompt=QUESTION)
         env = as_trl_environment_factory(toy_calculator_env)()
-        with pytest.raises(KeyError, match="'prompt'"):
-            env.reset(question="What is 2 plus 3?")
+        # no prompt column: TRL prompts with its empty user turn, so the env starts from it too
+        assert env.reset(question="What is 2 plus 3?") is None
+        assert env.messages == [{"role": "user", "content": ""}]
         with pytest.raises(ValueError, match=r"\['history'\]"):
             env.reset(prompt=QUESTION, history="x")
         with pytest.raises(KeyError, match="answer"):

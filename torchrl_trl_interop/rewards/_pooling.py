@@ -66,7 +66,7 @@ def extract_reward(out: Any) -> torch.Tensor:
     if isinstance(out, (tuple, list)) and out and isinstance(out[0], torch.Tensor):
         return out[0]
     raise RewardOutputError(
-        "HFRewardModelWrapper: could not read a reward from the model output of type "
+        "HFRewardModelWrapper: could not extract reward from model output: it is of type "
         f"{type(out).__name__}. Expected a tensor, an output with a 'logits' or 'rewards' tensor "
         "attribute (or mapping entry), or a tuple whose first element is the reward tensor."
     )
@@ -85,8 +85,8 @@ def check_reward_shape(model: Any, reward: torch.Tensor, n: int) -> torch.Tensor
         else ""
     )
     raise RewardShapeError(
-        f"HFRewardModelWrapper: expected one scalar reward per row, shape [{n}] or [{n}, 1], "
-        f"but the model returned shape {list(reward.shape)}.{hint}"
+        "HFRewardModelWrapper: expected one scalar reward per input (one scalar reward per row, "
+        f"shape [{n}] or [{n}, 1]), but the model returned shape {list(reward.shape)}.{hint}"
     )
 
 

@@ -22,9 +22,10 @@ from tensordict.utils import NestedKey
 from .._checks import as_mapping, as_names, require
 from .._keys import NEXT_DONE_KEY, NEXT_REWARD_KEY, as_nested_key, key_parts
 from ._episodes import find_env_problem
-from ._tool_env import PUBLIC_NAMES, TorchRLEnvironment
+from ._tool_env import PUBLIC_NAMES, TorchRLEnvironment, get_reward
 from ._tool_schemas import function_with_signature
 from ._tools import env_transforms, find_tools, tool_transforms
+from ._trl_prompts import has_prompt_source
 from ._trl_tools import check_tool_template
 
 __all__ = ["as_trl_environment_factory"]
@@ -102,7 +103,7 @@ class _EnvironmentFactory:
 
     def _make(self) -> Any:
         env = self.make_env()
-        problem = find_env_problem(env)
+        problem = find_env_problem(env, own_prompts=True)
         if problem is not None:
             error, reason = problem
             raise error(f"{_OWNER}: make_env() returned an env that cannot be used: {reason}.")
@@ -120,16 +121,19 @@ class _EnvironmentFactory:
             step_key in [key_parts(k)[-1] for k in getattr(t, "out_keys", [])]
             for t in env_transforms(env)
         )
-        if not tools and not writes_reward:
+        if not tools and not writes_reward and not has_prompt_source(env):
             raise ValueError(
-                f"{_OWNER}: the environment has no tool transform and no transform writing a "
-                f"reward at {self.reward_key!r}: nothing to bridge into TRL. Add a tool transform "
-                "(SimpleToolTransform, ExecuteToolsInOrder, MCPToolTransform, PythonInterpreter) "
-                "or a reward transform (RewardTransform, a torchrl reward parser)."
+                f"{_OWNER}: the environment has no tool transform, no transform writing a "
+                f"reward at {self.reward_key!r} and no prompt source: nothing to bridge into TRL. "
+                "Add a tool transform (SimpleToolTransform, ExecuteToolsInOrder, "
+                "MCPToolTransform, PythonInterpreter), a reward transform (RewardTransform, a "
+                "torchrl reward parser) or a DataLoadingPrimer serving its prompts."
             )
         body = {"_tools": {t.name: t for t in tools}, "_factory": self, "_token": self.token}
+        if writes_reward:  # TRL 1.16 adds it as a reward source (weight 1, the class's name)
+            body["get_reward"] = get_reward
         for tool in tools:
-            call = _tool_body(tool.name)
+            call = _tool_body(tool.name, tool.signature.is_async)
             body[tool.name] = function_with_signature(call, tool.signature, method=True)
         self._cls = type(_class_name(self.name), (TorchRLEnvironment,), body)
         return self._cls
@@ -160,9 +164,10 @@ class _EnvironmentFactory:
         return list(columns)
 
 
-def _tool_body(name: str) -> Callable[..., str]:
-    def body(self: TorchRLEnvironment, **arguments: Any) -> str:
-        return self._call_tool(name, **arguments)
+def _tool_body(name: str, is_async: bool) -> Callable[..., Any]:
+    def body(self: TorchRLEnvironment, **arguments: Any) -> Any:
+        call = self._acall_tool if is_async else self._call_tool  # async: a coroutine, awaited
+        return call(name, **arguments)
 
     return body
 
@@ -199,7 +204,10 @@ def as_trl_environment_factory(
     * ``reset(**row)``: resets the environment with the row's ``prompt`` (a message list, or
       text as one user turn); the row's other columns (or ``row_keys``) go into the reset
       tensordict, where reward parsers read them (e.g. ``"answer"``). It returns what the
-      environment appended to the prompt's last message, or ``None``. An environment that
+      environment appended to the prompt's last message, or ``None``. A row without
+      ``prompt`` starts from TRL's empty user turn; an environment with its own prompt source
+      (a ``DataLoadingPrimer``) is reset without the row's prompt and returns the one it serves,
+      which TRL appends to the last message it shows. An environment that
       changes the prompt in another way (a ``ChatEnv(system_prompt=...)``) raises: the model,
       prompted by TRL with the dataset's prompt, would not see it.
     * one method per tool the environment carries: ``SimpleToolTransform``'s functions (signature
@@ -214,6 +222,13 @@ def as_trl_environment_factory(
       argument, a call after the episode ended) is raised, and TRL feeds it back to the model.
     * the properties ``env`` (the TorchRL environment), ``messages`` (its conversation as TRL
       messages) and ``reward`` (the sum of its rewards so far, ``None`` if none was written).
+    * ``get_reward()``, when the environment writes a reward: TRL 1.16 adds it as a reward
+      source itself (weight 1, the class's name; ``reward_funcs`` then optional). It sums the
+      rewards of the steps not yet handed to TRL; it never sees the final answer.
+
+    Tool methods raise ``ToolFailed`` when the tool raised (TRL counts it in
+    ``tools/failure_frequency``; the environment's History holds the reply), an async tool's
+    method is a coroutine function, and ``get_json_schema`` of a method is the tool function's.
 
     ``factory.reward_func`` is a TRL reward function, named after the environment (``name``):
     for each completion it closes that completion's episode with the final answer (the last
@@ -222,7 +237,9 @@ def as_trl_environment_factory(
     :class:`~torchrl_trl_interop.RewardTransform` or torchrl's reward parsers), or ``None``
     where the environment wrote none. The environment's conversation is then the prompt, the
     calls, the replies and the final answer, as the model saw them. Pass it as
-    ``reward_funcs=factory.reward_func`` (or next to other reward functions).
+    ``reward_funcs=factory.reward_func`` (or next to other reward functions) when the
+    environment scores the final answer. Each step's reward reaches TRL once: through
+    ``reward_func`` or ``get_reward``, whichever reads it first.
 
     ================================ ============================== ==========================
     the model's turn (TRL)           the TorchRL environment        returned to TRL
@@ -271,8 +288,7 @@ def as_trl_environment_factory(
             prompt at reset (not a ChatEnv); if it carries a tool transform whose tools cannot
             be listed, or a tool function without type hints.
         ValueError: if the environment has neither a tool nor a reward transform (nothing to
-            bridge), its batch size is not ``(1,)``, it is not in history mode or holds a
-            ``DataLoadingPrimer``; if a tool's schema cannot become a signature (naming the tool
+            bridge), its batch size is not ``(1,)`` or it is not in history mode; if a tool's schema cannot become a signature (naming the tool
             and the field), a tool's name is not an identifier, is a keyword, is taken, or two
             tools share one; if a tool transform reads calls in a syntax that cannot be written;
             if ``processing_class``'s chat template cannot call tools.
@@ -291,7 +307,7 @@ def as_trl_environment_factory(
         as_trl_environment_factory('calculator', tools=['add'])
         >>> env = factory()  # what GRPOTrainer does, once per rollout
         >>> inspect.signature(env.add)  # what TRL renders into the prompt
-        <Signature (*, a: int, b: int)>
+        <Signature (*, a: int, b: int) -> int>
         >>> env.reset(prompt=[{"role": "user", "content": "What is 2 plus 3?"}]) is None
         True
         >>> env.add(a=2, b=3)  # the model's tool call, run by the TorchRL environment

@@ -62,8 +62,11 @@ class RolloutRow:
         self.env_mask.extend([0 if from_env else 1] * len(ids))
 
 
-def find_env_problem(env: Any) -> tuple[type[Exception], str] | None:
+def find_env_problem(env: Any, *, own_prompts: bool = False) -> tuple[type[Exception], str] | None:
     """Why ``env`` cannot take a prompt at reset, as ``(exception type, reason)``, or ``None``.
+
+    ``own_prompts=True`` accepts an environment that serves its own prompts (a
+    ``DataLoadingPrimer``), as TRL's ``environment_factory`` allows.
 
     Examples:
         >>> from torchrl.envs import PendulumEnv
@@ -88,7 +91,7 @@ def find_env_problem(env: Any) -> tuple[type[Exception], str] | None:
         )
     if len(env.batch_size) != 1:
         return ValueError, f"its batch_size is {tuple(env.batch_size)}; one dimension is expected"
-    for t in env_transforms(env):
+    for t in [] if own_prompts else env_transforms(env):
         if isinstance(t, DataLoadingPrimer):
             return ValueError, (
                 "it holds a DataLoadingPrimer, which replaces the prompt at every reset with one "

@@ -43,6 +43,7 @@ from ._trainer_policy import (
     trainer_generation_config,
     trainer_tokenizer,
 )
+from ._trl_prompts import check_rollout_prompts
 from ._vllm import vllm_policy
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -83,6 +84,7 @@ class _EnvRolloutFunc:
         self._default: tuple[int, Any] | None = None  # (id of the model, policy built around it)
         self._checked: set[int] = set()
         self._warned = False
+        self._warned_plain_text = False
 
     def __repr__(self) -> str:
         policy = "trainer model" if self.policy is None else type(self.policy).__name__
@@ -130,6 +132,9 @@ class _EnvRolloutFunc:
         training = getattr(trainer.model, "training", True)
         group = getattr(trainer, "num_generations" if training else "num_generations_eval", None)
         group = group or getattr(trainer, "num_generations", 1) or 1
+        self._warned_plain_text |= check_rollout_prompts(
+            prompts, _OWNER, warn=not self._warned_plain_text
+        )
         check_prompt_slice(prompts, group, ranks, _OWNER)
         size = self.env.batch_size[0]
         if self.candidate_group_size is None and len(prompts) % size:  # else: the candidates'

@@ -4,9 +4,11 @@
 :func:`~torchrl_trl_interop.as_trl_environment_factory` builds. An instance owns one TorchRL
 LLM environment (``batch_size=(1,)``) and steps it: ``reset(**row)`` with the row's prompt, each
 tool method with the model's call written as the environment's tool transform reads it, and
-:meth:`~TorchRLEnvironment._close` with the completion's final answer. Only ``reset`` and the
-tool methods the factory adds are public functions: TRL turns every other public function of the
-class into a tool.
+:meth:`~TorchRLEnvironment._close` with the completion's final answer; :func:`get_reward`
+hands TRL the rewards the tool steps wrote. Only ``reset``, ``get_reward`` (which the factory
+adds when the environment writes a reward) and the tool methods are public functions: TRL turns
+every other public function of the class into a tool. A step's reward reaches TRL once, through
+``get_reward`` or the factory's ``reward_func``.
 """
 
 from __future__ import annotations
@@ -20,11 +22,13 @@ from tensordict import NonTensorStack, TensorDict, set_list_to_stack
 from .._conversation import history_to_messages, is_message_list, messages_to_history
 from .._keys import HISTORY_KEY, PROMPT_HISTORY_KEY, key_parts
 from ._env_step import step, step_mdp
+from ._tool_outcome import awaited, run_tool
+from ._trl_prompts import PLACEHOLDER_PROMPT, has_prompt_source, shown_prompt
 
 if TYPE_CHECKING:  # pragma: no cover
     from ._tools import TorchRLTool
 
-__all__ = ["PUBLIC_NAMES", "TorchRLEnvironment"]
+__all__ = ["PUBLIC_NAMES", "TorchRLEnvironment", "get_reward"]
 
 _OWNER = "as_trl_environment_factory"
 
@@ -93,8 +97,8 @@ def _final_answer(completion: Any) -> str | None:
 class TorchRLEnvironment:
     """Base of the classes :func:`as_trl_environment_factory` builds: one TorchRL env per instance.
 
-    Only ``reset`` and the tool methods added by the factory are public functions: TRL turns
-    every other public function of the class into a tool.
+    Only ``reset``, ``get_reward`` and the tool methods added by the factory are public
+    functions: TRL turns every other public function of the class into a tool.
     """
 
     _tools: dict[str, TorchRLTool] = {}
@@ -107,6 +111,7 @@ class TorchRLEnvironment:
         self._rewards: list[float | None] = []
         self._calls: list[tuple[str, dict[str, Any]]] = []
         self._done = False
+        self._counted = 0  # rewards already handed to TRL (by get_reward or the reward function)
         self._reward_closed: tuple[bool, float | None] = (False, None)
 
     def __repr__(self) -> str:
@@ -130,27 +135,25 @@ class TorchRLEnvironment:
         return sum(written) if written else None
 
     def reset(self, **row: Any) -> str | None:
-        """Resets the TorchRL environment with the row's ``prompt`` (text or messages); the
-        row's other columns (or ``row_keys``) go into the reset tensordict, where reward parsers
-        read them (e.g. ``"answer"``). Returns what the environment appended to the prompt's last
-        message, or ``None``."""
+        """Resets the TorchRL environment with the row's ``prompt`` (text or messages), or, for
+        an environment with its own prompt source (a ``DataLoadingPrimer``), with the prompt it
+        serves; the row's other columns (or ``row_keys``) go into the reset tensordict, where
+        reward parsers read them (e.g. ``"answer"``). Returns what the environment appended to
+        the last message of the prompt TRL shows the model (the row's prompt, or TRL's empty
+        user turn when the row has none), or ``None``."""
         factory = self._factory
-        if "prompt" not in row:
-            raise KeyError(
-                f"{_OWNER}: the dataset row has no 'prompt' column (columns: {sorted(row)}); the "
-                "TorchRL environment is reset with it."
-            )
-        prompt = row["prompt"]
+        prompt = row.get("prompt", PLACEHOLDER_PROMPT)  # TRL's prompt for a row without one
         if not isinstance(prompt, str) and not is_message_list(prompt):
             raise TypeError(
                 f"{_OWNER}: the row's prompt should be a str or a list of messages, got "
                 f"{type(prompt).__name__}: {prompt!r:.200}."
             )
-        messages = prompt if is_message_list(prompt) else [{"role": "user", "content": prompt}]
+        messages = shown_prompt(prompt)
         base = getattr(self._env, "base_env", self._env)
         with set_list_to_stack(True):
-            query = messages_to_history([messages])
-            td = TensorDict({base.data_key: query}, batch_size=[1])
+            td = TensorDict(batch_size=[1])
+            if not has_prompt_source(self._env):
+                td.set(base.data_key, messages_to_history([messages]))
             for key in factory._columns(row, self._env):
                 value = row[key]
                 if isinstance(value, (bool, int, float)):
@@ -159,9 +162,15 @@ class TorchRLEnvironment:
                     td.set(key, NonTensorStack(value))
             with torch.no_grad():
                 self._td = self._env.reset(td)
-        self._rewards, self._calls, self._done = [], [], False
+        self._rewards, self._calls, self._done, self._counted = [], [], False, 0
         self._reward_closed = (False, None)
         return _observation(messages, self.messages)
+
+    def _uncounted_reward(self) -> float | None:
+        """The summed reward of the steps not yet handed to TRL, ``None`` if they wrote none."""
+        written = [r for r in self._rewards[self._counted :] if r is not None]
+        self._counted = len(self._rewards)
+        return sum(written) if written else None
 
     def _step(self, content: str) -> list[dict[str, Any]]:
         """Steps the environment with an assistant turn; the turns it added after it."""
@@ -185,7 +194,22 @@ class TorchRLEnvironment:
             return self.messages[before:]
 
     def _call_tool(self, name: str, **arguments: Any) -> str:
-        """A tool method's body: the call written as the env reads it, one step, the reply."""
+        """A tool method's body: the call written as the env reads it, one step, the reply.
+
+        Raises:
+            ToolFailed: if the tool raised (the environment holds the turn TorchRL wrote).
+        """
+        tool = self._check_call(name, arguments)
+        return run_tool(tool.transform, tool.env_name, lambda: self._reply(name, arguments))
+
+    async def _acall_tool(self, name: str, **arguments: Any) -> str:
+        """An async tool method's body: the tool awaited once, then :meth:`_call_tool`'s step."""
+        tool = self._check_call(name, arguments)
+        outcome = await awaited(tool.transform, tool.env_name, arguments)
+        run = lambda: self._reply(name, arguments)  # noqa: E731
+        return run_tool(tool.transform, tool.env_name, run, outcome)
+
+    def _check_call(self, name: str, arguments: dict[str, Any]) -> TorchRLTool:
         tool = self._tools[name]
         self._calls.append((name, dict(arguments)))
         if self._td is None:
@@ -196,7 +220,10 @@ class TorchRLEnvironment:
                 "steps. Answer without calling a tool."
             )
         tool.signature.signature.bind(**arguments)  # a missing or unknown argument: TypeError
-        added = self._step(tool.render(arguments))
+        return tool
+
+    def _reply(self, name: str, arguments: dict[str, Any]) -> str:
+        added = self._step(self._tools[name].render(arguments))
         if len(added) != 1:
             raise RuntimeError(
                 f"{_OWNER}: after the call to {name!r}, the environment added {len(added)} turns "
@@ -205,7 +232,8 @@ class TorchRLEnvironment:
         return added[0]["content"]
 
     def _close(self, completion: Any) -> float | None:
-        """Closes the episode with the completion's final answer (one step); the summed reward."""
+        """Closes the episode with the completion's final answer (one step); the summed reward
+        of the steps not already handed to TRL by ``get_reward``."""
         if self._reward_closed[0]:
             return self._reward_closed[1]
         calls = _completion_calls(completion, set(self._tools))
@@ -218,5 +246,19 @@ class TorchRLEnvironment:
         final = _final_answer(completion)
         if final is not None and self._td is not None and not self._done:
             self._step(final)
-        self._reward_closed = (True, self.reward)
-        return self.reward
+        self._reward_closed = (True, self._uncounted_reward())
+        return self._reward_closed[1]
+
+
+def get_reward(self: TorchRLEnvironment) -> float | None:
+    """The environment's reward, summed over the steps its tools ran (TRL's env-owned reward):
+    ``0.0`` when no step wrote one.
+
+    ``GRPOTrainer`` calls it once per rollout, after the reward functions, and never with the
+    final answer. Steps already scored by the factory's ``reward_func`` (which closes the
+    episode with the final answer) are not counted again; once it closed the episode, ``None``
+    (this rollout is scored there).
+    """
+    closed = self._reward_closed[0]
+    reward = self._uncounted_reward()
+    return reward if reward is not None or closed else 0.0

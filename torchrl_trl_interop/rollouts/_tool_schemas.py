@@ -60,16 +60,23 @@ _NO_DEFAULT = inspect.Parameter.empty
 
 @dataclass(frozen=True)
 class ToolSignature:
-    """What TRL renders of one tool: its name, keyword-only parameters, hints and docstring."""
+    """What TRL renders of one tool: its name, keyword-only parameters, hints and docstring.
+
+    ``annotations`` holds a ``"return"`` hint when the tool's function has one
+    (``get_json_schema`` renders it as the schema's ``return`` entry); ``is_async`` marks a
+    coroutine function (TRL awaits it).
+    """
 
     name: str
     parameters: tuple[inspect.Parameter, ...]
     annotations: dict[str, Any]
     doc: str
+    is_async: bool = False
 
     @property
     def signature(self) -> inspect.Signature:
-        return inspect.Signature(list(self.parameters))
+        returns = self.annotations.get("return", inspect.Signature.empty)
+        return inspect.Signature(list(self.parameters), return_annotation=returns)
 
 
 def _google_doc(description: str, args: Mapping[str, str]) -> str:
@@ -212,11 +219,15 @@ def signature_from_callable(name: str, func: Callable, owner: str) -> ToolSignat
         TypeError: if ``func`` takes ``*args``/``**kwargs`` or an argument has no type hint.
         ValueError: if it has no docstring (``get_json_schema`` needs one, with every argument).
 
+    The function's return hint is kept (``get_json_schema`` renders it, with the docstring's
+    ``Returns:`` section, as the schema's ``return`` entry), and so is whether it is a coroutine
+    function.
+
     Examples:
         >>> from torchrl_trl_interop.testing import toy_add
         >>> sig = signature_from_callable("add", toy_add, "demo")
         >>> sig.signature, sig.doc.splitlines()[0]
-        (<Signature (*, a: int, b: int)>, 'Adds two whole numbers.')
+        (<Signature (*, a: int, b: int) -> int>, 'Adds two whole numbers.')
     """
     try:
         hints = typing.get_type_hints(func)
@@ -248,14 +259,31 @@ def signature_from_callable(name: str, func: Callable, owner: str) -> ToolSignat
             f"{owner}: tool {name!r} ({func!r:.100}) has no docstring; TRL renders its "
             "description from a Google-style docstring with an 'Args:' line per argument."
         )
-    return ToolSignature(name, tuple(parameters), annotations, doc)
+    if "return" in hints:
+        annotations["return"] = hints["return"]
+    is_async = inspect.iscoroutinefunction(func)
+    return ToolSignature(name, tuple(parameters), annotations, doc, is_async)
 
 
 def function_with_signature(body: Callable[..., Any], sig: ToolSignature, *, method: bool) -> Any:
     """A new function named ``sig.name`` that calls ``body(*receiver, **arguments)`` and carries
-    ``sig``: ``__signature__``, ``__annotations__``, ``__doc__`` (a ``self`` first if ``method``)."""
+    ``sig``: ``__signature__``, ``__annotations__``, ``__doc__`` (a ``self`` first if ``method``).
+    When ``sig.is_async``, it is a coroutine function awaiting ``body`` (which then returns an
+    awaitable), as TRL awaits a plain coroutine function."""
 
-    if method:
+    if sig.is_async and method:
+
+        async def tool(self, **arguments):
+            return await body(self, **arguments)
+
+        receiver = [inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)]
+    elif sig.is_async:
+
+        async def tool(**arguments):
+            return await body(**arguments)
+
+        receiver = []
+    elif method:
 
         def tool(self, **arguments):
             return body(self, **arguments)
@@ -270,7 +298,7 @@ def function_with_signature(body: Callable[..., Any], sig: ToolSignature, *, met
     tool.__name__ = tool.__qualname__ = sig.name
     tool.__doc__ = sig.doc
     tool.__annotations__ = dict(sig.annotations)
-    tool.__signature__ = inspect.Signature([*receiver, *sig.parameters])
+    tool.__signature__ = sig.signature.replace(parameters=[*receiver, *sig.parameters])
     return tool
 
 

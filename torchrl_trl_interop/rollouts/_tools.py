@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .._checks import as_mapping
+from ._tool_outcome import awaited, run_tool
 from ._tool_schemas import (
     ToolSignature,
     check_renders,
@@ -120,7 +121,19 @@ class TorchRLTool:
         return text
 
     def call(self, **arguments: Any) -> Any:
-        """Runs the call outside an environment: the transform's own execution and formatting."""
+        """Runs the call outside an environment: the transform's own execution and formatting.
+
+        Raises:
+            ToolFailed: if the tool raised; the message is the reply the transform wrote.
+        """
+        return run_tool(self.transform, self.env_name, lambda: self._reply(arguments))
+
+    async def acall(self, **arguments: Any) -> Any:
+        """:meth:`call` for a coroutine function: awaited once, then formatted by the transform."""
+        outcome = await awaited(self.transform, self.env_name, arguments)
+        return run_tool(self.transform, self.env_name, lambda: self._reply(arguments), outcome)
+
+    def _reply(self, arguments: dict[str, Any]) -> Any:
         results = self.transform._process_batch_item(self.render(arguments), 0)
         if not results or len(results) != 1:
             raise RuntimeError(

@@ -50,7 +50,7 @@ class _ToolBox:
 def _checked(signature: ToolSignature, call: Callable[..., Any]) -> Callable[..., Any]:
     def body(box: _ToolBox, **arguments: Any) -> Any:
         signature.signature.bind(**arguments)  # a missing or unknown argument: TypeError
-        return call(**arguments)
+        return call(**arguments)  # an awaitable for an async tool, awaited by the method
 
     return body
 
@@ -96,7 +96,7 @@ def as_trl_tools(
         >>> from torchrl_trl_interop.testing import toy_add  # typed, with a Google-style docstring
         >>> [tool] = as_trl_tools(SimpleToolTransform(tools={"add": toy_add}))
         >>> tool.__name__, inspect.signature(tool)
-        ('add', <Signature (*, a: int, b: int)>)
+        ('add', <Signature (*, a: int, b: int) -> int>)
         >>> tool(a=2, b=3)
         'Tool add executed successfully:\\n5'
     """
@@ -123,7 +123,10 @@ def as_trl_tools(
                 "ExecuteToolsInOrder, MCPToolTransform, PythonInterpreter) or a ToolRegistry, got "
                 f"{type(bad[0]).__name__}."
             )
-        found = {t.name: (t.signature, t.call) for t in find_tools(transforms, rename, _OWNER)}
+        found = {
+            t.name: (t.signature, t.acall if t.signature.is_async else t.call)
+            for t in find_tools(transforms, rename, _OWNER)
+        }
     box = _ToolBox(found)
     return [getattr(box, name) for name in found]
 

@@ -39,9 +39,12 @@ from ._data import (
     toy_trainer_args,
 )
 from ._envs import (
+    shout,
     toy_add,
     toy_chat_env,
+    toy_counter_env,
     toy_primed_chat_env,
+    toy_prompting_env,
     toy_tool_call,
     toy_tool_env,
     toy_tool_reply,
@@ -106,6 +109,9 @@ __all__ = [
     "printable_share",
     "run_torchrun",
     "scripted_episode",
+    "shout",
+    "toy_counter_env",
+    "toy_prompting_env",
     "worked_answer",
     "count_host_syncs",
     "stub_reward_model",

@@ -204,3 +204,104 @@ def toy_tool_env(
     env = env.append_transform(SimpleToolTransform(tools={"add": toy_add}))
     env = env.append_transform(StepCounter(max_steps=max_steps))
     return env.append_transform(as_reward_transform(correct_answer, only_done=True))
+
+
+class _Counter:
+    """The state of one counter environment: a tool that adds to it, a reward that reads it."""
+
+    def __init__(self) -> None:
+        self.value = self.scored = 0
+
+    def increment(self, step: int) -> int:
+        """
+        Increment the internal counter.
+
+        Args:
+            step: Value to add to the counter.
+
+        Returns:
+            The updated counter value.
+        """
+        self.value += step
+        return self.value
+
+    def reward(self, prompts: list, completions: list, **kwargs) -> list[float]:
+        """The counter's growth since the last scored turn (a TRL reward function)."""
+        grown, self.scored = self.value - self.scored, self.value
+        return [float(grown)] * len(completions)
+
+
+def _counter_reset(counter: _Counter):
+    from torchrl.envs.transforms import Transform
+
+    class CounterReset(Transform):
+        """Sets the counter back to 0 at every reset of the environment."""
+
+        def _reset(self, tensordict, tensordict_reset):
+            counter.value = counter.scored = 0
+            return tensordict_reset
+
+    return CounterReset()
+
+
+def toy_counter_env(*, prompt: str | None = None):
+    """A TorchRL ``ChatEnv`` (one rollout) with an ``increment(step)`` tool on its own counter;
+    its reward is what the counter grew by at each step (summed: the final counter).
+
+    The TorchRL twin of the counter environment of TRL's own GRPOTrainer tests. With ``prompt``,
+    a ``DataLoadingPrimer`` serves it at every reset (the environment owns its prompts).
+
+    Examples:
+        >>> from torchrl_trl_interop import as_trl_environment_factory
+        >>> env = as_trl_environment_factory(toy_counter_env)()
+        >>> env.reset(prompt=[{"role": "user", "content": "Count."}]) is None
+        True
+        >>> env.increment(step=2), env.get_reward()
+        ('Tool increment executed successfully:\\n2', 2.0)
+    """
+    from torchrl.envs.llm import ChatEnv
+    from torchrl.envs.llm.transforms import SimpleToolTransform
+
+    from ..rewards._env_transform import RewardTransform
+
+    counter = _Counter()
+    env = ChatEnv(batch_size=(1,), input_mode="history")
+    if prompt is not None:
+        env = env.append_transform(_primer([prompt], 1, 1))
+    env = env.append_transform(_counter_reset(counter))
+    env = env.append_transform(SimpleToolTransform(tools={"increment": counter.increment}))
+    return env.append_transform(RewardTransform(counter.reward))
+
+
+def shout(text: str) -> str:
+    """
+    Shout the given text.
+
+    Args:
+        text: Text to shout.
+
+    Returns:
+        The text in upper case.
+    """
+    return text.upper()
+
+
+def toy_prompting_env(prompt: str, *, tools: dict | None = None):
+    """A TorchRL ``ChatEnv`` (one rollout) that serves ``prompt`` at every reset (a
+    ``DataLoadingPrimer``: the environment owns its prompts), with optional tools
+    (``SimpleToolTransform(tools=tools)``).
+
+    Examples:
+        >>> from torchrl_trl_interop import as_trl_environment_factory
+        >>> from functools import partial
+        >>> make = partial(toy_prompting_env, "Guess the word.")
+        >>> env = as_trl_environment_factory(make, name="word")()
+        >>> env.reset()  # no dataset prompt: TRL appends this to its empty user turn
+        'Guess the word.'
+    """
+    from torchrl.envs.llm import ChatEnv
+    from torchrl.envs.llm.transforms import SimpleToolTransform
+
+    env = ChatEnv(batch_size=(1,), input_mode="history")
+    env = env.append_transform(_primer([prompt], 1, 1))
+    return env.append_transform(SimpleToolTransform(tools=tools)) if tools else env

@@ -37,15 +37,26 @@ TOY_CORPUS = (
 
 @functools.lru_cache(maxsize=4)
 def _toy_tokenizer_json(
-    vocab_size: int, corpus: tuple[str, ...] = TOY_CORPUS, *, across_words: bool = False
+    vocab_size: int,
+    corpus: tuple[str, ...] = TOY_CORPUS,
+    *,
+    across_words: bool = False,
+    split_digits: bool = False,
 ) -> str:
     """A byte-level BPE trained on ``corpus``; ``across_words`` lets merges span words (digits
     stay single tokens), so that text repeated verbatim, such as a template's tool preamble,
-    becomes a few tokens."""
+    becomes a few tokens; ``split_digits`` keeps word merges and makes every digit a token."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    if split_digits:
+        tok.pre_tokenizer = pre_tokenizers.Sequence(
+            [
+                pre_tokenizers.Digits(individual_digits=True),
+                pre_tokenizers.ByteLevel(add_prefix_space=False),
+            ]
+        )
     if across_words:
         tok.pre_tokenizer = pre_tokenizers.Sequence(
             [
@@ -65,7 +76,11 @@ def _toy_tokenizer_json(
 
 
 def toy_tokenizer(
-    *, padding_side: str = "right", vocab_size: int = 384, pad_token: str = PAD_TOKEN
+    *,
+    padding_side: str = "right",
+    vocab_size: int = 384,
+    pad_token: str = PAD_TOKEN,
+    split_digits: bool = False,
 ) -> PreTrainedTokenizerFast:
     """Builds a byte-level BPE tokenizer with ChatML special tokens, offline.
 
@@ -78,6 +93,9 @@ def toy_tokenizer(
         vocab_size (int, optional): target vocabulary size. Defaults to ``384``.
         pad_token (str, optional): the pad token. ``IM_END`` makes it the eos token, as GPT-2,
             Llama-3 and Mistral tokenizers ship. Defaults to ``"<|endoftext|>"``.
+        split_digits (bool, optional): every digit its own token, as Llama and Qwen tokenizers
+            split numbers, so ``"12"`` is ``"1"``, ``"2"`` (the default BPE merges some numbers
+            into one token: ``" 12"``). Defaults to ``False``.
 
     Examples:
         >>> tok = toy_tokenizer(padding_side="left")
@@ -87,9 +105,14 @@ def toy_tokenizer(
         '<|im_start|>user\\nHi<|im_end|>\\n'
         >>> toy_tokenizer(pad_token=IM_END).pad_token_id  # pad == eos
         2
+        >>> digits = toy_tokenizer(split_digits=True)
+        >>> [digits.decode([i]) for i in digits("is 12.")["input_ids"]]
+        ['is', ' ', '1', '2', '.']
     """
     require("transformers", "toy_tokenizer")
-    tokenizer = _fast_tokenizer(_toy_tokenizer_json(vocab_size), padding_side, pad_token)
+    tokenizer = _fast_tokenizer(
+        _toy_tokenizer_json(vocab_size, split_digits=split_digits), padding_side, pad_token
+    )
     tokenizer.chat_template = CHATML_TEMPLATE
     return tokenizer
 
