@@ -12,7 +12,7 @@ export TRANSFORMERS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 export PYTHONHASHSEED := 0
 
-.PHONY: setup test lint pytest demo docs docs-check bench clean
+.PHONY: setup test lint pytest demo docs docs-check bench gpu-check clean
 
 setup: $(STAMP)
 
@@ -51,7 +51,14 @@ bench: setup
 	$(PY) benchmarks/bench_hf.py $(if $(BENCH_1M),--scale 10000 100000 1000000)
 	$(PY) benchmarks/bench_grpo_reward.py
 	$(PY) benchmarks/bench_remote.py
+	$(PY) benchmarks/bench_ray.py
 	$(PY) benchmarks/bench_online.py $(if $(BENCH_BEFORE),--before $(BENCH_BEFORE))
+
+# `make gpu-check`: the vLLM paths on one CUDA GPU (installs vllm first, which pins its own torch:
+# run it in a separate environment); under 10 minutes. See docs/distributed.rst.
+gpu-check: setup
+	$(PY) -m pip install vllm
+	$(PY) benchmarks/gpu_check.py
 
 clean:
 	rm -rf docs/_build docs/auto_examples docs/generated tutorials/outputs outputs

@@ -51,6 +51,7 @@ _EXPORTS: dict[str, str] = {
     "WeightSyncCallback": "weights._callback",
     "weights_checksum": "weights._tensors",
     "RemotePolicy": "weights._remote_policy",
+    "RayRemotePolicy": "weights._ray_policy",
     "StaleRolloutError": "weights._staleness",
     # rollouts/: TorchRL generation feeding TRL's trainers
     "as_trl_rollout_func": "rollouts._rollout_func",

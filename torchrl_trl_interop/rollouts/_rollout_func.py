@@ -44,6 +44,7 @@ from ._trainer_policy import (
     trainer_tokenizer,
 )
 from ._trl_prompts import check_rollout_prompts
+from ._vllm import vllm_policy
 
 if TYPE_CHECKING:  # pragma: no cover
     from tensordict.nn import TensorDictModuleBase
@@ -170,9 +171,15 @@ class _EnvRolloutFunc:
         check_same_calls(ranks, {"prompts": len(prompts), "env batch size": size}, _OWNER)
         rows: list[RolloutRow] = []
         # the trainer's model, prepared as GRPOTrainer prepares it to generate (ZeRO-3, FSDP)
-        uses_model = self.policy is None or recompute
+        # use_vllm=True: TRL's vLLM generates (or this raises)
+        vllm = vllm_policy(trainer, self.policy, recompute, self.max_turns, ranks.count, _OWNER)
+        uses_model = (self.policy is None and vllm is None) or recompute
         with generation_guard(trainer) if uses_model else contextlib.nullcontext() as model:
-            policy, lockstep = self._policy_for(trainer, tokenizer, model, ranks)
+            policy, lockstep = (
+                (vllm, None)
+                if vllm is not None
+                else self._policy_for(trainer, tokenizer, model, ranks)
+            )
             for start in range(0, len(prompts), size):
                 batch = list(prompts[start : start + size])
                 check_same_turn_counts(policy, batch, start, _OWNER)
@@ -320,6 +327,10 @@ def as_trl_rollout_func(
     token, and cutting each answer after its first eos token as ``GRPOTrainer`` does. Its log-probs
     are those ``GRPOTrainer`` computes (``logits / temperature``, every token: torchrl 0.14.1's
     wrapper writes 0.0 for the first one).
+
+    With ``GRPOConfig(use_vllm=True)`` the default policy generates each turn through TRL's own
+    vLLM (``trainer.vllm_generation``: its weight sync and TIS/MIS apply); where it cannot, a
+    call raises (:func:`~torchrl_trl_interop.rollouts._vllm.vllm_policy`, :doc:`/distributed`).
 
     Each turn generates up to ``max_completion_length`` tokens, so a multi-turn completion can be
     up to ``max_turns`` times longer (plus environment tokens): nothing is cut.

@@ -178,15 +178,11 @@ class TrainerModelPolicy(TransformersWrapper):
             for a in answers
         ]
 
-    def _from_transformers_generate_history(self, td, cfg, out):
-        from torchrl.modules.llm import ChatHistory, LogProbs, Masks, Text, Tokens
-
-        history = td.get(self.input_key)
-        prompts = self._prompt_rows(td, history)
-        config = self.generate_kwargs["generation_config"]
-        if cfg is not None:  # call-time generation arguments (``policy(td, max_new_tokens=...)``)
-            config = copy.deepcopy(config)
-            config.update(**cfg.to_diff_dict())
+    def _sample(
+        self, prompts: list[torch.Tensor], config: Any
+    ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """Each prompt's answer (up to its first eos, included) and its tokens' log-probs, on
+        the CPU: the model's ``generate`` (a subclass may sample elsewhere: TRL's vLLM)."""
         lengths = torch.tensor([len(p) for p in prompts])
         width = int(lengths.max())
         ids = pad_rows(prompts, self.padding_value, padding_side="left").to(self._device)
@@ -202,6 +198,18 @@ class TrainerModelPolicy(TransformersWrapper):
         log_probs = logits.log_softmax(-1).gather(-1, response[..., None]).squeeze(-1)
         ends = completion_lengths(response, config.eos_token_id).tolist()
         responses = [r[:n].cpu() for r, n in zip(response, ends)]
+        return responses, [lp[:n].cpu() for lp, n in zip(log_probs, ends)]
+
+    def _from_transformers_generate_history(self, td, cfg, out):
+        from torchrl.modules.llm import ChatHistory, LogProbs, Masks, Text, Tokens
+
+        history = td.get(self.input_key)
+        prompts = self._prompt_rows(td, history)
+        config = self.generate_kwargs["generation_config"]
+        if cfg is not None:  # call-time generation arguments (``policy(td, max_new_tokens=...)``)
+            config = copy.deepcopy(config)
+            config.update(**cfg.to_diff_dict())
+        responses, scores = self._sample(prompts, config)
         full = [torch.cat([p, r]) for p, r in zip(prompts, responses)]
 
         text_full = self.tokenizer.batch_decode(full, skip_special_tokens=False)
@@ -219,7 +227,6 @@ class TrainerModelPolicy(TransformersWrapper):
         )
         masks = [torch.ones(len(f), dtype=torch.bool) for f in full]
         result.set(self.masks_key, stack_rows(Masks, all_attention_mask=masks))
-        scores = [lp[:n].cpu() for lp, n in zip(log_probs, ends)]
         result.set(self.log_probs_key, stack_rows(LogProbs, response=scores))
         texts = {"prompt": text_prompt, "full": text_full, "response": text_response}
         result.set(self.text_key, stack_rows(Text, **texts))

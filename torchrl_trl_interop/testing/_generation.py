@@ -187,3 +187,113 @@ def toy_grpo_step(model, optimizer, samples) -> float:
     loss.backward()
     optimizer.step()
     return loss.item()
+
+
+class ToyVLLMClient:
+    """A stand-in for TRL's ``VLLMClient`` (a ``trl vllm-serve`` server) where vLLM cannot run.
+
+    The "server" is a toy model in this process: :meth:`update_named_params` loads the weights
+    TRL's ``VLLMGeneration.sync_weights`` streams, :meth:`generate` samples ``n`` completions
+    per prompt with the trainer's sampling arguments (the pad token suppressed, as the toy
+    chat format needs) and returns vLLM's output layout with each sampled token's log-prob
+    (``logits / temperature``, as vLLM's ``processed_logprobs``). It records every call.
+
+    Args:
+        model (PreTrainedModel): the server's model (its weights are replaced by the syncs).
+        tokenizer (PreTrainedTokenizerBase): for the eos and pad ids.
+
+    Examples:
+        >>> from torchrl_trl_interop.testing import toy_causal_lm, toy_tokenizer
+        >>> client = ToyVLLMClient(toy_causal_lm(), toy_tokenizer())
+        >>> out = client.generate(prompts=[[5, 6]], n=2, max_tokens=3)
+        >>> len(out["completion_ids"]), len(out["logprobs"][0]) == len(out["completion_ids"][0])
+        (2, True)
+    """
+
+    def __init__(self, model: Any, tokenizer: Any) -> None:
+        self.model, self.tokenizer = model, tokenizer
+        self.generated: list[int] = []  # completions per generate call
+        self.synced = 0
+
+    def update_named_params(self, metadata: list, params: Any) -> None:
+        import torch
+
+        live = dict(self.model.named_parameters())
+        with torch.no_grad():
+            for name, tensor in params:
+                live[name].copy_(tensor)
+        self.synced += 1
+
+    def reset_prefix_cache(self) -> None:
+        pass
+
+    def generate(self, prompts: list, n: int = 1, **sampling: Any) -> dict[str, list]:
+        import torch
+
+        from ..rollouts._trainer_policy import completion_lengths, score_tokens
+
+        tok = self.tokenizer
+        temperature = sampling.get("temperature") or 1.0
+        suppress = list((sampling.get("generation_kwargs") or {}).get("suppress_tokens", []))
+        prompt_ids, completion_ids, logprobs = [], [], []
+        for prompt in prompts:
+            ids = torch.tensor([prompt] * n)
+            with torch.no_grad():
+                out = self.model.generate(
+                    input_ids=ids,
+                    attention_mask=torch.ones_like(ids),
+                    do_sample=True,
+                    temperature=temperature,
+                    top_k=sampling.get("top_k") or None,
+                    top_p=sampling.get("top_p") or 1.0,
+                    max_new_tokens=sampling.get("max_tokens", 16),
+                    eos_token_id=tok.eos_token_id,
+                    pad_token_id=tok.pad_token_id,
+                    suppress_tokens=suppress + [tok.pad_token_id],
+                )
+            new = out[:, len(prompt) :]
+            ends = completion_lengths(new, tok.eos_token_id).tolist()
+            rows = [row[:end].tolist() for row, end in zip(new, ends)]
+            scores = score_tokens(
+                self.model, [prompt + r for r in rows], [len(prompt)] * n, temperature=temperature
+            )
+            prompt_ids.append(list(prompt))
+            completion_ids.extend(rows)
+            logprobs.extend([[v] for v in s.tolist()] for s in scores)
+        self.generated.append(len(completion_ids))
+        return {"prompt_ids": prompt_ids, "completion_ids": completion_ids, "logprobs": logprobs}
+
+
+def attach_toy_vllm(trainer: Any, server_model: Any) -> ToyVLLMClient:
+    """Makes a built ``GRPOTrainer`` run as with ``use_vllm=True, vllm_mode="server"``, TRL's own
+    ``VLLMGeneration`` talking to a :class:`ToyVLLMClient` (vLLM itself is not installed).
+
+    What ``GRPOTrainer.__init__`` does under ``use_vllm``, with TRL's ``VLLMGeneration`` built by
+    its own constructor except ``_init_vllm`` (which needs vLLM and a server): the trainer then
+    syncs weights before each step's rollout call and applies its importance-sampling
+    correction as with a real server. Returns the client.
+    """
+    from unittest import mock
+
+    from trl.generation.vllm_generation import VLLMGeneration
+
+    args = trainer.args
+    with mock.patch.object(VLLMGeneration, "_init_vllm", lambda self: None):
+        generation = VLLMGeneration(
+            model=trainer.model,
+            accelerator=trainer.accelerator,
+            processing_class=trainer.processing_class,
+            mode="server",
+            repetition_penalty=trainer.repetition_penalty,
+            temperature=trainer.temperature,
+            top_p=trainer.top_p,
+            top_k=trainer.top_k,
+            min_p=trainer.min_p,
+            max_completion_length=trainer.max_completion_length,
+            logprobs=0,
+            generation_kwargs=args.generation_kwargs,
+        )
+    generation.vllm_client = ToyVLLMClient(server_model, trainer.processing_class)
+    trainer.use_vllm, trainer.vllm_mode = True, "server"
+    trainer.vllm_generation, trainer._last_loaded_step = generation, -1
+    return generation.vllm_client

@@ -66,21 +66,28 @@ class WeightSyncCallback(TrainerCallback):
 
     ``target`` decides which TorchRL machinery moves the weights:
 
-    ============================================  ===============================================
-    target                                        push
-    ============================================  ===============================================
-    :class:`~torchrl_trl_interop.RemotePolicy`    ``target.update_policy_weights_(weights,
-                                                  policy_version=step)``: streamed into the
-                                                  other process's shared staging buffer, then
-                                                  committed there with the version
-    a torchrl collector (``LLMCollector``,        ``target.update_policy_weights_(weights)``;
-    ``RayLLMCollector``, any ``Collector``)       its ``PolicyVersion`` tracker, when local and
-                                                  integer, is set to ``step``
-    a ``torchrl.weight_update.WeightSyncScheme``  ``target.send(weights)`` (initialised on the
-                                                  sender side and connected by the caller)
-    an ``nn.Module`` (a torchrl LLM wrapper, a    the weights are copied in place (into a
-    model) in this process                        wrapper's ``.model``)
-    ============================================  ===============================================
+    ==============================================  =============================================
+    target                                          push
+    ==============================================  =============================================
+    :class:`~torchrl_trl_interop.RemotePolicy`      ``target.update_policy_weights_(weights,
+                                                    policy_version=step)``: streamed into the
+                                                    other process's shared staging buffer,
+                                                    committed there with the version
+    :class:`~torchrl_trl_interop.RayRemotePolicy`   the same call: streamed into one buffer,
+                                                    put in Ray's object store once, committed
+                                                    by every actor with the version
+    a torchrl ``RayLLMCollector``                   in its actor: the wrapper's layout, its
+                                                    ``update_policy_weights_``, its
+                                                    ``PolicyVersion`` set to ``step``
+    a torchrl collector here (``LLMCollector``,     ``target.update_policy_weights_(weights)``;
+    any ``Collector``)                              its integer ``PolicyVersion`` set to ``step``
+    torchrl's ``VLLMWeightSender`` (a               ``target.update_weights(weights)``: NCCL
+    ``vLLMWrapper`` over ``AsyncVLLM``)             into the engines, checked first
+    a ``torchrl.weight_update.WeightSyncScheme``    ``target.send(weights)`` (initialised on the
+                                                    sender side and connected by the caller)
+    an ``nn.Module`` (a torchrl LLM wrapper, a      the weights are copied in place (into a
+    model) in this process                          wrapper's ``.model``)
+    ==============================================  =============================================
 
     Weights that do not fit the receiving model (another size, a ``torch.compile`` or PEFT name
     prefix) raise before anything is sent, naming the parameters, whenever the receiver's names

@@ -5,22 +5,33 @@
 weights through the target's own machinery, checks first that they fit when the receiving
 model's names and shapes are known, and stamps the version once:
 
-============================================  ================================================
-target                                        push
-============================================  ================================================
-:class:`~torchrl_trl_interop.RemotePolicy`    ``update_policy_weights_(weights,
-                                              policy_version=version)``: checked against the
-                                              generator's names and shapes, streamed into its
-                                              shared staging buffer, then committed there with
-                                              its version
-a torchrl collector (``LLMCollector``,        ``update_policy_weights_(weights)`` (its own
-``RayLLMCollector``, any ``Collector``)       weight-sync scheme); its ``PolicyVersion``
-                                              tracker, when local and integer, is set
-a ``torchrl.weight_update.WeightSyncScheme``  ``send(weights)`` (initialised on the sender
-                                              side and connected by the caller)
-an ``nn.Module`` in this process (a torchrl   copied in place, one tensor at a time, into a
-LLM wrapper, a model)                         wrapper's ``.model``
-============================================  ================================================
+==============================================  ================================================
+target                                          push
+==============================================  ================================================
+:class:`~torchrl_trl_interop.RemotePolicy`      ``update_policy_weights_(weights,
+                                                policy_version=version)``: checked against the
+                                                generator's names and shapes, streamed into its
+                                                shared staging buffer, then committed there
+                                                with its version
+:class:`~torchrl_trl_interop.RayRemotePolicy`   the same call: checked, streamed into one
+                                                buffer, put in Ray's object store once,
+                                                committed by every actor with its version
+a torchrl collector in a Ray actor              in the actor (``_remote_collector``): checked
+(``RayLLMCollector``)                           against its policy, put under ``"model"`` for a
+                                                wrapper, its ``update_policy_weights_``, its
+                                                integer ``PolicyVersion`` set to the version
+a torchrl collector here (``LLMCollector``,     ``update_policy_weights_(weights)`` (its own
+any ``Collector``)                              weight-sync scheme); its ``PolicyVersion``
+                                                tracker, when local and integer, is set
+torchrl's ``VLLMWeightSender`` (the engines     ``update_weights(weights)`` (``_vllm_sender``):
+of a ``vLLMWrapper`` over ``AsyncVLLM``)        checked against the engines' names and shapes,
+                                                broadcast over NCCL; registered collectors'
+                                                ``PolicyVersion`` set to the version
+a ``torchrl.weight_update.WeightSyncScheme``    ``send(weights)`` (initialised on the sender
+                                                side and connected by the caller)
+an ``nn.Module`` in this process (a torchrl     copied in place, one tensor at a time, into a
+LLM wrapper, a model)                           wrapper's ``.model``
+==============================================  ================================================
 """
 
 from __future__ import annotations
@@ -31,15 +42,20 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 from torchrl.weight_update import WeightSyncScheme
 
+from ._ray_policy import RayRemotePolicy
+from ._remote_collector import is_remote_collector, push_to_remote_collector
 from ._remote_policy import RemotePolicy
+from ._staleness import set_policy_version
 from ._stream import sendable
 from ._tensors import check_weights_fit, named_tensors, policy_model, weights_layout
+from ._vllm_sender import is_vllm_sender, is_vllm_wrapper, push_to_vllm
 
-__all__ = ["push", "set_policy_version", "target_kind"]
+__all__ = ["push", "target_kind"]
 
 
 def target_kind(target: Any, owner: str) -> str:
-    """``"remote"``, ``"collector"``, ``"scheme"`` or ``"module"``: how :func:`push` sends.
+    """``"remote"``, ``"collector"``, ``"vllm"``, ``"scheme"`` or ``"module"``: how :func:`push`
+    sends.
 
     Raises:
         TypeError: if ``target`` is none of them; the message names ``owner``.
@@ -48,10 +64,19 @@ def target_kind(target: Any, owner: str) -> str:
         >>> target_kind(torch.nn.Linear(2, 2), "f")
         'module'
     """
-    if isinstance(target, RemotePolicy):
+    if isinstance(target, (RemotePolicy, RayRemotePolicy)):
         return "remote"
+    if is_vllm_sender(target):
+        return "vllm"
     if isinstance(target, WeightSyncScheme):
         return "scheme"
+    if is_vllm_wrapper(target):
+        raise TypeError(
+            f"{owner}: a torchrl vLLMWrapper holds no weights here: its engines get them through "
+            "torchrl's vLLM weight sync. Pass its sender instead: sender = "
+            "VLLMWeightSyncScheme(...).create_sender(), joined with "
+            "sender.init_all_workers_group(get_model_metadata(model), vllm_engine=engine)."
+        )
     if callable(getattr(target, "update_policy_weights_", None)):
         return "collector"
     if isinstance(target, torch.nn.Module):
@@ -62,12 +87,6 @@ def target_kind(target: Any, owner: str) -> str:
         "(with update_policy_weights_), a torchrl WeightSyncScheme initialised on the sender "
         "side, or an nn.Module (a policy in this process: a torchrl LLM wrapper, a model)."
     )
-
-
-def set_policy_version(tracker: Any, version: int) -> None:
-    """Sets an integer torchrl ``PolicyVersion`` to ``version`` (others are left to their owner)."""
-    if tracker is not None and getattr(tracker, "version_type", None) in (int, "int"):
-        tracker.version = int(version)
 
 
 def _whole(stream: Any) -> TensorDictBase:
@@ -119,6 +138,9 @@ def push(
     kind = target_kind(target, owner)
     if kind == "remote":  # streams into its shared staging buffer
         target.update_policy_weights_(weights, policy_version=version, partial=partial)
+    elif kind == "collector" and is_remote_collector(target):  # RayLLMCollector: in its actor
+        layout, stream, partial = sendable(weights, None, partial=partial)
+        push_to_remote_collector(target, layout, stream, version, owner=owner, partial=partial)
     elif kind == "collector":
         policy = getattr(target, "policy", None)
         model = policy_model(policy)
@@ -135,6 +157,8 @@ def push(
             weights = TensorDict({"model": weights}, batch_size=[])
         target.update_policy_weights_(weights)
         set_policy_version(getattr(target, "policy_version_tracker", None), version)
+    elif kind == "vllm":  # torchrl's VLLMWeightSender: NCCL into the engines
+        push_to_vllm(target, weights, version, owner=owner)
     elif kind == "scheme":
         target.send(_whole(sendable(weights, None)[1]))
     else:  # a module here: each tensor copied in place as it comes

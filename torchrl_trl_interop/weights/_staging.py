@@ -47,15 +47,18 @@ class StagingBuffer:
         }
 
     @classmethod
-    def like(cls, weights: Mapping[str, torch.Tensor]) -> StagingBuffer:
-        """A buffer in shared memory with a slot per tensor of ``weights`` (its shape and dtype)."""
+    def like(cls, weights: Mapping[str, torch.Tensor], *, shared: bool = True) -> StagingBuffer:
+        """A buffer with a slot per tensor of ``weights`` (its shape and dtype), in shared memory
+        unless ``shared=False`` (a buffer that Ray's object store carries)."""
         slots: Slots = {}
         sizes: dict[torch.dtype, int] = {}
         for name, tensor in weights.items():
             offset = sizes.get(tensor.dtype, 0)
             slots[name] = (tensor.dtype, offset, tuple(tensor.shape))
             sizes[tensor.dtype] = offset + tensor.numel()
-        buffers = {dtype: torch.empty(n, dtype=dtype).share_memory_() for dtype, n in sizes.items()}
+        buffers = {dtype: torch.empty(n, dtype=dtype) for dtype, n in sizes.items()}
+        if shared:
+            buffers = {dtype: buffer.share_memory_() for dtype, buffer in buffers.items()}
         return cls(buffers, slots)
 
     @property

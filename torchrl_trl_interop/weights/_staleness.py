@@ -10,7 +10,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["StaleRolloutError", "check_max_staleness", "check_staleness"]
+__all__ = [
+    "StaleRolloutError",
+    "check_max_staleness",
+    "check_staleness",
+    "set_policy_version",
+]
 
 
 class StaleRolloutError(RuntimeError):
@@ -72,3 +77,9 @@ def check_staleness(
             f"WeightSyncCallback(every_n_steps <= {max_staleness + 1}), or raise max_staleness."
         )
     return staleness
+
+
+def set_policy_version(tracker: Any, version: int) -> None:
+    """Sets an integer torchrl ``PolicyVersion`` to ``version`` (others are left to their owner)."""
+    if tracker is not None and getattr(tracker, "version_type", None) in (int, "int"):
+        tracker.version = int(version)

@@ -1,0 +1,339 @@
+"""A TorchRL LLM policy served by N Ray actors, on any node of a cluster, with weight sync.
+
+:class:`RayRemotePolicy` is a TensorDict module in the trainer's process whose calls run a
+torchrl LLM policy (built by ``policy_factory``) in ``num_replicas`` Ray actors
+(:class:`PolicyActor`): a call splits its rows into contiguous chunks, one per replica, and
+joins the answers in order; every row carries the ``"policy_version"`` of the weights that
+produced it. A push streams the weights one tensor at a time into one flat buffer per dtype
+(:class:`~torchrl_trl_interop.weights._staging.StagingBuffer`, in the trainer's process,
+allocated once), puts it in Ray's object store once (``ray.put`` of numpy views: zero-copy for
+the actors on the same node, one transfer per other node), and each actor commits it, with its
+version, between two calls (a Ray actor runs one method at a time).
+
+Every wait is bounded by ``timeout`` and notices an actor's death at once (Ray reports it);
+actors are Ray's own and end with the driver that created them. This module imports ``ray``
+only when a policy starts.
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from tensordict import TensorDictBase, lazy_stack
+from tensordict.nn import TensorDictModuleBase
+
+from .._checks import check_positive_int, require
+from .._keys import POLICY_VERSION_KEY
+from ._staging import Slots, StagingBuffer
+from ._stream import sendable
+from ._tensors import check_weights_fit, named_tensors, policy_model, weights_checksum
+
+__all__ = ["PolicyActor", "RayRemotePolicy"]
+
+_OWNER = "RayRemotePolicy"
+
+
+class PolicyActor:
+    """What each Ray actor of a :class:`RayRemotePolicy` runs: the policy, its version, commits.
+
+    A plain class (``ray.remote(PolicyActor)`` makes the actor), usable in-process too.
+
+    Examples:
+        >>> from functools import partial
+        >>> actor = PolicyActor(partial(torch.nn.Linear, 2, 2))
+        >>> sorted(actor.info()["tensors"]), actor.checksum()[0]
+        (['bias', 'weight'], None)
+    """
+
+    def __init__(self, policy_factory: Callable[[], Any], num_threads: int | None = None) -> None:
+        if num_threads is not None:
+            torch.set_num_threads(num_threads)
+        self.policy = policy_factory()
+        self.model = policy_model(self.policy)
+        self.live = named_tensors(self.model)
+        self.version: int | None = None
+
+    def info(self) -> dict[str, Any]:
+        """The policy's keys and its weights (as ``meta`` tensors: names, shapes, dtypes)."""
+        keys = {k: list(getattr(self.policy, k, [])) for k in ("in_keys", "out_keys")}
+        tensors = {name: t.detach().to("meta") for name, t in self.live.items()}
+        return {**keys, "tensors": tensors}
+
+    def commit(
+        self, buffers: dict[torch.dtype, Any], slots: Slots, names: list[str] | None, version: int
+    ) -> int:
+        """Copies the pushed weights (flat numpy buffers by dtype) into the model, as
+        ``version``."""
+        with warnings.catch_warnings():  # the object store's arrays are read-only: only read
+            warnings.simplefilter("ignore", UserWarning)
+            flat = {d: torch.from_numpy(a).view(d) for d, a in buffers.items()}
+        StagingBuffer(flat, slots).commit(self.live, self.live if names is None else names)
+        self.version = int(version)
+        return self.version
+
+    def call(self, td: TensorDictBase) -> TensorDictBase:
+        """The policy's answer to ``td``, each row stamped with the live version (-1: none)."""
+        with torch.no_grad():
+            out = self.policy(td)
+        stamp = -1 if self.version is None else self.version
+        out.set(POLICY_VERSION_KEY, torch.full(out.batch_size, stamp, dtype=torch.int64))
+        return out
+
+    def checksum(self) -> tuple[int | None, str]:
+        return self.version, weights_checksum(self.model)
+
+
+def _kill(actors: list) -> None:
+    import ray
+
+    if ray.is_initialized():
+        for actor in actors:
+            ray.kill(actor)
+
+
+class RayRemotePolicy(TensorDictModuleBase):
+    """A torchrl LLM policy served by ``num_replicas`` Ray actors, called like the policy.
+
+    Each actor builds the policy with ``policy_factory`` (a torchrl ``TransformersWrapper``, a
+    :class:`~torchrl_trl_interop.TrainerModelPolicy`, a ``vLLMWrapper`` on its GPU) wherever Ray
+    places it (``remote_config``: ``num_gpus``, a ``scheduling_strategy``...). Calling this
+    module splits the TensorDict's rows into one contiguous chunk per replica, runs them at once
+    and returns the answers in the rows' order, each row with ``"policy_version"`` (``int64``):
+    the version of the weights that produced it.
+
+    The actors start at the first :meth:`update_policy_weights_` (which
+    :class:`~torchrl_trl_interop.WeightSyncCallback` calls when training begins); they report
+    their weights' names, shapes and dtypes, and every push is checked against them before it
+    is sent. A push streams the weights one tensor at a time (sharded parameters gathered one by
+    one, LoRA merged) into a flat buffer per dtype in this process (allocated once, the size of
+    the weights), puts it in Ray's object store once, and every actor copies it in and takes the
+    version between two calls: a generation never sees half-updated weights, and a row's version
+    is exact. Ray moves the object to each node once; actors on a node read it without a copy.
+
+    No wait is unbounded: a call, a push or the start raises ``TimeoutError`` after ``timeout``
+    seconds, and a ``RuntimeError`` naming the replica as soon as Ray reports its actor dead.
+    The actors are Ray's (not detached): they end with :meth:`close`, with this object, or with
+    the driver.
+
+    Ray must be installed (the ``ray`` extra). If no Ray instance is connected when the actors
+    start, ``ray.init()`` is called (Ray's own default: ``RAY_ADDRESS`` or a local instance).
+
+    Args:
+        policy_factory (Callable[[], TensorDictModuleBase]): builds the policy in each actor; it
+            must pickle (a module-level function or a ``functools.partial``). Its weights are
+            those of ``policy.model`` (torchrl LLM wrappers) or of the policy.
+
+    Keyword Args:
+        num_replicas (int, optional): actors, each with its own policy. Defaults to ``1``.
+        remote_config (dict, optional): Ray actor options (``ray.remote(**remote_config)``).
+            Defaults to ``{"num_cpus": 1}``.
+        timeout (float, optional): seconds to wait for a call, a push or the start. Defaults to
+            ``600``.
+        num_threads (int, optional): ``torch.set_num_threads`` in each actor. Defaults to
+            ``None`` (torch's default).
+
+    Attributes:
+        policy_version (int or None): the version last committed in every replica.
+
+    Examples:
+        >>> from functools import partial
+        >>> policy = RayRemotePolicy(partial(torch.nn.Linear, 2, 2), num_replicas=2)
+        >>> policy
+        RayRemotePolicy(policy_factory=partial, num_replicas=2, started=False, policy_version=None)
+    """
+
+    def __init__(
+        self,
+        policy_factory: Callable[[], Any],
+        *,
+        num_replicas: int = 1,
+        remote_config: dict[str, Any] | None = None,
+        timeout: float = 600.0,
+        num_threads: int | None = None,
+    ) -> None:
+        super().__init__()
+        if not callable(policy_factory):
+            raise TypeError(
+                f"{_OWNER}: policy_factory must be a callable that builds the policy in each Ray "
+                f"actor, got {type(policy_factory).__name__}."
+            )
+        check_positive_int(num_replicas, "num_replicas", _OWNER)
+        if remote_config is not None and not isinstance(remote_config, dict):
+            raise TypeError(
+                f"{_OWNER}: remote_config must be a dict of Ray actor options (e.g. "
+                f"{{'num_gpus': 1}}), got {type(remote_config).__name__}."
+            )
+        self.policy_factory = policy_factory
+        self.num_replicas = num_replicas
+        self.remote_config = {"num_cpus": 1, **(remote_config or {})}
+        self.timeout = float(timeout)
+        self.num_threads = num_threads
+        self.in_keys: list = []
+        self.out_keys: list = []
+        self.policy_version: int | None = None
+        self._actors: list = []
+        self._layout: dict[str, tuple[int, ...]] = {}
+        self._staging: StagingBuffer | None = None
+        self._finalizer = None
+
+    def __repr__(self) -> str:
+        factory = getattr(self.policy_factory, "__name__", type(self.policy_factory).__name__)
+        return (
+            f"{_OWNER}(policy_factory={factory}, num_replicas={self.num_replicas}, "
+            f"started={self.started}, policy_version={self.policy_version})"
+        )
+
+    @property
+    def started(self) -> bool:
+        return bool(self._actors)
+
+    # -- waiting on the actors -------------------------------------------------------------------
+
+    def _wait(self, refs: list, what: str) -> list:
+        """Every result of ``refs`` (one per replica, in order), within ``timeout``; an actor's
+        death or failure raises at once, naming its replica."""
+        import ray
+        from ray.exceptions import RayActorError, RayTaskError
+
+        deadline = time.monotonic() + self.timeout
+        index = {ref: i for i, ref in enumerate(refs)}
+        results: list = [None] * len(refs)
+        pending = list(refs)
+        while pending:
+            left = max(deadline - time.monotonic(), 0.0)
+            ready, pending = ray.wait(pending, num_returns=1, timeout=left)
+            if not ready:
+                raise TimeoutError(
+                    f"{_OWNER}: no reply to {what} from replicas "
+                    f"{sorted(index[r] for r in pending)} within timeout={self.timeout}s; "
+                    "their actors are alive but did not answer (raise timeout= for slow calls)"
+                    + (
+                        f", or Ray could not place them: each needs {self.remote_config} and "
+                        f"the cluster has {ray.available_resources()} free."
+                        if what == "its start"
+                        else "."
+                    )
+                )
+            for ref in ready:
+                i = index[ref]
+                try:
+                    results[i] = ray.get(ref)
+                except RayActorError as error:
+                    raise RuntimeError(
+                        f"{_OWNER}: the Ray actor of replica {i} died during {what}: {error}. "
+                        "Build a new RayRemotePolicy; the actor's log says why it died."
+                    ) from None
+                except RayTaskError as error:
+                    raise RuntimeError(
+                        f"{_OWNER}: replica {i} failed on {what}:\n{error}"
+                    ) from None
+        return results
+
+    def _check_started(self) -> None:
+        if not self._actors:
+            raise RuntimeError(
+                f"{_OWNER}: the actors are not started; they start with the first weights: call "
+                "update_policy_weights_(model_or_weights, policy_version=0) first "
+                "(WeightSyncCallback does so when training begins)."
+            )
+
+    # -- weights ---------------------------------------------------------------------------------
+
+    def _start(self) -> None:
+        require("ray", _OWNER)
+        import ray
+
+        if not ray.is_initialized():
+            ray.init()
+        actor = ray.remote(**self.remote_config)(PolicyActor)
+        self._actors = [
+            actor.remote(self.policy_factory, self.num_threads) for _ in range(self.num_replicas)
+        ]
+        self._finalizer = weakref.finalize(self, _kill, list(self._actors))
+        try:
+            infos = self._wait([a.info.remote() for a in self._actors], "its start")
+        except BaseException:
+            self.close()
+            raise
+        tensors = infos[0]["tensors"]
+        self._layout = {name: tuple(t.shape) for name, t in tensors.items()}
+        self._staging = StagingBuffer.like(tensors, shared=False)
+        self.in_keys = infos[0]["in_keys"]
+        self.out_keys = infos[0]["out_keys"] + [POLICY_VERSION_KEY]
+
+    def update_policy_weights_(
+        self,
+        weights: torch.nn.Module | TensorDictBase,
+        *,
+        policy_version: int,
+        partial: bool = False,
+    ) -> None:
+        """Sends ``weights`` to every replica and makes them live as ``policy_version``.
+
+        The first call starts the actors. A model is streamed one tensor at a time
+        (:func:`~torchrl_trl_interop.weights._stream.stream_weights`) into this process's flat
+        buffers, which go to Ray's object store once; each actor commits them between two calls.
+
+        Args:
+            weights (nn.Module or TensorDictBase): the trainer's model or its
+                ``TensorDict.from_module`` weights (keys as the actors' model).
+
+        Keyword Args:
+            policy_version (int): the version rows sampled from now on are stamped with.
+            partial (bool, optional): ``weights`` may hold a subset of the actors' tensors.
+                Defaults to ``False``.
+
+        Raises:
+            KeyError: if names differ from the actors' model's; nothing is sent.
+            ValueError: if shapes differ from the actors' model's; nothing is sent.
+            RuntimeError: if an actor died (its replica is named).
+            TimeoutError: if a replica does not commit within ``timeout``.
+        """
+        import ray
+
+        if not self._actors:
+            self._start()
+        layout, stream, partial = sendable(weights, self._layout, partial=partial)
+        check_weights_fit(layout, self._layout, owner=_OWNER, partial=partial)
+        names = self._staging.fill(stream)  # a copy_ per tensor, as each is read
+        flat = {d: b.view(torch.uint8).numpy() for d, b in self._staging.buffers.items()}
+        ref = ray.put(flat)  # once per push, whatever the replica count
+        sent = names if partial else None
+        version = int(policy_version)
+        what = f"the weights of version {version}"
+        slots = self._staging.slots
+        self._wait([a.commit.remote(ref, slots, sent, version) for a in self._actors], what)
+        self.policy_version = version
+
+    def weights_checksums(self) -> list[tuple[int | None, str]]:
+        """``(policy_version, checksum)`` of every replica's live weights, in replica order (see
+        :func:`~torchrl_trl_interop.weights_checksum`)."""
+        self._check_started()
+        return self._wait([a.checksum.remote() for a in self._actors], "checksum")
+
+    def forward(self, tensordict: TensorDictBase) -> TensorDictBase:
+        self._check_started()
+        rows = tensordict.shape[0] if tensordict.batch_dims else 1
+        if tensordict.batch_dims != 1 or rows == 1 or len(self._actors) == 1:
+            return self._wait([self._actors[0].call.remote(tensordict)], "a call")[0]
+        bounds = torch.linspace(0, rows, min(rows, len(self._actors)) + 1).round().long().tolist()
+        chunks = [tensordict[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
+        outs = self._wait([a.call.remote(c) for a, c in zip(self._actors, chunks)], "a call")
+        return lazy_stack([row for out in outs for row in out.unbind(0)])
+
+    def close(self) -> None:
+        """Ends the actors (also done when this object is garbage-collected)."""
+        if self._finalizer is not None:
+            self._finalizer()
+        self._actors = []
+
+    def __getstate__(self):
+        raise TypeError(
+            f"{_OWNER} holds Ray actors and a staging buffer and cannot be pickled; build one in "
+            "each process that calls it."
+        )

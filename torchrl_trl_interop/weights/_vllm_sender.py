@@ -1,0 +1,68 @@
+"""A push into vLLM engines through torchrl's own vLLM weight sync (``VLLMWeightSender``).
+
+A torchrl ``vLLMWrapper`` over ``AsyncVLLM`` holds no weights in this process: its engines get
+them from torchrl's ``VLLMWeightSyncScheme`` (NCCL, the trainer as rank 0). The caller builds
+the sender and joins the group (``scheme.create_sender()``, ``init_all_workers_group(metadata,
+vllm_engine=engine)``, as torchrl documents); :func:`push_to_vllm` then checks the trainer's
+weights against the engine's names and shapes (the metadata the group was built with), sends
+them with ``update_weights`` (parameters, and the buffers the engine holds) (torchrl's collective broadcast, every tensor in the metadata's
+order), and sets the integer ``PolicyVersion`` of every collector registered on the sender to
+the trainer's step (torchrl's own hook counts pushes). vLLM is not imported here.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ._staleness import set_policy_version
+from ._stream import sendable
+from ._tensors import check_weights_fit
+
+__all__ = ["is_vllm_sender", "is_vllm_wrapper", "push_to_vllm"]
+
+
+def is_vllm_sender(target: Any) -> bool:
+    """Whether ``target`` is torchrl's ``VLLMWeightSender`` (or a subclass).
+
+    Examples:
+        >>> import torch
+        >>> is_vllm_sender(torch.nn.Linear(2, 2))
+        False
+    """
+    from torchrl.weight_update.llm import VLLMWeightSender  # imports no vLLM
+
+    return isinstance(target, VLLMWeightSender)
+
+
+def is_vllm_wrapper(target: Any) -> bool:
+    """Whether ``target`` is torchrl's ``vLLMWrapper`` (its engine's weights are elsewhere)."""
+    return any(cls.__name__ == "vLLMWrapper" for cls in type(target).__mro__)
+
+
+def push_to_vllm(target: Any, weights: Any, version: int, *, owner: str) -> None:
+    """Sends ``weights`` (a model, streamed, or a weights TensorDict) to the vLLM engines.
+
+    Raises:
+        RuntimeError: if the sender has not joined its group (``init_all_workers_group``).
+        KeyError: if names differ from the engine's (vLLM's names are the Hugging Face model's).
+        ValueError: if shapes differ.
+    """
+    metadata = getattr(target, "_model_metadata", None)
+    if metadata is None:
+        raise RuntimeError(
+            f"{owner}: the VLLMWeightSender has not joined its engines' group: call "
+            "sender.init_all_workers_group(get_model_metadata(model), vllm_engine=engine) "
+            "(together with the engine's side) before training, as torchrl's "
+            "VLLMWeightSyncScheme documents."
+        )
+    receiver = {name: tuple(shape) for name, (_dtype, shape) in metadata.items()}
+    layout, stream, _ = sendable(weights, receiver)
+    # vLLM takes parameters: the model's buffers it does not hold (rotary tables) stay here
+    buffers = {n for n, _ in weights.named_buffers()} if hasattr(weights, "named_buffers") else ()
+    kept = {n: s for n, s in layout.items() if n in receiver or n not in buffers}
+    # torchrl's broadcast sends every tensor of the metadata: a push is never partial
+    check_weights_fit(kept, receiver, owner=owner, receiver_name="vLLM engine")
+    # a flat {name: tensor}, read in the metadata's order
+    target.update_weights({name: tensor for name, tensor in stream if name in kept})
+    for collector in getattr(target, "_collectors", []):
+        set_policy_version(getattr(collector, "policy_version_tracker", None), version)
