@@ -161,9 +161,5 @@ def test_only_rollouts_trainer_reads_a_trl_trainer():
                 private.append(where)
             elif not module.startswith("testing"):
                 public.append(where)
-    assert not private, (
-        f"private attributes of a TRL trainer read outside rollouts/_trainer.py: {private}"
-    )
-    assert not public, (
-        f"a TRL trainer read outside rollouts/_trainer.py (use its functions): {public}"
-    )
+    assert not private, f"a TRL trainer's private attributes read elsewhere: {private}"
+    assert not public, f"a TRL trainer read outside rollouts/_trainer.py: {public}"

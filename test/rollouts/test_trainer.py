@@ -159,7 +159,7 @@ class TestPrivateReads:
             log_metrics(trainer, {"rollout/x": [1.0]})
         log_metrics(trainer, {"rollout/x": []})  # nothing to log: nothing read
 
-    def test_attach_vllm_generation(self, tmp_path, unmeasured):
+    def test_attach_vllm_generation(self, unmeasured):
         stand_in = SimpleNamespace()
         with pytest.raises(RuntimeError, match="_last_loaded_step"):
             attach_vllm_generation(stand_in, "backend")
