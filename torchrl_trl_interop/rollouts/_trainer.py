@@ -5,10 +5,11 @@ Everything the package reads of it, public or private, goes through the small fu
 so supporting another TRL trainer or version touches this module alone
 (``test/test_layout.py`` checks that no other module reads a trainer's attributes).
 
-Measured on ``trl`` 1.16 (:data:`TRL_MEASURED`) with ``GRPOTrainer``; ``RLOOTrainer`` of the
-same release sets the same attributes (``AsyncGRPOTrainer`` is not read: it drives
-:class:`~torchrl_trl_interop.TorchRLRolloutWorker` through TRL's worker protocol instead).
-What is read, and by which function:
+Measured on ``trl`` 1.16 (:data:`TRL_MEASURED`) with ``GRPOTrainer``, the one trainer that
+calls a rollout function; ``RLOOTrainer`` of the same release holds every attribute below under
+the same name. ``AsyncGRPOTrainer`` is not read: it drives
+:class:`~torchrl_trl_interop.TorchRLRolloutWorker` through TRL's worker protocol. What is read,
+and by which function:
 
 ================================= ==============================================================
 function                          the trainer's attributes it reads
