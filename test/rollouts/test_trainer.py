@@ -8,6 +8,7 @@ clear error names the attribute.
 
 from __future__ import annotations
 
+import warnings
 from types import SimpleNamespace
 
 import pytest
@@ -152,12 +153,28 @@ class TestPrivateReads:
             trainer._pending_metrics.clear()
             trainer._pending_metrics.update(before)
 
-    def test_metrics_on_another_trl_name_the_attribute(self, trainer, unmeasured):
+    def test_metrics_on_another_trl_warn_once_then_log(self, trainer, unmeasured, monkeypatch):
+        """Another trl whose trainer still has ``_log_metric``: logged, with one warning."""
+        monkeypatch.setattr(_trainer, "_WARNED_UNMEASURED", [])
+        before = {k: list(v) for k, v in trainer._pending_metrics.items()}
+        try:
+            with pytest.warns(UserWarning, match=r"GRPOTrainer\._log_metric: .*'trl>=99.0,<100.0'"):
+                log_metrics(trainer, {"rollout/x": [1.0]})
+            with warnings.catch_warnings():
+                warnings.simplefilter("error")
+                log_metrics(trainer, {"rollout/x": [2.0]})  # warned once
+            assert trainer._pending_metrics["rollout/x"] == [1.0, 2.0]
+        finally:
+            trainer._pending_metrics.clear()
+            trainer._pending_metrics.update(before)
+
+    def test_metrics_without_log_metric_name_the_attribute(self, unmeasured):
+        stand_in = SimpleNamespace()
         with pytest.raises(
-            RuntimeError, match=r"GRPOTrainer\._log_metric: .*rollout/x.*'trl>=99.0,<100.0'"
+            RuntimeError, match=r"SimpleNamespace\._log_metric: .*rollout/x.*'trl>=99.0,<100.0'"
         ):
-            log_metrics(trainer, {"rollout/x": [1.0]})
-        log_metrics(trainer, {"rollout/x": []})  # nothing to log: nothing read
+            log_metrics(stand_in, {"rollout/x": [1.0]})
+        log_metrics(stand_in, {"rollout/x": []})  # nothing to log: nothing read
 
     def test_attach_vllm_generation(self, unmeasured):
         stand_in = SimpleNamespace()

@@ -44,6 +44,7 @@ functions.
 from __future__ import annotations
 
 import copy
+import warnings
 from importlib import metadata
 from typing import Any
 
@@ -71,6 +72,10 @@ __all__ = [
 
 #: The ``trl`` versions whose trainers' private attributes this module reads.
 TRL_MEASURED: tuple[str, str, str] = ("trl", "1.16", "1.17")
+
+
+#: Whether the one warning about logging on an unmeasured trl was given.
+_WARNED_UNMEASURED: list[bool] = []
 
 
 def _measured() -> bool:
@@ -215,9 +220,12 @@ def log_metrics(trainer: Any, values: dict[str, list[float]]) -> None:
 
     A trainer without ``_log_metric`` (a stand-in) logs nothing.
 
+    On a ``trl`` outside :data:`TRL_MEASURED`, a trainer that still has ``_log_metric`` logs
+    through it, with one warning that the version was not measured.
+
     Raises:
-        RuntimeError: if there is a value to log and the installed ``trl`` is not one of
-            :data:`TRL_MEASURED`.
+        RuntimeError: if there is a value to log, the installed ``trl`` is not one of
+            :data:`TRL_MEASURED` and the trainer has no ``_log_metric``.
 
     Examples:
         >>> from types import SimpleNamespace
@@ -229,10 +237,15 @@ def log_metrics(trainer: Any, values: dict[str, list[float]]) -> None:
     """
     if not any(values.values()):
         return
+    log = getattr(trainer, "_log_metric", None)
     if not _measured():
         names = ", ".join(values)
-        raise _unmeasured(trainer, "_log_metric", f"the rollout metrics ({names}) are logged")
-    log = getattr(trainer, "_log_metric", None)
+        error = _unmeasured(trainer, "_log_metric", f"the rollout metrics ({names}) are logged")
+        if not callable(log):
+            raise error
+        if not _WARNED_UNMEASURED:
+            _WARNED_UNMEASURED.append(True)
+            warnings.warn(f"{error} Logging through it anyway.", UserWarning, stacklevel=2)
     if callable(log):
         for name, rows in values.items():
             for value in rows:
