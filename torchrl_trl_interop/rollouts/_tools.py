@@ -71,7 +71,7 @@ def _loads(text: str) -> Any:
         return None
 
 
-def _reader(transform: Any) -> Callable[[str], list[tuple[str, Any]]]:
+def _reader(transform: Any, owner: str) -> Callable[[str], list[tuple[str, Any]]]:
     """The calls ``transform`` reads in a text, as ``(name, arguments)``, with its own parser."""
     from torchrl.envs.llm.transforms import (
         ExecuteToolsInOrder,
@@ -81,13 +81,15 @@ def _reader(transform: Any) -> Callable[[str], list[tuple[str, Any]]]:
     )
 
     if isinstance(transform, SimpleToolTransform):
-        return lambda text: [(n, _loads(a)) for n, a in tool_calls(transform, text)]
+        return lambda text: [(n, _loads(a)) for n, a in tool_calls(transform, text, owner)]
     if isinstance(transform, MCPToolTransform):
-        return lambda text: [(f"{s}.{n}", _loads(a)) for s, n, a in tool_calls(transform, text)]
+        return lambda text: [
+            (f"{s}.{n}", _loads(a)) for s, n, a in tool_calls(transform, text, owner)
+        ]
     if isinstance(transform, ExecuteToolsInOrder):
         return lambda text: [(c.tool, c.args) for c in transform.parser(text)["calls"]]
     if isinstance(transform, PythonInterpreter):
-        return lambda text: [("python", {"code": c}) for c in python_blocks(transform, text)]
+        return lambda text: [("python", {"code": c}) for c in python_blocks(transform, text, owner)]
     raise TypeError(f"no reader for {type(transform).__name__}")
 
 
@@ -119,7 +121,7 @@ class TorchRLTool:
             text = f"```python\n{arguments.get('code', '')}\n```"
         else:
             text = _syntaxes(self.env_name, arguments)[self.syntax]
-        read = _reader(self.transform)(text)
+        read = _reader(self.transform, f"tool {self.name!r}")(text)
         if read != [(self.env_name, arguments)]:
             raise ValueError(
                 f"tool {self.name!r}: {type(self.transform).__name__} reads the call "
@@ -142,7 +144,7 @@ class TorchRLTool:
         return run_tool(self.transform, self.env_name, lambda: self._reply(arguments), outcome)
 
     def _reply(self, arguments: dict[str, Any]) -> Any:
-        results = process_one(self.transform, self.render(arguments), self.name)
+        results = process_one(self.transform, self.render(arguments), f"tool {self.name!r}")
         if not results or len(results) != 1:
             raise RuntimeError(
                 f"tool {self.name!r}: {type(self.transform).__name__} answered the call with "
@@ -162,7 +164,7 @@ def _pick_syntax(transform: Any, env_name: str, owner: str) -> str:
     if isinstance(transform, PythonInterpreter):
         return "python"
     probe = {"x": 1, "y": "a b"}
-    read = _reader(transform)
+    read = _reader(transform, owner)
     for syntax, text in _syntaxes(env_name, probe).items():
         if read(text) == [(env_name, probe)]:
             return syntax
