@@ -292,16 +292,18 @@ def as_openenv_environment(
     ``reset``                ``reset(seed=None, episode_id=None, prompt=..., **row)``:
                              ``env.reset`` with ``prompt`` (a str or TRL messages) at the
                              ChatEnv's ``data_key``; every other keyword (a dataset row's
-                             columns) set in the reset tensordict, where transforms read it.
-                             Without ``prompt``, an environment with a ``DataLoadingPrimer``
+                             columns) set in the reset tensordict, where transforms read it
+                             (numbers as tensors, anything else as non-tensor data). Without ``prompt``, an environment with a ``DataLoadingPrimer``
                              serves its own.
     ``step(action)``         ``action.content`` appended as the assistant's turn to
                              ``("history", "prompt")``, written as ``("history", "full")`` the
-                             way a TorchRL policy writes it, then ``env.step``: the
+                             way a TorchRL policy writes it (role: the ChatEnv's
+                             ``policy_role``), then one step (``env.step``'s result): the
                              environment's transforms parse it and run its tools.
     observation              ``messages``: the new turns (the prompt at reset, the environment's
                              turns after a step); ``conversation``: all of it; ``tools``: the
-                             tools' JSON schemas, at reset; ``reward``: the sum of
+                             tools' JSON schemas, at reset (the tools TRL's
+                             ``environment_factory`` gets); ``reward``: the sum of
                              ``("next", reward_key)``, ``None`` if the step wrote none;
                              ``done``: ``("next", done_key)``; ``metadata``: ``terminated`` and
                              ``truncated`` when the environment writes them.
