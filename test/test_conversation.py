@@ -163,6 +163,20 @@ class TestPredicates:
         assert not is_message_list("Hi")
         assert not is_message_list([{"role": "user"}])
 
+    def test_is_conversational_is_deprecated_for_trls(self):
+        from trl.data_utils import is_conversational as trls
+
+        rows = [
+            {"messages": CHAT},
+            {"prompt": CHAT[:2], "completion": CHAT[2:]},
+            {"prompt": "Hi", "chosen": "a", "rejected": "b"},
+            {"other": CHAT},
+        ]
+        with pytest.warns(DeprecationWarning, match="trl.data_utils.is_conversational"):
+            ours = [is_conversational(row) for row in rows]
+        assert ours == [trls(row) for row in rows] == [True, True, False, False]
+
+    @pytest.mark.filterwarnings("ignore::DeprecationWarning")
     def test_is_conversational(self):
         assert is_conversational({"messages": CHAT})
         assert is_conversational({"prompt": CHAT[:2], "completion": CHAT[2:]})

@@ -5,7 +5,7 @@
 * TRL -> TorchRL: :class:`HFRewardModelWrapper` scores TensorDicts with any HF reward model.
 * The online loop: :func:`as_trl_rollout_func` makes a TorchRL environment ``GRPOTrainer``'s
   rollout engine; :func:`as_trl_environment_factory` puts its tools and reward into TRL's own
-  tool loop; :func:`as_reward_transform` puts TRL rewards inside TorchRL environments.
+  tool loop; :class:`RewardTransform` puts TRL rewards inside TorchRL environments.
 * OpenEnv both ways: :func:`as_openenv_environment` serves a TorchRL environment to any OpenEnv
   trainer; :class:`OpenEnvChatEnv` drives an OpenEnv environment with TorchRL.
 

@@ -16,6 +16,7 @@ Every field of a message crosses the boundary, kept exactly (no stripping, no te
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -65,16 +66,26 @@ def is_message_list(value: Any) -> bool:
 
 
 def is_conversational(example: dict[str, Any]) -> bool:
-    """Tells whether a TRL row (a dict of columns) holds conversations in its standard columns.
+    """Deprecated: use TRL's own ``trl.data_utils.is_conversational``, which this copied.
 
-    Looks at ``prompt``, ``chosen``, ``rejected``, ``completion`` and ``messages``, as TRL does.
+    Tells whether a TRL row (a dict of columns) holds conversations in its standard columns
+    (``prompt``, ``chosen``, ``rejected``, ``completion``, ``messages``). Kept for one release; it
+    warns with a :class:`DeprecationWarning`.
 
     Examples:
+        >>> import warnings
+        >>> warnings.simplefilter("ignore", DeprecationWarning)
         >>> is_conversational({"prompt": [{"role": "user", "content": "Hi"}]})
         True
         >>> is_conversational({"prompt": "Hi", "completion": " there"})
         False
     """
+    warnings.warn(
+        "torchrl_trl_interop.is_conversational is deprecated and will be removed in the next "
+        "release: use trl.data_utils.is_conversational, TRL's own check.",
+        DeprecationWarning,
+        stacklevel=2,
+    )
     if not isinstance(example, Mapping):
         raise TypeError(
             f"is_conversational: example must be a dict of columns (one TRL row), got "

@@ -49,9 +49,9 @@ T_START = time.perf_counter()
 from torchrl_trl_interop import (
     HFRewardModelWrapper,
     PaddingCollator,
+    RewardTransform,
     TorchRLBufferDataset,
     TRLRewardFuncWrapper,
-    as_reward_transform,
     as_trl_reward_func,
     as_trl_rollout_func,
     build_preference_pairs,
@@ -815,7 +815,7 @@ assert torch.allclose(torch.tensor(bucketed), fresh["rm_reward"], atol=1e-4)
 # :func:`~torchrl_trl_interop.as_trl_rollout_func` it samples them from a TorchRL environment
 # instead: every prompt resets a ``ChatEnv``, the trainer's own model answers (its current
 # weights, through a torchrl LLM policy), and the environment steps. The environment's reward
-# comes from a torchrl transform: :func:`~torchrl_trl_interop.as_reward_transform` runs the
+# comes from a torchrl transform: :class:`~torchrl_trl_interop.RewardTransform` runs the
 # same TRL reward function, :func:`~torchrl_trl_interop.testing.correct_answer`, each time an
 # assistant turn ends, and writes ``("next", "reward")``. The rollout function hands that reward
 # to TRL as the keyword ``env_reward``, so a one-line reward function trains on it. The trained
@@ -846,7 +846,7 @@ def task_reward(completions, env_reward, **kwargs):
 
 
 NUM_GENERATIONS, PROMPTS_PER_STEP, GRPO_STEPS = 8, 8, 40
-env = toy_chat_env(tok, batch_size=64, transforms=[as_reward_transform(correct_answer)])
+env = toy_chat_env(tok, batch_size=64, transforms=[RewardTransform(correct_answer)])
 print(env.transform)
 grpo = GRPOTrainer(
     model=policy,

@@ -366,3 +366,11 @@ class TestTorchRLTrainingStep:
         loss.backward()
         optimizer.step()
         assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters()))
+
+
+def test_as_reward_transform_is_deprecated_for_reward_transform():
+    from trl.rewards import think_format_reward
+
+    with pytest.warns(DeprecationWarning, match=r"use RewardTransform\(module, \*\*kwargs\)"):
+        transform = as_reward_transform(think_format_reward, only_done=True)
+    assert type(transform) is RewardTransform and transform.only_done

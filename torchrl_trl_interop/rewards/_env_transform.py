@@ -5,7 +5,7 @@ wrapped in a :class:`~torchrl_trl_interop.TRLRewardFuncWrapper` for it) or any r
 module of this package (:class:`~torchrl_trl_interop.HFRewardModelWrapper`), runs it each time
 the policy ends an assistant turn, and writes the score as the environment's reward,
 ``("next", "reward")``, where collectors, ``MCAdvantage`` and losses read it.
-:func:`as_reward_transform` is the same call, spelled as a function.
+:func:`as_reward_transform`, the same call spelled as a function, is deprecated.
 """
 
 from __future__ import annotations
@@ -392,9 +392,10 @@ _KEYWORDS = tuple(
 def as_reward_transform(
     module: TensorDictModuleBase | Callable | Sequence[Callable], **kwargs: Any
 ) -> RewardTransform:
-    """:class:`RewardTransform`, spelled as a function: ``RewardTransform(module, **kwargs)``.
+    """Deprecated: use :class:`RewardTransform` (``RewardTransform(module, **kwargs)``).
 
-    Kept for the code written with it; errors name ``as_reward_transform``.
+    The same call spelled as a function, kept for one release for the code written with it: it
+    warns with a :class:`DeprecationWarning`, and its errors name ``as_reward_transform``.
 
     Args:
         module (TRL reward function(s) or TensorDictModuleBase): as :class:`RewardTransform`.
@@ -412,7 +413,9 @@ def as_reward_transform(
         ValueError: as :class:`RewardTransform`.
 
     Examples:
+        >>> import warnings
         >>> from trl.rewards import think_format_reward
+        >>> warnings.simplefilter("ignore", DeprecationWarning)
         >>> t = as_reward_transform(think_format_reward, only_done=True)
         >>> type(t).__name__, t.module.reward_func_names
         ('RewardTransform', ['think_format_reward'])
@@ -421,6 +424,12 @@ def as_reward_transform(
         ...
         TypeError: as_reward_transform() got an unexpected keyword argument 'only_dne' (did you mean 'only_done'?). It takes: ['accumulate', 'completion_ids_key', 'completion_key', 'completion_roles', 'done_key', 'history_key', 'input_mode', 'kwargs_keys', 'module_reward_key', 'nonfinite', 'only_done', 'prompt_key', 'reward_key', 'weights'].
     """
+    warnings.warn(
+        "as_reward_transform(module, **kwargs) is deprecated and will be removed in the next "
+        "release: use RewardTransform(module, **kwargs), the same transform.",
+        DeprecationWarning,
+        stacklevel=2,
+    )
     check_keywords(kwargs, _KEYWORDS, "as_reward_transform")
     with speaking_for("as_reward_transform"):
         return RewardTransform(module, **kwargs)

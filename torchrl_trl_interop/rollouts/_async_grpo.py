@@ -330,7 +330,7 @@ class TorchRLRolloutWorker:
                 f"{_OWNER}: candidate_group_size/drop_zero_std select groups by their reward at "
                 f"{self.reward_key!r}, which the collected batch does not hold (keys: "
                 f"{sorted(map(str, batch.keys(True, True)))}). Give the collector's environment "
-                "a reward transform (e.g. as_reward_transform(reward_func)) or pass reward_key=."
+                "a reward transform (e.g. RewardTransform(reward_func)) or pass reward_key=."
             )
         logprobs = tokens.log_probs
         if self.score_model is not None:

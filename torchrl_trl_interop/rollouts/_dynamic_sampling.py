@@ -270,7 +270,7 @@ def sample_candidates(
             f"{owner}: candidate_group_size={candidate_group_size} scores candidates by the "
             f"environment's reward, but the environment wrote none for candidates {missing[:8]} "
             "(env_reward is None). Append a reward transform to the environment (e.g. "
-            "as_reward_transform(reward_func)), check reward_key=, or drop candidate_group_size."
+            "RewardTransform(reward_func)), check reward_key=, or drop candidate_group_size."
         )
     kept: list[int] = []
     metrics: dict[str, list[float]] = {

@@ -169,7 +169,7 @@ def toy_tool_env(
     :func:`toy_add` (called as :func:`toy_tool_call` writes it; the tool's reply is a ``tool``
     turn), a ``StepCounter(max_steps)`` ending the episode, and
     :func:`~torchrl_trl_interop.testing.correct_answer` as the reward of the episode's last
-    turn (``as_reward_transform(..., only_done=True)``). It takes its prompts at reset, or, with
+    turn (``RewardTransform(..., only_done=True)``). It takes its prompts at reset, or, with
     ``prompts``, serves them itself (a ``DataLoadingPrimer``, one prompt per batch, as a
     collector needs). Module-level, so ``python -m torchrl_trl_interop.openenv serve
     torchrl_trl_interop.testing:toy_tool_env`` serves it.
@@ -194,7 +194,7 @@ def toy_tool_env(
     from torchrl.envs.llm import ChatEnv
     from torchrl.envs.llm.transforms import SimpleToolTransform
 
-    from ..rewards._env_transform import as_reward_transform
+    from ..rewards._env_transform import RewardTransform
     from ._toy_task import correct_answer
 
     tokenizer = tokenizer if tokenizer is not None else toy_tokenizer(padding_side="left")
@@ -203,7 +203,7 @@ def toy_tool_env(
         env = env.append_transform(_primer(prompts, batch_size, batch_size))
     env = env.append_transform(SimpleToolTransform(tools={"add": toy_add}))
     env = env.append_transform(StepCounter(max_steps=max_steps))
-    return env.append_transform(as_reward_transform(correct_answer, only_done=True))
+    return env.append_transform(RewardTransform(correct_answer, only_done=True))
 
 
 class _Counter:

@@ -116,10 +116,10 @@ class ToyGenerator:
         import torch
         from torchrl.collectors.llm import LLMCollector
 
-        from ..rewards._env_transform import as_reward_transform
+        from ..rewards._env_transform import RewardTransform
 
         torch.set_num_threads(1)
-        env = toy_primed_chat_env(transforms=[as_reward_transform(toy_answer_length)])
+        env = toy_primed_chat_env(transforms=[RewardTransform(toy_answer_length)])
         self.policy = toy_generator_policy(seed=1, max_new_tokens=max_new_tokens)
         self.collector = LLMCollector(
             env,

@@ -160,13 +160,13 @@ def toy_calculator_env(*, rewards: Sequence[Callable] = (calculator_answer,), ma
     from torchrl.envs import StepCounter
     from torchrl.envs.llm import ChatEnv
 
-    from ..rewards._env_transform import as_reward_transform
+    from ..rewards._env_transform import RewardTransform
 
     env = ChatEnv(batch_size=(1,), input_mode="history")
     env = env.append_transform(calculator_tools())
     env = env.append_transform(StepCounter(max_steps=max_steps))
     if rewards:
-        env = env.append_transform(as_reward_transform(list(rewards)))
+        env = env.append_transform(RewardTransform(list(rewards)))
     return env
 
 
