@@ -26,9 +26,9 @@ from tensordict import (
 )
 
 from ._checks import as_names, check_bool
-from ._history_fields import history_fields
 from ._message_fields import MessageHistory
 from ._tool_calls import has_turn_fields, message_turns, messages_of_turns
+from ._upstream._history_fields import history_fields
 
 if TYPE_CHECKING:  # pragma: no cover
     from torchrl.data.llm import History

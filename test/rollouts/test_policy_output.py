@@ -23,6 +23,9 @@ from torchrl.modules.llm import ChatHistory, LogProbs, Text, Tokens
 from torchrl_trl_interop import messages_to_history
 from torchrl_trl_interop.rollouts._policy_output import extend_history, stack_rows
 
+#: every test runs on both branches of the _upstream speed paths (fast and plain upstream)
+pytestmark = pytest.mark.usefixtures("upstream_branch")
+
 
 def _layout(value, depth=0) -> list:
     """The classes of ``value``'s containers and leaves, key by key, rows of lazy stacks too."""

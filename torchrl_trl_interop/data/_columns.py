@@ -27,10 +27,10 @@ from tensordict.utils import NestedKey
 
 from .._checks import as_device, check_tensordict
 from .._conversation import history_to_messages, messages_of
-from .._history_fields import history_column, history_fields
-from .._keys import flatten_nested, get_entry, key_parts, keys_present, row_entries
+from .._keys import flatten_nested, get_entry, key_parts, keys_present
 from .._padding import Spans, mask_spans, trim_row
 from .._tool_calls import has_turn_fields
+from .._upstream._history_fields import history_column, history_fields, row_entries
 from ._selection import (
     as_column_key,
     as_column_keys,

@@ -25,8 +25,8 @@ from torchrl.data import (
 )
 
 from .._keys import key_to_str
+from .._upstream._direct import direct_sample
 from ._committed import CommittedWriter
-from ._direct import direct_sample
 from ._selection import column_keys, non_tensor_columns
 
 __all__ = [

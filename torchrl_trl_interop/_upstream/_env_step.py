@@ -1,0 +1,230 @@
+"""One step of a chat environment and the move to the next, without torchrl's defensive copies.
+
+``TransformedEnv.step`` hands its input to ``Transform.inv``, which first copies it
+(``clone(recurse=False)``) so that inverse transforms can write into the copy. On an LLM rollout
+that input holds the policy's whole output (tokens, text, masks, log-probs and three
+``History`` objects, per row), and copying it costs torchrl 0.14.1 about 9 ms per step of 8
+rows, more than the rest of the step. When no transform of the environment has an inverse,
+nothing would be written, and :func:`step` runs the same step on the input itself: the base
+environment's step, its done keys completed, the transforms' step, the output checks, as
+``TransformedEnv.step`` does, with the same result. Anything else (an inverse transform, a
+subclass that overrides a step method, a partial step) goes through ``env.step``. One difference
+remains, for a transform that breaks torchrl's rule that a step leaves its input unchanged: what
+it writes into its step's input lands in the caller's tensordict (torchrl's copy would take it).
+
+:func:`step_mdp` is ``env.step_mdp``: the next step's input, the input's entries with the
+step's output in place of the old ones. torchrl copies every entry it carries over
+(``TensorDict.copy``), which costs about 11 ms for 8 rows of a conversation with a tool reply;
+here they are carried as they are, which the online loop can afford: it never reads the step's
+input again.
+
+The step's base part is ``ChatEnv``'s own, but for its copy of the conversation: torchrl
+deep-copies the step's full History into the next prompt (~1.5 ms for 8 rows); here it gets new
+containers over the same leaves, which protect the input as well (:func:`_next_history`).
+
+The upstream fixes: copy in ``Transform.inv`` only when a transform has inverse keys; carry
+entries over in ``step_mdp`` without copying them (or copy History leaves as leaves); in
+``ChatEnv._step_history``, copy the History's containers, not its leaves. With those three,
+:func:`step` and :func:`step_mdp` are ``env.step`` and ``env.step_mdp``.
+
+The steps read torchrl's internals (the environments' ``_step``, ``_step_proc_data``,
+``_complete_done``, ``_assert_tensordict_shape``, ``_step_mdp``; ``Transform._inv_call`` and
+``_step``) and tensordict's (``_new_unsafe``, a tensorclass's ``_tensordict`` and
+``_from_tensordict``): they run on the versions they were measured on
+(:data:`~torchrl_trl_interop._upstream.TORCHRL_MEASURED`,
+:data:`~torchrl_trl_interop._upstream.TENSORDICT_MEASURED`); on any other, :func:`step` is
+``env.step(td)`` and :func:`step_mdp` is ``env.step_mdp(td)``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ._gate import TENSORDICT_MEASURED, TORCHRL_MEASURED, use_fast
+
+__all__ = ["inverts", "step", "step_mdp"]
+
+#: the internals this module reads (test/test_layout.py checks the list against the code)
+READS = (
+    "torchrl.envs.Transform._inv_call",
+    "torchrl.envs.Transform._step",
+    "torchrl.envs.EnvBase._step",
+    "torchrl.envs.EnvBase._step_proc_data",
+    "torchrl.envs.EnvBase._assert_tensordict_shape",
+    "torchrl.envs.EnvBase._complete_done",
+    "torchrl.envs.EnvBase._step_mdp",
+    "torchrl.envs.llm.ChatEnv._step_history",
+    "tensordict.TensorDict._new_unsafe",
+    "tensordict.tensorclass._tensordict",
+    "tensordict.tensorclass._from_tensordict",
+)
+
+
+def inverts(transform: Any) -> bool:
+    """Whether ``transform`` (a ``Compose`` too) may write anything in ``Transform.inv``.
+
+    Examples:
+        >>> from torchrl.envs import Compose, StepCounter, UnsqueezeTransform
+        >>> inverts(Compose(StepCounter(max_steps=2)))
+        False
+        >>> inverts(UnsqueezeTransform(-1, in_keys_inv=["action"]))
+        True
+    """
+    from torchrl.envs.transforms import Compose, Transform
+
+    stack = [transform]
+    while stack:
+        t = stack.pop()
+        if t is None:
+            continue
+        if type(t).inv is not Transform.inv:
+            return True
+        if type(t)._inv_call not in (Transform._inv_call, Compose._inv_call):
+            return True
+        if list(getattr(t, "in_keys_inv", None) or []):
+            return True
+        if isinstance(t, Compose):
+            stack.extend(t.transforms)
+    return False
+
+
+def _plain_step(env: Any) -> bool:
+    """Whether ``env`` steps exactly as ``TransformedEnv`` over a ``ChatEnv``, with no inverse."""
+    from torchrl.envs import EnvBase, TransformedEnv
+    from torchrl.envs.llm import ChatEnv
+
+    base = getattr(env, "base_env", None)
+    return (
+        isinstance(env, TransformedEnv)
+        and type(env).step is EnvBase.step
+        and type(env)._step is TransformedEnv._step
+        and type(env)._step_proc_data is EnvBase._step_proc_data
+        and isinstance(base, ChatEnv)
+        and type(base)._step is ChatEnv._step
+        and not inverts(env.transform)
+    )
+
+
+def step(env: Any, td: Any) -> Any:
+    """``env.step(td)``, skipping ``Transform.inv``'s copy of ``td`` when nothing inverts.
+
+    Returns ``td`` with its ``"next"`` entry, as ``env.step`` does. The base environment and the
+    transforms read ``td`` and write only the new ``"next"`` entry.
+
+    Examples:
+        >>> from tensordict import TensorDict, set_list_to_stack
+        >>> from torchrl.data.llm import History
+        >>> from torchrl.envs import StepCounter, TransformedEnv
+        >>> from torchrl.envs.llm import ChatEnv
+        >>> env = TransformedEnv(ChatEnv(batch_size=(1,), input_mode="history"),
+        ...                      StepCounter(max_steps=1))
+        >>> with set_list_to_stack(True):
+        ...     chat = [[{"role": "user", "content": "Hi"}]]
+        ...     td = env.reset(TensorDict(query=History.from_chats(chat), batch_size=[1]))
+        ...     td["history"].full = History.from_chats([chat[0] + [
+        ...         {"role": "assistant", "content": "Ho"}]])
+        ...     step(env, td)["next", "done"]
+        tensor([[True]])
+    """
+    if (
+        not use_fast(TORCHRL_MEASURED, TENSORDICT_MEASURED)
+        or not _plain_step(env)
+        or "_step" in td.keys()
+        or "next" in td.keys()
+    ):
+        return env.step(td)
+    env._assert_tensordict_shape(td)
+    base = env.base_env
+    next_td = _next_history(base, td)
+    base._complete_done(base.full_done_spec, next_td)
+    next_td = env.transform._step(td, next_td)
+    td.set("next", env._step_proc_data(next_td))
+    return td
+
+
+def _next_history(base: Any, td: Any) -> Any:
+    """``ChatEnv._step`` in history mode: the next prompt is the step's full History.
+
+    torchrl deep-copies that History (``TensorDict.set`` clones a value it must re-batch,
+    ~1.5 ms for 8 rows) so that a tool transform extending the new prompt in place
+    (``history.extend(..., inplace=True)``) leaves the step's input alone. Extending replaces a
+    History's containers, never its leaves, so new containers over the same leaves protect the
+    input as well: one ``TensorDict`` per row and a lazy stack of them, as torchrl's copy lays
+    them out. Any other layout, or an environment with a device, is ``base._step(td)``.
+    """
+    from tensordict import LazyStackedTensorDict, TensorDict
+    from torchrl.envs.llm import ChatEnv
+    from torchrl.modules.llm import ChatHistory
+
+    chat = td.get("history", None) if base.input_mode == "history" else None
+    full = getattr(chat, "full", None)
+    layout = getattr(full, "_tensordict", None)
+    if (
+        type(base)._step_history is not ChatEnv._step_history
+        or base.device is not None
+        or not isinstance(layout, LazyStackedTensorDict)
+        or not all(type(row) is TensorDict for row in layout.tensordicts)
+    ):
+        return base._step(td)
+    rows = [
+        TensorDict._new_unsafe(dict(row.items()), batch_size=row.batch_size, device=row.device)
+        for row in layout.tensordicts
+    ]
+    prompt = type(full)._from_tensordict(LazyStackedTensorDict(*rows, stack_dim=layout.stack_dim))
+    history = TensorDict._new_unsafe({"prompt": prompt}, batch_size=td.batch_size)
+    out = td.empty()
+    out.set("history", ChatHistory._from_tensordict(history))
+    return out
+
+
+def _flat_step_mdp(env: Any) -> bool:
+    """Whether torchrl's ``step_mdp`` of ``env`` keeps the input's other entries and moves whole
+    top-level entries (no key set reaches inside an entry)."""
+    mdp = getattr(env, "_step_mdp", None)
+    trees = getattr(mdp, "exclude_from_root", None), getattr(mdp, "keys_from_next", None)
+    return (
+        getattr(mdp, "keep_other", False) is True
+        and all(isinstance(tree, dict) for tree in trees)
+        and all(sub is None for tree in trees for sub in tree.values())
+    )
+
+
+def step_mdp(env: Any, td: Any) -> Any:
+    """``env.step_mdp(td)``, with the entries carried over as they are, not copied.
+
+    The same keys and values as torchrl's: every entry of ``td`` but ``"next"``, the done,
+    reset and reward keys, then the observations and done keys of ``td["next"]`` in place of the
+    old ones; a lazy stack row by row, as torchrl does. Where torchrl's key sets reach inside an
+    entry, or only the step's output is a lazy stack, it is ``env.step_mdp(td)``.
+
+    Examples:
+        >>> from tensordict import TensorDict
+        >>> from torchrl_trl_interop.testing import ScriptedChatPolicy, toy_chat_env
+        >>> env = toy_chat_env(batch_size=1, max_steps=2)
+        >>> td = env.reset(TensorDict({"query": ["Hi"]}, batch_size=[1]))
+        >>> td = step_mdp(env, step(env, ScriptedChatPolicy(["Ho"])(td)))
+        >>> td["step_count"], "next" in td.keys()
+        (tensor([[1]]), False)
+    """
+    if not use_fast(TORCHRL_MEASURED) or not _flat_step_mdp(env) or "next" not in td.keys():
+        return env.step_mdp(td)
+    return _carry(env._step_mdp, td)
+
+
+def _carry(mdp: Any, td: Any) -> Any:
+    from tensordict import LazyStackedTensorDict, lazy_stack
+
+    if isinstance(td, LazyStackedTensorDict):
+        return lazy_stack([_carry(mdp, row) for row in td.tensordicts], td.stack_dim)
+    next_td = td.get("next")
+    if isinstance(next_td, LazyStackedTensorDict):  # torchrl restacks the input: its way
+        return mdp(td)
+    out = td.empty()
+    for key in td.keys():
+        if key not in mdp.exclude_from_root:
+            out.set(key, td.get(key))
+    for key in mdp.keys_from_next:
+        value = next_td.get(key, None)
+        if value is not None:
+            out.set(key, value)
+    return out
