@@ -30,7 +30,13 @@ from ._gate import TENSORDICT_MEASURED, use_fast
 if TYPE_CHECKING:  # pragma: no cover
     from torchrl.data.llm import History
 
-__all__ = ["history_column", "history_fields", "history_messages", "row_entries"]
+__all__ = [
+    "history_column",
+    "history_fields",
+    "history_messages",
+    "non_tensor_payloads",
+    "row_entries",
+]
 
 #: the internals this module reads (test/test_layout.py checks the list against the code)
 READS = (
@@ -249,3 +255,17 @@ def row_entries(batch: Any, key: tuple[str, ...]) -> list | None:
     except (KeyError, RuntimeError):  # e.g. a nested ragged stack that cannot be read whole
         return None
     return out
+
+
+def non_tensor_payloads(values: list) -> list:
+    """The payloads of ``NonTensorData`` values (``value.data``), read without the
+    tensorclass's attribute lookup (~2 us a value) on the tensordict versions measured.
+
+    Examples:
+        >>> from tensordict import NonTensorData
+        >>> non_tensor_payloads([NonTensorData("a"), NonTensorData("b")])
+        ['a', 'b']
+    """
+    if use_fast(TENSORDICT_MEASURED):
+        return [v._non_tensordict["data"] for v in values]
+    return [v.data for v in values]

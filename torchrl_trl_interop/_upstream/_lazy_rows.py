@@ -27,7 +27,9 @@ from tensordict import LazyStackedTensorDict, NonTensorData, NonTensorStack, Ten
 
 from ._gate import TENSORDICT_MEASURED, use_fast
 
-__all__ = ["extend_history", "stack_rows"]
+_SCALAR = torch.Size(())
+
+__all__ = ["extend_history", "holds_field", "stack_rows", "tensorclass_over"]
 
 #: the internals this module reads (test/test_layout.py checks the list against the code)
 READS = (
@@ -37,9 +39,6 @@ READS = (
     "tensordict.tensorclass._tensordict",
     "tensordict.tensorclass._from_tensordict",
 )
-
-
-_SCALAR = torch.Size(())
 
 
 def stack_rows(cls: Any, **columns: list) -> Any:
@@ -143,3 +142,47 @@ def extend_history(history: Any, turns: Any) -> Any:
     }
     size = torch.Size([history.batch_size[0] + turns.batch_size[0]])
     return type(history)._from_tensordict(TensorDict._new_unsafe(columns, batch_size=size))
+
+
+def tensorclass_over(cls: Any, fields: dict, batch_size: torch.Size) -> Any:
+    """``cls`` (a tensorclass) over a ``TensorDict`` of ``fields``, built without validating
+    them (the caller built them for ``batch_size``); elsewhere ``cls.from_tensordict``.
+
+    Examples:
+        >>> import torch
+        >>> from tensordict import NonTensorStack
+        >>> from torchrl.data.llm import History
+        >>> fields = {"role": NonTensorStack.from_list(["user"]),
+        ...           "content": NonTensorStack.from_list(["Hi"])}
+        >>> tensorclass_over(History, fields, torch.Size([1])).tolist()
+        [{'role': 'user', 'content': 'Hi'}]
+    """
+    if use_fast(TENSORDICT_MEASURED):
+        return cls._from_tensordict(TensorDict._new_unsafe(fields, batch_size=batch_size))
+    return cls.from_tensordict(TensorDict(fields, batch_size=batch_size))
+
+
+def holds_field(value: Any, name: str) -> bool:
+    """Whether any element of ``value`` (a tensorclass such as a History, lazy stacks too)
+    holds a field ``name``; elsewhere read from ``value.tolist()``'s dicts.
+
+    Examples:
+        >>> from torchrl.data.llm import History
+        >>> holds_field(History.from_chats([[{"role": "user", "content": "Hi"}]]), "tool_calls")
+        False
+    """
+    if use_fast(TENSORDICT_MEASURED):
+        return _td_holds(value._tensordict, name)
+
+    def walk(tree: Any) -> bool:
+        if isinstance(tree, dict):
+            return name in tree
+        return any(walk(sub) for sub in tree)
+
+    return walk(value.tolist(tolist_first=True))
+
+
+def _td_holds(td: Any, name: str) -> bool:
+    if name in td.keys():
+        return True
+    return any(_td_holds(sub, name) for sub in getattr(td, "tensordicts", ()))

@@ -25,6 +25,7 @@ from torchrl.data import (
 )
 
 from .._keys import key_to_str
+from .._upstream._buffers import buffer_generator, generator_of, storage_data, write_counters
 from .._upstream._direct import direct_sample
 from ._committed import CommittedWriter
 from ._selection import column_keys, non_tensor_columns
@@ -80,7 +81,7 @@ def sample(
     """
     if generator is None:
         return _sample(replay_buffer, batch_size)
-    previous = replay_buffer._rng
+    previous = buffer_generator(replay_buffer)
     replay_buffer.set_rng(generator)
     try:
         return _sample(replay_buffer, batch_size)
@@ -108,13 +109,11 @@ def spawn_safe_buffer(replay_buffer: ReplayBuffer) -> ReplayBuffer:
     writer. Workers draw with their own generator (``_sharding.derive_seed``),
     so the copy sent to them leaves it out; the user's buffer is not modified.
     """
-    generator = getattr(replay_buffer, "_rng", None)
+    generator = generator_of(replay_buffer)
     if not isinstance(generator, torch.Generator):
         return replay_buffer
     originals = [replay_buffer] + [
-        value
-        for value in replay_buffer.__dict__.values()
-        if getattr(value, "_rng", None) is generator
+        value for value in replay_buffer.__dict__.values() if generator_of(value) is generator
     ]
     copies = {id(obj): _shallow_copy(obj) for obj in originals}
 
@@ -228,7 +227,7 @@ def check_reader(
             f"{type(replay_buffer.sampler).__name__}, whose state lives in the main process. Use "
             "RandomSampler (the default), epoch=True, or num_workers=0."
         )
-    stored = getattr(storage, "_storage", None)
+    stored = storage_data(storage)
     if isinstance(stored, TensorDictBase):
         shared = stored.is_memmap() or all(
             t.is_shared() for t in stored.values(True, True) if isinstance(t, torch.Tensor)
@@ -316,7 +315,8 @@ def write_mark(replay_buffer: Any) -> tuple[int, int] | None:
     writer = None if is_remote(replay_buffer) else replay_buffer.writer
     if not isinstance(writer, RoundRobinWriter):
         return None
-    return int(writer._write_count), int(writer._cursor)
+    count, cursor = write_counters(writer)
+    return None if count is None or cursor is None else (count, cursor)
 
 
 def check_overwrites(
