@@ -1,6 +1,6 @@
 """Reading a plain tensor-storage buffer directly: the rows ``rb.sample`` and ``rb[index]`` give.
 
-``data._direct`` reads a plain ``ReplayBuffer``'s ``LazyTensorStorage`` without tensordict's
+``_upstream._direct`` reads a plain ``ReplayBuffer``'s ``LazyTensorStorage`` without tensordict's
 index of string columns. On real torchrl buffers (tensors, nested TensorDicts, strings, one
 string shared by every row, History, a buffer not yet full, two samplers) every sampled batch and
 every read must equal the buffer's own, draw for draw; buffers whose rows the buffer itself

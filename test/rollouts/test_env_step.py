@@ -1,6 +1,6 @@
 """Chat-environment steps without torchrl's defensive copies: the same steps as torchrl's.
 
-``rollouts._env_step.step`` skips ``Transform.inv``'s copy of the input when no transform
+``_upstream._env_step.step`` skips ``Transform.inv``'s copy of the input when no transform
 inverts anything, and ``step_mdp`` carries entries over without copying them. On real torchrl
 chat environments (tools, step counters, reward transforms) every step's output and every next
 input must equal ``env.step``'s and ``env.step_mdp``'s, the input must keep its entries, and an

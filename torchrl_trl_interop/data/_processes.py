@@ -1,8 +1,8 @@
 """How the dataset reads a torchrl buffer from other processes: workers, spawn and Ray.
 
-Every reach into torchrl's private attributes (a buffer's ``_rng``, a storage's ``_storage``,
-Ray buffer client classes) lives here or, for reading a plain storage's rows, in ``_direct``,
-so a torchrl upgrade has two modules to check. The checks
+torchrl's private attributes it needs (a buffer's generator, a storage's tensordict, a writer's
+counters) are read in ``_upstream/_buffers``, a plain storage's rows in ``_upstream/_direct``,
+each behind its version gate; the Ray buffer client classes are known here. The checks
 refuse reads that would silently yield wrong rows (see the project BRIEF): stale copies in
 DataLoader workers, half-written rows, samplers copied into several readers.
 """
@@ -77,7 +77,7 @@ def sample(
     """``replay_buffer.sample(batch_size)``, drawn with ``generator`` when one is given.
 
     The buffer keeps its own generator: it is swapped back after the call. A plain tensor-storage
-    buffer is read from its storage directly (``_direct.direct_sample``): the same rows.
+    buffer is read from its storage directly (``_upstream._direct.direct_sample``): the same rows.
     """
     if generator is None:
         return _sample(replay_buffer, batch_size)
@@ -90,7 +90,7 @@ def sample(
 
 
 def _sample(replay_buffer: ReplayBuffer, batch_size: int) -> TensorDictBase:
-    """``replay_buffer.sample``, read from a plain tensor storage directly (``_direct``)."""
+    """``replay_buffer.sample``, read from a plain tensor storage directly (``_upstream._direct``)."""
     batch = direct_sample(replay_buffer, batch_size)
     return batch if batch is not None else replay_buffer.sample(batch_size)
 
