@@ -146,3 +146,26 @@ class TestCommittedWriter:
         else:
             with pytest.raises(RuntimeError, match="writers have no '_empty'"):
                 CommittedWriter()
+
+
+class TestGenerateStep:
+    def test_the_policy_generates_its_own_way(self):
+        from torchrl.modules.llm import TransformersWrapper
+
+        from torchrl_trl_interop import TrainerModelPolicy
+
+        step = TrainerModelPolicy._from_transformers_generate_history
+        assert step is vars(TrainerModelPolicy)["_generate_step"]
+        assert step is not TransformersWrapper._from_transformers_generate_history
+
+    def test_a_torchrl_without_the_step_is_refused(self, monkeypatch, upstream_branch):
+        from torchrl.modules.llm import TransformersWrapper
+
+        from torchrl_trl_interop._upstream._policy_hooks import check_generate_step
+
+        monkeypatch.delattr(TransformersWrapper, "_from_transformers_generate_history")
+        if upstream_branch == "fast":  # the measured torchrl has it: nothing is checked
+            check_generate_step("TrainerModelPolicy")
+        else:
+            with pytest.raises(RuntimeError, match="TrainerModelPolicy: torchrl .* has no"):
+                check_generate_step("TrainerModelPolicy")
