@@ -100,8 +100,16 @@ _PARTS = (
     ("torchrl.envs", "EnvBase.step", "torchrl: env.step (ChatEnv + transforms)"),
     ("torchrl.envs.transforms", "Transform.inv", "torchrl:   of which Transform.inv's clone"),
     ("torchrl.envs", "EnvBase.step_mdp", "torchrl: env.step_mdp"),
-    ("torchrl_trl_interop.rollouts._episodes", "step", "ours: env step, no copy (_env_step)"),
-    ("torchrl_trl_interop.rollouts._episodes", "step_mdp", "ours: step_mdp, no copy (_env_step)"),
+    (
+        "torchrl_trl_interop.rollouts._episodes",
+        "step",
+        "ours: env step, no copy (_upstream/_env_step)",
+    ),
+    (
+        "torchrl_trl_interop.rollouts._episodes",
+        "step_mdp",
+        "ours: step_mdp, no copy (_upstream/_env_step)",
+    ),
     ("transformers", "GenerationMixin.generate", "transformers: model.generate"),
     ("torchrl.data.llm", "History.from_text", "torchrl: History.from_text (answer parse)"),
     ("torchrl_trl_interop.rollouts._episodes", "render", "ours: chat-template renders"),

@@ -75,3 +75,22 @@ def pytest_runtest_setup(item):
 
 def pytest_runtest_teardown(item):
     _AUTOCAST_ALLOWED[0] = False
+
+
+@pytest.fixture(params=["fast", "plain"])
+def upstream_branch(request):
+    """Runs a test on both branches of the ``_upstream`` speed paths: the fast one (on the
+    versions it was measured on) and the plain upstream call (:func:`plain_upstream`)."""
+    from torchrl_trl_interop._upstream import (
+        TENSORDICT_MEASURED,
+        TORCHRL_MEASURED,
+        plain_upstream,
+        use_fast,
+    )
+
+    if request.param == "plain":
+        with plain_upstream():
+            yield request.param
+        return
+    assert use_fast(TORCHRL_MEASURED, TENSORDICT_MEASURED), "the installed versions are measured"
+    yield request.param

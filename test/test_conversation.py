@@ -22,7 +22,13 @@ from torchrl_trl_interop import (
     rows_to_tensordict,
     split_prompt_completion,
 )
-from torchrl_trl_interop._history_fields import _layout_fields, _layout_values, history_messages
+from torchrl_trl_interop._upstream import plain_upstream
+from torchrl_trl_interop._upstream._history_fields import (
+    _layout_fields,
+    _layout_values,
+    history_fields,
+    history_messages,
+)
 from torchrl_trl_interop.testing import toy_chats
 
 
@@ -369,6 +375,12 @@ class TestFastPathMatchesTensorclassPath:
             # the role/content the fast path reads
             plain = _role_content if layout == "tool_calls" else (lambda x: x)
             assert plain(history_to_messages(history)) == expected
+            fields = history_fields(history)  # the plain upstream branch reads the same
+            with plain_upstream():
+                assert plain(history_to_messages(history)) == expected
+                assert history_fields(history) == fields
+                if history.ndim == 2:
+                    assert history_messages(history) == history.tolist(tolist_first=True)
             for row in range(history.batch_size[0]):
                 assert plain(history_to_messages(history[row])) == expected[row]
             if layout != "tool_calls":  # every plain layout is read from its payloads
@@ -389,6 +401,8 @@ class TestFastPathMatchesTensorclassPath:
             assert _layout_fields(history._tensordict, 2) is not None
             assert history_to_messages(history) == _role_content(history.tolist())
             assert history_to_messages(history) == [[_msg("user", "Hi")] * 3] * 2
+            with plain_upstream():
+                assert history_to_messages(history) == [[_msg("user", "Hi")] * 3] * 2
 
     def test_messages_to_history_rows_in_both_views(self):
         """Rows whose History came from ``messages_to_history``, through a buffer, read the

@@ -163,3 +163,176 @@ def test_only_rollouts_trainer_reads_a_trl_trainer():
                 public.append(where)
     assert not private, f"a TRL trainer's private attributes read elsewhere: {private}"
     assert not public, f"a TRL trainer read outside rollouts/_trainer.py: {public}"
+
+
+# -- other libraries' internals: one door -------------------------------------------------------
+UPSTREAM = "_upstream"
+#: private names of the package's own objects, read across its modules
+OWN_PRIVATE = {
+    "_commit_log": "CommittedWriter's seqlock counters, read by data/_committed and _buffer_files",
+    "_parent_rank": "TorchRLBufferDataset's pickled state (a key of its own __getstate__)",
+    "_is_leaf": "the package's own helper in _keys",
+    "_sessions": "OpenEnvChatEnv's own sessions",
+    "_release": "OpenEnvChatEnv's own release",
+    "_generate_step": "TrainerModelPolicy's generate step (_upstream/_policy_hooks installs it)",
+    "_shared_env": "as_openenv_environment's own shared environment",
+    "_make_env": "as_openenv_environment's own factory",
+    "_owns": "as_openenv_environment's own episode ownership",
+    "_done": "as_openenv_environment's own episode state",
+    "_done_key": "as_openenv_environment's own keys",
+    "_reward_key": "as_openenv_environment's own keys",
+    "_close": "the environment factory's own instances",
+    "_token": "the environment factory's own instances",
+    "_tools": "the environment factory's own tool list",
+    "_spare": "the environment factory's own spare instance",
+    "_acall_tool": "the environment factory's own tool call (async)",
+    "_call_tool": "the environment factory's own tool call",
+    "_make": "the environment factory's own builder",
+    "_build_class": "the environment factory's own class builder",
+    "_columns": "the environment factory's own row columns",
+    "_factory": "the environment factory's own instances' factory",
+}
+#: private names of libraries other than torchrl and tensordict: other doors, not this one
+OTHER_LIBRARIES = {
+    "_metrics": "TRL trainer (issue 36: one TRL adapter)",
+    "_log_metric": "TRL trainer (issue 36: one TRL adapter)",
+    "_dist": "TRL trainer (issue 36: one TRL adapter)",
+    "_tokenizer": "TRL trainer (issue 36: one TRL adapter)",
+    "_last_loaded_step": "TRL trainer (issue 36: one TRL adapter)",
+    "_shared_state": "accelerate's PartialState",
+    "_modules": "torch.nn.Module",
+    "_name_or_path": "transformers' PretrainedConfig",
+    "_exit": "os",
+    "_message_timeout": "OpenEnv's client",
+}
+#: torchrl's documented extension points: a subclass is meant to override them
+EXTENSION_POINTS = {"_call", "_step", "_reset", "_set_seed", "_apply_transform"}
+#: modules (or folders) whose torchrl reads move in another part of issue 36 (into
+#: ``_upstream/_tools``, or later), and reads left with their reason; each entry says which
+NOT_YET = {
+    "weights/": "weight sync's torchrl reads: a later part of issue 36",
+}
+
+
+def _private(name: object) -> bool:
+    return isinstance(name, str) and name.startswith("_") and not name.startswith("__")
+
+
+def _upstream_bases(tree: ast.Module) -> dict[str, tuple[str, str]]:
+    """``{local name: (module, name)}`` of the names a file imports from torchrl or tensordict."""
+    out = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            if node.module.split(".")[0] in ("torchrl", "tensordict"):
+                for alias in node.names:
+                    out[alias.asname or alias.name] = (node.module, alias.name)
+    return out
+
+
+def private_reads(path: Path) -> list[tuple[int, str]]:
+    """``(line, name)`` of every private name a module reads on objects not its own: attributes
+    (``x._name``, ``getattr(x, "_name")``, ``d["_name"]``), private names imported from torchrl
+    or tensordict, reads on ``self`` of names its classes never assign, and private methods of a
+    torchrl/tensordict base that its classes override."""
+    import importlib
+
+    tree = ast.parse(path.read_text())
+    bases = _upstream_bases(tree)
+    assigned = {
+        t.attr
+        for node in ast.walk(tree)
+        if isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign))
+        for t in (node.targets if isinstance(node, ast.Assign) else [node.target])
+        if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "self"
+    }
+    own_defs = {
+        n.name for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
+    }
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and _private(node.attr):
+            value = node.value
+            if isinstance(value, ast.Name) and value.id in ("self", "cls"):
+                if node.attr in assigned or node.attr in own_defs:
+                    continue
+            out.append((node.lineno, node.attr))
+        elif isinstance(node, ast.Call) and len(node.args) >= 2:
+            # getattr(x, "_name"), hasattr, setattr, and any helper given an object and a name
+            target, name = node.args[0], node.args[1]
+            own = isinstance(target, ast.Name) and target.id == "self"
+            if isinstance(name, ast.Constant) and _private(name.value) and not own:
+                out.append((node.lineno, name.value))
+        elif isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant):
+            if _private(node.slice.value):
+                out.append((node.lineno, node.slice.value))
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            if node.module.split(".")[0] in ("torchrl", "tensordict"):
+                out += [(node.lineno, a.name) for a in node.names if _private(a.name)]
+        elif isinstance(node, ast.ClassDef):
+            for base in node.bases:
+                if not (isinstance(base, ast.Name) and base.id in bases):
+                    continue
+                module, name = bases[base.id]
+                upstream = getattr(importlib.import_module(module), name)
+                for item in node.body:
+                    if (
+                        isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef))
+                        and _private(item.name)
+                        and item.name not in EXTENSION_POINTS
+                        and hasattr(upstream, item.name)
+                    ):
+                        out.append((item.lineno, item.name))
+    return sorted(set(out))
+
+
+def test_private_reads_of_torchrl_and_tensordict_only_behind_the_door():
+    """A private attribute of torchrl or tensordict is read only in ``_upstream/`` (the names of
+    the package's own objects and of other libraries are listed above, with their owner)."""
+    found = []
+    for module, path in MODULES.items():
+        rel = str(path.relative_to(PACKAGE))
+        later = any(rel == k or (k.endswith("/") and rel.startswith(k)) for k in NOT_YET)
+        if module.split(".")[0] == UPSTREAM or later or module.startswith("testing"):
+            continue
+        for line, name in private_reads(path):
+            if name not in OWN_PRIVATE and name not in OTHER_LIBRARIES:
+                found.append(f"torchrl_trl_interop/{rel}:{line}: {name}")
+    assert not found, (
+        "private attributes read outside torchrl_trl_interop/_upstream/ (move the read into an "
+        "_upstream module behind its version gate, or list the name as the package's own):\n"
+        + "\n".join(found)
+    )
+
+
+def _declared(module: str) -> tuple[str, ...]:
+    import importlib
+
+    return tuple(getattr(importlib.import_module(f"torchrl_trl_interop.{module}"), "READS", ()))
+
+
+@pytest.mark.parametrize("module", sorted(m for m in MODULES if m.startswith(f"{UPSTREAM}.")))
+def test_each_upstream_module_declares_the_internals_it_reads(module):
+    """Each ``_upstream`` module's ``READS`` names what its code reads (its last part, the
+    private name), and ``docs/overview.rst``'s table row of the module lists each name."""
+    declared = _declared(module)
+    in_code = {name for _, name in private_reads(MODULES[module]) if name not in OWN_PRIVATE}
+    names = {entry.rsplit(".", 1)[-1] for entry in declared}
+    assert names == in_code, (
+        f"{module}.READS and its code differ: declared but not read {sorted(names - in_code)}, "
+        f"read but not declared {sorted(in_code - names)}"
+    )
+    assert all(entry.split(".")[0] in ("torchrl", "tensordict") for entry in declared), declared
+    row = re.search(
+        rf"^   \* - ``{module.replace('.', '/')}``\n((?:     .*\n)+)", OVERVIEW, flags=re.M
+    )
+    assert row, f"docs/overview.rst has no row for {module}"
+    text = row.group(1).replace("\n", " ")
+    missing = sorted(n for n in names if not re.search(rf"[`.]{n}``", text))
+    assert not missing, f"docs/overview.rst's row of {module} does not list {missing}"
+
+
+def test_every_speed_path_has_its_gate():
+    """Each ``_upstream`` module that reads an internal asks its version gate."""
+    for module, path in MODULES.items():
+        if module.startswith(f"{UPSTREAM}.") and _declared(module):
+            assert "use_fast(" in path.read_text(), f"{module} reads internals with no gate"

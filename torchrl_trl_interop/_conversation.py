@@ -24,15 +24,15 @@ import torch
 from tensordict import (
     NonTensorData,
     NonTensorStack,
-    TensorDict,
     lazy_stack,
     set_list_to_stack,
 )
 
 from ._checks import as_names, check_bool
-from ._history_fields import history_fields
 from ._message_fields import MessageHistory
 from ._tool_calls import has_turn_fields, message_turns, messages_of_turns
+from ._upstream._history_fields import history_fields
+from ._upstream._lazy_rows import tensorclass_over
 
 if TYPE_CHECKING:  # pragma: no cover
     from torchrl.data.llm import History
@@ -240,7 +240,7 @@ def _construct(parsed: Any, depth: int, cls: type) -> History:
             "content": NonTensorStack.from_list([m["content"] for m in messages]),
             "is_complete": NonTensorData(True, batch_size=size),
         }
-        return cls._from_tensordict(TensorDict._new_unsafe(fields, batch_size=size))
+        return tensorclass_over(cls, fields, size)
     if cls is not MessageHistory:  # plain: the extra fields are tool names it derives
         turns = [{k: v for k, v in turn.items() if k != "extra_fields"} for turn in turns]
     return lazy_stack([cls(**turn) for turn in turns])

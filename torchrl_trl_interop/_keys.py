@@ -10,7 +10,7 @@ from collections.abc import Iterable
 from typing import Any
 
 import torch
-from tensordict import NonTensorData, NonTensorStack, TensorDict, TensorDictBase
+from tensordict import NonTensorData, NonTensorStack, TensorDictBase
 from tensordict.utils import NestedKey, unravel_key
 
 # -- TorchRL's LLM key layout -------------------------------------------------------------------
@@ -125,7 +125,7 @@ def format_keys(keys: Iterable[Any]) -> str:
 
 def _is_leaf(cls: type) -> bool:
     # tensors, non-tensor data (text) and tensorclasses (History) are leaves; sub-tensordicts not
-    return not issubclass(cls, TensorDictBase) or bool(getattr(cls, "_is_non_tensor", False))
+    return not issubclass(cls, TensorDictBase) or issubclass(cls, NonTensorStack)
 
 
 def keys_present(td: TensorDictBase) -> str:
@@ -158,23 +158,6 @@ def get_entry(
     except RuntimeError:
         # a ragged lazy stack cannot be stacked into one tensor: read it row by row
         return td.get(key, as_list=True)
-
-
-def row_entries(batch: Any, key: tuple[str, ...]) -> list | None:
-    """The entry at ``key`` of every row of a lazy stack (stacked along dim 0), read from the
-    rows' own dicts, so no stacked value is built; ``None`` if ``batch`` is not such a stack."""
-    if not (hasattr(batch, "tensordicts") and getattr(batch, "stack_dim", None) == 0):
-        return None
-    out = []
-    try:
-        for td in batch.tensordicts:
-            node = td
-            for part in key:
-                node = node._tensordict[part] if type(node) is TensorDict else node.get(part)
-            out.append(node)
-    except (KeyError, RuntimeError):  # e.g. a nested ragged stack that cannot be read whole
-        return None
-    return out
 
 
 # -- values --------------------------------------------------------------------------------------

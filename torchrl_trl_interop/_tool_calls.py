@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ._message_fields import MessageHistory
+from ._upstream._lazy_rows import holds_field
 
 __all__ = [
     "has_tool_calls",
@@ -37,12 +38,6 @@ _HISTORY_FIELDS = ("role", "content")
 _ABSENT = object()  # a field a message does not have
 
 
-def _td_has_tool_calls(td: Any) -> bool:
-    if "tool_calls" in td.keys():
-        return True
-    return any(_td_has_tool_calls(sub) for sub in getattr(td, "tensordicts", ()))
-
-
 def has_tool_calls(history: Any) -> bool:
     """Whether any turn of ``history`` (a :class:`~torchrl.data.llm.History`) holds tool calls.
 
@@ -51,7 +46,7 @@ def has_tool_calls(history: Any) -> bool:
         >>> has_tool_calls(messages_to_history([{"role": "user", "content": "Hi"}]))
         False
     """
-    return _td_has_tool_calls(history._tensordict)
+    return holds_field(history, "tool_calls")
 
 
 def has_turn_fields(history: Any) -> bool:

@@ -1,6 +1,6 @@
 """Reading a plain tensor-storage buffer directly: the rows ``rb.sample`` and ``rb[index]`` give.
 
-``data._direct`` reads a plain ``ReplayBuffer``'s ``LazyTensorStorage`` without tensordict's
+``_upstream._direct`` reads a plain ``ReplayBuffer``'s ``LazyTensorStorage`` without tensordict's
 index of string columns. On real torchrl buffers (tensors, nested TensorDicts, strings, one
 string shared by every row, History, a buffer not yet full, two samplers) every sampled batch and
 every read must equal the buffer's own, draw for draw; buffers whose rows the buffer itself
@@ -30,7 +30,12 @@ from torchrl.data import (
 from torchrl.envs import Compose, RenameTransform
 
 from torchrl_trl_interop import TorchRLBufferDataset, messages_to_history
-from torchrl_trl_interop.data._direct import direct_read, direct_sample, take
+from torchrl_trl_interop._upstream._direct import direct_read, direct_sample, take
+from torchrl_trl_interop.data._processes import sample
+from torchrl_trl_interop.data._reader import BufferReader
+
+#: every test runs on both branches of the _upstream speed paths (fast and plain upstream)
+pytestmark = pytest.mark.usefixtures("upstream_branch")
 
 
 def _rows(n: int, *, same_text: bool = False, history: bool = False) -> TensorDict:
@@ -90,22 +95,24 @@ def _same(ours, theirs) -> None:
 
 
 @pytest.mark.parametrize("layout", list(LAYOUTS))
-def test_direct_sample_is_the_buffers_sample(layout):
+def test_direct_sample_is_the_buffers_sample(layout, upstream_branch):
     data, options = LAYOUTS[layout]()
     ours = _buffer(data, options.get("capacity"), options.get("sampler"))
     theirs = _buffer(data, options.get("capacity"), options.get("sampler"))
     for _ in range(4):  # draw for draw, the sampler's state advancing alike
-        batch = direct_sample(ours, 5)
-        assert batch is not None
-        _same(batch, theirs.sample(5))
+        # plain branch: no direct read, the package's sampler goes through rb.sample
+        assert (direct_sample(_buffer(data), 2) is None) == (upstream_branch == "plain")
+        _same(sample(ours, 5, None), theirs.sample(5))
 
 
 @pytest.mark.parametrize("layout", list(LAYOUTS))
-def test_direct_read_is_the_buffers_read(layout):
+def test_direct_read_is_the_buffers_read(layout, upstream_branch):
     data, options = LAYOUTS[layout]()
     rb = _buffer(data, options.get("capacity"))
     index = torch.tensor([3, 0, 3, len(rb) - 1])
-    _same(direct_read(rb, index), rb[index])
+    ours = direct_read(rb, index)
+    assert (ours is None) == (upstream_branch == "plain")
+    _same(BufferReader(rb, 4).read(index) if ours is None else ours, rb[index])
 
 
 def test_out_of_range_is_left_to_the_buffer():
@@ -136,7 +143,7 @@ class _Subclass(ReplayBuffer):
     """A buffer the direct read leaves alone: the rows come through ``rb.sample``."""
 
 
-def test_the_dataset_yields_the_same_rows():
+def test_the_dataset_yields_the_same_rows(upstream_branch):
     data = _rows(40, history=True)
     rows = {}
     for name, cls in (("direct", ReplayBuffer), ("through the buffer", _Subclass)):
@@ -144,7 +151,7 @@ def test_the_dataset_yields_the_same_rows():
         rb.extend(data)
         dataset = TorchRLBufferDataset(rb, 8, num_batches=3, seed=0)
         rows[name] = list(dataset)
-    assert direct_sample(_buffer(data), 2) is not None
+    assert (direct_sample(_buffer(data), 2) is None) == (upstream_branch == "plain")
     ours, theirs = rows["direct"], rows["through the buffer"]
     assert len(ours) == len(theirs) == 24
     for a, b in zip(ours, theirs):

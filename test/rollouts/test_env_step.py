@@ -1,6 +1,6 @@
 """Chat-environment steps without torchrl's defensive copies: the same steps as torchrl's.
 
-``rollouts._env_step.step`` skips ``Transform.inv``'s copy of the input when no transform
+``_upstream._env_step.step`` skips ``Transform.inv``'s copy of the input when no transform
 inverts anything, and ``step_mdp`` carries entries over without copying them. On real torchrl
 chat environments (tools, step counters, reward transforms) every step's output and every next
 input must equal ``env.step``'s and ``env.step_mdp``'s, the input must keep its entries, and an
@@ -17,7 +17,7 @@ from test_policy_output import _layout
 from torchrl.envs import Transform, UnsqueezeTransform
 
 from torchrl_trl_interop import as_reward_transform, history_to_messages, messages_to_history
-from torchrl_trl_interop.rollouts._env_step import (
+from torchrl_trl_interop._upstream._env_step import (
     _flat_step_mdp,
     _plain_step,
     inverts,
@@ -33,6 +33,9 @@ from torchrl_trl_interop.testing import (
     toy_tool_call,
     toy_tool_env,
 )
+
+#: every test runs on both branches of the _upstream speed paths (fast and plain upstream)
+pytestmark = pytest.mark.usefixtures("upstream_branch")
 
 ENVS = {
     "SimpleToolTransform, StepCounter, reward when done": (
@@ -182,7 +185,7 @@ def test_next_history_is_torchrls_in_new_containers():
     leaves, in new containers: a tool transform extending it in place leaves the input alone."""
     from torchrl.data.llm import History
 
-    from torchrl_trl_interop.rollouts._env_step import _next_history
+    from torchrl_trl_interop._upstream._env_step import _next_history
 
     env = toy_tool_env(batch_size=2)
     with set_list_to_stack(True), torch.no_grad():

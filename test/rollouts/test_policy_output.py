@@ -21,7 +21,10 @@ from torchrl.data.llm import History
 from torchrl.modules.llm import ChatHistory, LogProbs, Text, Tokens
 
 from torchrl_trl_interop import messages_to_history
-from torchrl_trl_interop.rollouts._policy_output import extend_history, stack_rows
+from torchrl_trl_interop._upstream._lazy_rows import extend_history, stack_rows
+
+#: every test runs on both branches of the _upstream speed paths (fast and plain upstream)
+pytestmark = pytest.mark.usefixtures("upstream_branch")
 
 
 def _layout(value, depth=0) -> list:

@@ -18,6 +18,9 @@ from torchrl_trl_interop.rollouts._episodes import _same_length
 from torchrl_trl_interop.rollouts._render import generation_prompt, render
 from torchrl_trl_interop.testing import toy_causal_lm, toy_tokenizer
 
+#: every test runs on both branches of the _upstream speed paths (fast and plain upstream)
+pytestmark = pytest.mark.usefixtures("upstream_branch")
+
 CALL = {"name": "add", "arguments": {"a": 2, "b": 2}}
 CHATS = [
     [{"role": "user", "content": "What is 2 plus 2?"}],

@@ -36,6 +36,7 @@ TORCHRL_MEASURED: tuple[str, str, str] = ("torchrl", "0.14.1", "0.15")
 TENSORDICT_MEASURED: tuple[str, str, str] = ("tensordict", "0.14.0", "0.15")
 
 _FORCED_PLAIN = [False]
+_HELD: dict[tuple, bool] = {}
 
 
 def use_fast(*gates: tuple[str, str, str]) -> bool:
@@ -48,7 +49,12 @@ def use_fast(*gates: tuple[str, str, str]) -> bool:
         ...     use_fast(TORCHRL_MEASURED)
         False
     """
-    return not _FORCED_PLAIN[0] and all(measured_on(*gate) for gate in gates)
+    if _FORCED_PLAIN[0]:
+        return False
+    held = _HELD.get(gates)
+    if held is None:  # once per set of gates: then one dict look-up a call
+        held = _HELD[gates] = all(measured_on(*gate) for gate in gates)
+    return held
 
 
 @contextlib.contextmanager

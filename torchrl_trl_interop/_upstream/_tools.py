@@ -38,6 +38,19 @@ __all__ = [
     "watch_mcp_execute",
 ]
 
+#: The torchrl internals this module reads (``test/test_layout.py`` checks the list).
+READS = (
+    "torchrl.envs.llm.transforms.SimpleToolTransform._extract_tool_calls",
+    "torchrl.envs.llm.transforms.MCPToolTransform._extract_tool_calls",
+    "torchrl.envs.llm.transforms.PythonInterpreter._extract_python_code",
+    "torchrl.envs.llm.transforms.PythonInterpreter._process_batch_item",
+    "torchrl.envs.llm.transforms.ToolRegistry._svc",
+    "torchrl.envs.llm.transforms.MCPToolTransform._tools_cache",
+    "torchrl.envs.llm.transforms.MCPToolTransform._ready_event",
+    "torchrl.envs.llm.transforms.MCPToolTransform._connection_error",
+    "torchrl.envs.llm.transforms.MCPToolTransform._execute_tool_sync",
+)
+
 
 def _require(what: str, owner: str) -> None:
     if not use_fast(TORCHRL_MEASURED):

@@ -20,7 +20,7 @@ import shutil
 import tempfile
 import threading
 from collections.abc import Iterator
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +35,7 @@ from torchrl.data.replay_buffers.checkpointers import (
 from torchrl.data.replay_buffers.storages import TensorStorage
 
 from .._keys import _is_leaf
+from .._upstream._buffers import empty_storage, replay_lock, storage_data
 from ._processes import is_remote
 
 __all__ = [
@@ -66,7 +67,7 @@ class _RowsCheckpointer(StorageCheckpointerBase):
         with open(Path(path) / "rows.pt", "rb") as file:
             saved = torch.load(file, weights_only=False)  # our own file: rows hold strings
         if len(storage):
-            storage._empty()
+            empty_storage(storage)
         if saved["len"]:
             storage.set(list(range(saved["len"])), saved["rows"])
 
@@ -74,7 +75,7 @@ class _RowsCheckpointer(StorageCheckpointerBase):
 def _holds_text(storage: TensorStorage) -> bool:
     if not storage.initialized:
         return False
-    data = storage._storage
+    data = storage_data(storage)
     if not isinstance(data, TensorDictBase):
         return False
     leaves = data.keys(include_nested=True, leaves_only=True, is_leaf=_is_leaf)
@@ -98,8 +99,7 @@ def _storage_format(replay_buffer: ReplayBuffer) -> str:
 def _checkpointing(replay_buffer: ReplayBuffer, fmt: str | None = None) -> Iterator[str]:
     """Holds the buffer's lock with the checkpointer of ``fmt`` (decided under the lock when
     ``None``) in place of the storage's own; yields the format."""
-    lock = getattr(replay_buffer, "_replay_lock", None) or nullcontext()
-    with lock:
+    with replay_lock(replay_buffer):
         fmt = fmt or _storage_format(replay_buffer)
         storage = replay_buffer.storage
         own = storage.checkpointer

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 from torchrl.data import ReplayBuffer
 
+from .._upstream._buffers import buffer_writer, write_counters
 from ._buffer_files import check_checkpointable, is_complete, load_replay_buffer, save_replay_buffer
 
 try:
@@ -156,9 +157,8 @@ class BufferCheckpointCallback(TrainerCallback):
 
     def _written(self) -> tuple:
         """What changes when rows are written: the length and the writer's counters."""
-        writer = getattr(self.replay_buffer, "_writer", None)
-        counters = (getattr(writer, name, None) for name in ("_write_count", "_cursor"))
-        return (len(self.replay_buffer), *(int(c) if c is not None else None for c in counters))
+        writer = buffer_writer(self.replay_buffer)
+        return (len(self.replay_buffer), *write_counters(writer))
 
     def _save(self, args: Any, state: Any, train_dataloader: Any) -> None:
         if self._saved_step == state.global_step:

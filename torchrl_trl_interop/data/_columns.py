@@ -27,10 +27,15 @@ from tensordict.utils import NestedKey
 
 from .._checks import as_device, check_tensordict
 from .._conversation import history_to_messages, messages_of
-from .._history_fields import history_column, history_fields
-from .._keys import flatten_nested, get_entry, key_parts, keys_present, row_entries
+from .._keys import flatten_nested, get_entry, key_parts, keys_present
 from .._padding import Spans, mask_spans, trim_row
 from .._tool_calls import has_turn_fields
+from .._upstream._history_fields import (
+    history_column,
+    history_fields,
+    non_tensor_payloads,
+    row_entries,
+)
 from ._selection import (
     as_column_key,
     as_column_keys,
@@ -140,7 +145,7 @@ def _strings(rows: list | None, scalar: bool = False) -> list | None:
         return None
     if not scalar and any(v.batch_size for v in rows):
         return None
-    values = [v._non_tensordict["data"] for v in rows]
+    values = non_tensor_payloads(rows)
     return values if all(type(v) is str for v in values) else None
 
 

@@ -14,71 +14,10 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from torchrl.data.replay_buffers.writers import RoundRobinWriter
+
+from .._upstream._committed_writer import CommittedWriter
 
 __all__ = ["CommittedWriter", "committed_length", "read_committed", "read_committed_rows"]
-
-
-class CommittedWriter(RoundRobinWriter):
-    """A :class:`~torchrl.data.RoundRobinWriter` that tells readers in other processes which rows are whole.
-
-    Use it for a buffer that a collector keeps extending while DataLoader workers read it through
-    :class:`~torchrl_trl_interop.TorchRLBufferDataset`: workers then never yield a row the writer
-    has not finished writing (an online stream, ``num_batches=None``, in workers requires it).
-    In-process readers (``num_workers=0``) do not need it.
-
-    Every ``add``/``extend``/``write_at``/``empty`` makes a shared counter odd while it writes and
-    even once done, and records the committed length. Readers copy rows between two reads of the
-    counter and retry if it moved (a seqlock), so rows being overwritten in a full circular buffer
-    are safe too. Writes that bypass the writer (``replay_buffer[index] = value``) are not tracked.
-
-    Examples:
-        >>> import torch
-        >>> from tensordict import TensorDict
-        >>> from torchrl.data import LazyTensorStorage, ReplayBuffer
-        >>> rb = ReplayBuffer(storage=LazyTensorStorage(8), writer=CommittedWriter())
-        >>> _ = rb.extend(TensorDict({"x": torch.arange(3)}, batch_size=[3]))
-        >>> rb.writer.committed
-        (2, 3)
-    """
-
-    def __init__(self, compilable: bool = False) -> None:
-        from .._checks import check_bool
-
-        super().__init__(compilable=check_bool(compilable, "compilable", "CommittedWriter"))
-        # [sequence, committed length]; shared memory so spawned workers see the writer's updates.
-        self._commit_log = torch.zeros(2, dtype=torch.int64).share_memory_()
-
-    @property
-    def committed(self) -> tuple[int, int]:
-        """``(sequence, committed length)``: the sequence is odd while a write is in progress."""
-        seq, length = self._commit_log.tolist()
-        return int(seq), int(length)
-
-    def _write(self, method: Any, data: Any) -> Any:
-        self._commit_log[0] += 1  # odd: writing
-        try:
-            return method(data)
-        finally:
-            self._commit_log[1] = len(self._storage)
-            self._commit_log[0] += 1  # even: committed
-
-    def add(self, data: Any) -> int | torch.Tensor:
-        return self._write(super().add, data)
-
-    def extend(self, data: Any) -> torch.Tensor:
-        return self._write(super().extend, data)
-
-    def write_at(self, index: int | torch.Tensor, data: Any) -> int | torch.Tensor:
-        return self._write(lambda d: super(CommittedWriter, self).write_at(index, d), data)
-
-    def _empty(self, empty_write_count: bool = True) -> None:
-        self._commit_log[0] += 1
-        try:
-            super()._empty(empty_write_count=empty_write_count)
-        finally:
-            self._commit_log[1] = 0
-            self._commit_log[0] += 1
 
 
 def committed_length(replay_buffer: Any) -> int:

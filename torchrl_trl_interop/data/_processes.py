@@ -1,8 +1,8 @@
 """How the dataset reads a torchrl buffer from other processes: workers, spawn and Ray.
 
-Every reach into torchrl's private attributes (a buffer's ``_rng``, a storage's ``_storage``,
-Ray buffer client classes) lives here or, for reading a plain storage's rows, in ``_direct``,
-so a torchrl upgrade has two modules to check. The checks
+torchrl's private attributes it needs (a buffer's generator, a storage's tensordict, a writer's
+counters) are read in ``_upstream/_buffers``, a plain storage's rows in ``_upstream/_direct``,
+each behind its version gate; the Ray buffer client classes are known here. The checks
 refuse reads that would silently yield wrong rows (see the project BRIEF): stale copies in
 DataLoader workers, half-written rows, samplers copied into several readers.
 """
@@ -25,8 +25,9 @@ from torchrl.data import (
 )
 
 from .._keys import key_to_str
+from .._upstream._buffers import buffer_generator, generator_of, storage_data, write_counters
+from .._upstream._direct import direct_sample
 from ._committed import CommittedWriter
-from ._direct import direct_sample
 from ._selection import column_keys, non_tensor_columns
 
 __all__ = [
@@ -76,11 +77,11 @@ def sample(
     """``replay_buffer.sample(batch_size)``, drawn with ``generator`` when one is given.
 
     The buffer keeps its own generator: it is swapped back after the call. A plain tensor-storage
-    buffer is read from its storage directly (``_direct.direct_sample``): the same rows.
+    buffer is read from its storage directly (``_upstream._direct.direct_sample``): the same rows.
     """
     if generator is None:
         return _sample(replay_buffer, batch_size)
-    previous = replay_buffer._rng
+    previous = buffer_generator(replay_buffer)
     replay_buffer.set_rng(generator)
     try:
         return _sample(replay_buffer, batch_size)
@@ -89,7 +90,7 @@ def sample(
 
 
 def _sample(replay_buffer: ReplayBuffer, batch_size: int) -> TensorDictBase:
-    """``replay_buffer.sample``, read from a plain tensor storage directly (``_direct``)."""
+    """``replay_buffer.sample``, read from a plain tensor storage directly (``_upstream._direct``)."""
     batch = direct_sample(replay_buffer, batch_size)
     return batch if batch is not None else replay_buffer.sample(batch_size)
 
@@ -108,13 +109,11 @@ def spawn_safe_buffer(replay_buffer: ReplayBuffer) -> ReplayBuffer:
     writer. Workers draw with their own generator (``_sharding.derive_seed``),
     so the copy sent to them leaves it out; the user's buffer is not modified.
     """
-    generator = getattr(replay_buffer, "_rng", None)
+    generator = generator_of(replay_buffer)
     if not isinstance(generator, torch.Generator):
         return replay_buffer
     originals = [replay_buffer] + [
-        value
-        for value in replay_buffer.__dict__.values()
-        if getattr(value, "_rng", None) is generator
+        value for value in replay_buffer.__dict__.values() if generator_of(value) is generator
     ]
     copies = {id(obj): _shallow_copy(obj) for obj in originals}
 
@@ -228,7 +227,7 @@ def check_reader(
             f"{type(replay_buffer.sampler).__name__}, whose state lives in the main process. Use "
             "RandomSampler (the default), epoch=True, or num_workers=0."
         )
-    stored = getattr(storage, "_storage", None)
+    stored = storage_data(storage)
     if isinstance(stored, TensorDictBase):
         shared = stored.is_memmap() or all(
             t.is_shared() for t in stored.values(True, True) if isinstance(t, torch.Tensor)
@@ -316,7 +315,8 @@ def write_mark(replay_buffer: Any) -> tuple[int, int] | None:
     writer = None if is_remote(replay_buffer) else replay_buffer.writer
     if not isinstance(writer, RoundRobinWriter):
         return None
-    return int(writer._write_count), int(writer._cursor)
+    count, cursor = write_counters(writer)
+    return None if count is None or cursor is None else (count, cursor)
 
 
 def check_overwrites(

@@ -17,10 +17,10 @@ import torch
 from tensordict import TensorDictBase, set_list_to_stack
 from tensordict.utils import NestedKey
 
+from .._upstream._direct import direct_read
 from ._arrow import arrow_table, declared_schema, python_columns
 from ._columns import Column, walk_columns
 from ._committed import committed_length, read_committed, read_committed_rows
-from ._direct import direct_read
 from ._processes import (
     check_overwrites,
     check_picklable_for_workers,

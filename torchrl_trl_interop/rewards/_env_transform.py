@@ -23,7 +23,6 @@ from torchrl.data import Composite, Unbounded
 from torchrl.envs.transforms import Compose, Transform, TransformedEnv
 
 from .._checks import as_names, check_bool, check_keywords, public_call, speaking_for
-from .._history_fields import history_fields
 from .._keys import (
     DONE_KEY,
     HISTORY_KEY,
@@ -32,6 +31,7 @@ from .._keys import (
     as_nested_key,
     keys_present,
 )
+from .._upstream._history_fields import history_fields
 from ._from_trl import TRLRewardFuncWrapper
 from ._input_mode import CHAT_MODES, resolve_input_mode
 from ._scoring import NONFINITE_MODES

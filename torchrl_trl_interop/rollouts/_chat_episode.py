@@ -30,7 +30,7 @@ from tensordict.utils import NestedKey
 
 from .._conversation import history_to_messages, is_message_list, messages_to_history
 from .._keys import HISTORY_KEY, PROMPT_HISTORY_KEY, key_parts, without_placeholders
-from ._env_step import step, step_mdp
+from .._upstream._env_step import step, step_mdp
 from ._episodes import find_env_problem
 
 __all__ = [

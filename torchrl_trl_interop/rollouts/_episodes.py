@@ -25,7 +25,7 @@ from tensordict.utils import NestedKey
 from .._conversation import history_to_messages, is_message_list, messages_to_history
 from .._keys import POLICY_VERSION_KEY, placeholder_turn, without_placeholders
 from .._padding import pad_rows, position_mask
-from ._env_step import step, step_mdp
+from .._upstream._env_step import step, step_mdp
 from ._policy_output import PolicyKeys, read_policy_rows
 from ._render import render, turn_closing
 from ._tools import env_transforms

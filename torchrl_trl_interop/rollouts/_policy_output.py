@@ -8,10 +8,9 @@ either layout as real rows, cut by that mask (never by comparing ids with the pa
 also be the eos id), so no pad token reaches a trainer as a prompt or policy token.
 
 The keys hang under the policy's own roots (``policy.tokens_key``, ``masks_key``,
-``log_probs_key``, ``history_key``), torchrl's by default. :func:`stack_rows` writes the ragged
-layout (one ``TensorDict`` per row in a lazy stack, under torchrl's tensorclass) in one pass;
-:func:`extend_history` appends a row's answer to its prompt as ``History.extend`` does, over
-the same leaves, without tensordict's concatenation (~240 us a row).
+``log_probs_key``, ``history_key``), torchrl's by default. :func:`stack_rows` (which writes the ragged
+layout in one pass) and :func:`extend_history` (a row's answer appended to its prompt) live in
+:mod:`~torchrl_trl_interop._upstream._lazy_rows`, behind its version gate.
 """
 
 from __future__ import annotations
@@ -20,7 +19,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from tensordict import LazyStackedTensorDict, NonTensorData, NonTensorStack, TensorDict
 from tensordict.utils import NestedKey
 
 from .._keys import (
@@ -32,6 +30,7 @@ from .._keys import (
     RESPONSE_TOKEN_KEY,
     as_nested_key,
 )
+from .._upstream._lazy_rows import extend_history, stack_rows
 
 __all__ = ["PolicyKeys", "PolicyRows", "extend_history", "read_policy_rows", "stack_rows"]
 
@@ -139,100 +138,3 @@ def read_policy_rows(
         responses=[r.tolist() for r in responses],
         log_probs=None if scores is None else [s.tolist() for s in scores],
     )
-
-
-_SCALAR = torch.Size(())
-
-
-def stack_rows(cls: Any, **columns: list) -> Any:
-    """``cls`` (a torchrl LLM tensorclass) over a lazy stack of one ``TensorDict`` per row.
-
-    This is the layout torchrl's wrappers write with ``pad_output=False``: their attribute
-    assignment of a list (``tokens.response = [...]``) sets each row into a lazy stack, one
-    validated ``set`` per row and field. Here each row is built once; strings become
-    ``NonTensorData`` as a ``set`` makes them. Every column holds one value per row.
-
-    Examples:
-        >>> import torch
-        >>> from torchrl.modules.llm import Tokens
-        >>> tokens = stack_rows(Tokens, prompt=[torch.tensor([1, 2]), torch.tensor([3])])
-        >>> tokens.batch_size, tokens.get("prompt", as_list=True)[1]
-        (torch.Size([2]), tensor([3]))
-    """
-    names = list(columns)
-    rows = [
-        TensorDict._new_unsafe(
-            {
-                name: NonTensorData(data=value) if isinstance(value, str) else value
-                for name, value in zip(names, values)
-            },
-            batch_size=_SCALAR,
-        )
-        for values in zip(*columns.values(), strict=True)
-    ]
-    return cls._from_tensordict(LazyStackedTensorDict(*rows, stack_dim=0))
-
-
-def _turn_leaves(history: Any) -> dict[str, list[NonTensorData]] | None:
-    """A 1-D History's ``NonTensorData`` leaves, field by field, one per turn: for the two
-    layouts torchrl writes (a lazy stack of one ``TensorDict`` per turn, as ``from_chats`` and
-    ``from_text`` build; a ``TensorDict`` of ``NonTensorStack`` columns, as ``extend`` does, or
-    of a ``NonTensorData`` shared by every turn, as a History of equal flags holds them).
-    ``None`` for any other layout."""
-    td = getattr(history, "_tensordict", None)
-    if td is None or td.batch_dims != 1 or td._has_names() or td.device is not None:
-        return None
-    if type(td) is LazyStackedTensorDict and td.stack_dim == 0 and td.tensordicts:
-        turns = td.tensordicts
-        fields = list(turns[0].keys())
-        leaves: dict[str, list] = {field: [] for field in fields}
-        for turn in turns:
-            if type(turn) is not TensorDict or turn.batch_dims or list(turn.keys()) != fields:
-                return None
-            for field, leaf in turn.items():
-                if type(leaf) is not NonTensorData:
-                    return None
-                leaves[field].append(leaf)
-        return leaves
-    if type(td) is TensorDict:
-        leaves = {}
-        for field, column in td.items():
-            if type(column) is NonTensorData:  # one value for every turn: one leaf per turn
-                leaves[field] = list(column.unbind(0))
-            elif type(column) is NonTensorStack and column.stack_dim == 0:
-                leaves[field] = list(column.tensordicts)
-            else:
-                return None
-            if not all(
-                type(leaf) is NonTensorData and not leaf.batch_dims for leaf in leaves[field]
-            ):
-                return None
-        return leaves if leaves else None
-    return None
-
-
-def extend_history(history: Any, turns: Any) -> Any:
-    """``history.extend(turns, inplace=False, dim=0)`` for two 1-D Histories, ~10x faster.
-
-    ``torch.cat`` of two Histories builds a ``TensorDict`` whose fields are ``NonTensorStack``
-    columns over both inputs' own ``NonTensorData`` leaves. This builds the same containers
-    over the same leaves directly, for the layouts torchrl writes whose fields match; any other
-    input goes through ``extend``.
-
-    Examples:
-        >>> from torchrl.data.llm import History
-        >>> prompt = History.from_chats([[{"role": "user", "content": "Hi"}]])[0]
-        >>> answer = History.from_chats([[{"role": "assistant", "content": "Hello"}]])[0]
-        >>> full = extend_history(prompt, answer)
-        >>> [(turn["role"], turn["content"]) for turn in full.tolist()]
-        [('user', 'Hi'), ('assistant', 'Hello')]
-    """
-    first, second = _turn_leaves(history), _turn_leaves(turns)
-    if first is None or second is None or list(first) != list(second):
-        return history.extend(turns, inplace=False, dim=0)
-    columns = {
-        field: NonTensorStack._new_lazy_unsafe(*leaves, *second[field], stack_dim=0)
-        for field, leaves in first.items()
-    }
-    size = torch.Size([history.batch_size[0] + turns.batch_size[0]])
-    return type(history)._from_tensordict(TensorDict._new_unsafe(columns, batch_size=size))

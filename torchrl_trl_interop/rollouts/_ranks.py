@@ -205,7 +205,9 @@ class Lockstep:
     def idle(self) -> None:
         policy = self.policy
         token = policy.tokenizer.eos_token_id
-        ids = torch.tensor([[0 if token is None else token]], device=policy._device)
+        ids = torch.tensor(
+            [[0 if token is None else token]], device=next(policy.model.parameters()).device
+        )
         policy.model.generate(
             input_ids=ids,
             attention_mask=torch.ones_like(ids),

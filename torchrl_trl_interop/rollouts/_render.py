@@ -9,6 +9,12 @@ text is torchrl's, character for character.
 
 :func:`generation_prompt` and :func:`turn_closing` are the template's text around an assistant
 turn, found by rendering a probe conversation.
+
+The fast render reads no private attribute, but it relies on what torchrl's
+``History.apply_chat_template`` passes to the tokenizer, recorded once: it runs on the torchrl
+versions it was measured on (:data:`~torchrl_trl_interop._upstream.TORCHRL_MEASURED`); on any
+other, :func:`render` is ``history.apply_chat_template(...)``. The upstream fix that would retire
+it: ``History.apply_chat_template`` turning the batch into message dicts in one ``tolist``.
 """
 
 from __future__ import annotations
@@ -16,8 +22,9 @@ from __future__ import annotations
 import weakref
 from typing import Any
 
-from .._history_fields import history_messages
 from .._keys import without_placeholders
+from .._upstream import TORCHRL_MEASURED, use_fast
+from .._upstream._history_fields import history_messages
 
 __all__ = ["generation_prompt", "render", "turn_closing"]
 
@@ -98,7 +105,8 @@ def render(history: Any, policy: Any, tokenizer: Any, *, add_generation_prompt: 
         '<|im_start|>user\\nHo<|im_end|>\\n<|im_start|>assistant\\n'
     """
     tokenizer = getattr(policy, "tokenizer", None) or tokenizer
-    kwargs = _template_kwargs(policy, tokenizer, add_generation_prompt)
+    fast = use_fast(TORCHRL_MEASURED)
+    kwargs = _template_kwargs(policy, tokenizer, add_generation_prompt) if fast else None
     if kwargs is None or kwargs.get("tokenize"):  # not a text render: torchrl's own path
         return history.apply_chat_template(
             tokenizer=tokenizer,

@@ -18,6 +18,7 @@ from torchrl.modules.llm import TransformersWrapper
 from .._conversation import history_to_messages
 from .._keys import PLACEHOLDER_ROLE
 from .._padding import pad_rows, position_mask
+from .._upstream._policy_hooks import check_generate_step, with_generate_step
 from ._policy_output import PolicyKeys, extend_history, stack_rows
 from ._render import generation_prompt, render
 
@@ -28,6 +29,7 @@ __all__ = [
 ]
 
 
+@with_generate_step
 class TrainerModelPolicy(TransformersWrapper):
     """A history-mode ``TransformersWrapper`` that samples as a TRL trainer does and scores right.
 
@@ -92,6 +94,8 @@ class TrainerModelPolicy(TransformersWrapper):
     def __init__(
         self, model: Any, tokenizer: Any, generation_config: Any, temperature: float
     ) -> None:
+        check_generate_step("TrainerModelPolicy")
+        device = next(model.parameters()).device  # prompts go where the model is
         super().__init__(
             model,
             tokenizer=tokenizer,
@@ -100,8 +104,9 @@ class TrainerModelPolicy(TransformersWrapper):
             return_log_probs=True,
             pad_output=False,
             prefer_tokens=True,
-            device=next(model.parameters()).device,  # prompts go where the model is
+            device=device,
         )
+        self._model_device = device
         self.temperature = float(temperature)
         generation_config.output_logits = True
         generation_config.return_dict_in_generate = True
@@ -183,8 +188,8 @@ class TrainerModelPolicy(TransformersWrapper):
         the CPU: the model's ``generate`` (a subclass may sample elsewhere: TRL's vLLM)."""
         lengths = torch.tensor([len(p) for p in prompts])
         width = int(lengths.max())
-        ids = pad_rows(prompts, self.padding_value, padding_side="left").to(self._device)
-        mask = position_mask(lengths, width, "left").long().to(self._device)
+        ids = pad_rows(prompts, self.padding_value, padding_side="left").to(self._model_device)
+        mask = position_mask(lengths, width, "left").long().to(self._model_device)
         generated = self.model.generate(
             input_ids=ids,
             attention_mask=mask,
@@ -198,7 +203,8 @@ class TrainerModelPolicy(TransformersWrapper):
         responses = [r[:n].cpu() for r, n in zip(response, ends)]
         return responses, [lp[:n].cpu() for lp, n in zip(log_probs, ends)]
 
-    def _from_transformers_generate_history(self, td, cfg, out):
+    def _generate_step(self, td, cfg, out):
+        """torchrl's history-mode generate step, done as the trainer does (see the class)."""
         from torchrl.modules.llm import ChatHistory, LogProbs, Masks, Text, Tokens
 
         history = td.get(self.input_key)

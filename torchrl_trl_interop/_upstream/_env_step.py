@@ -24,14 +24,40 @@ containers over the same leaves, which protect the input as well (:func:`_next_h
 
 The upstream fixes: copy in ``Transform.inv`` only when a transform has inverse keys; carry
 entries over in ``step_mdp`` without copying them (or copy History leaves as leaves); in
-``ChatEnv._step_history``, copy the History's containers, not its leaves.
+``ChatEnv._step_history``, copy the History's containers, not its leaves. With those three,
+:func:`step` and :func:`step_mdp` are ``env.step`` and ``env.step_mdp``.
+
+The steps read torchrl's internals (the environments' ``_step``, ``_step_proc_data``,
+``_complete_done``, ``_assert_tensordict_shape``, ``_step_mdp``; ``Transform._inv_call`` and
+``_step``) and tensordict's (``_new_unsafe``, a tensorclass's ``_tensordict`` and
+``_from_tensordict``): they run on the versions they were measured on
+(:data:`~torchrl_trl_interop._upstream.TORCHRL_MEASURED`,
+:data:`~torchrl_trl_interop._upstream.TENSORDICT_MEASURED`); on any other, :func:`step` is
+``env.step(td)`` and :func:`step_mdp` is ``env.step_mdp(td)``.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from ._gate import TENSORDICT_MEASURED, TORCHRL_MEASURED, use_fast
+
 __all__ = ["inverts", "step", "step_mdp"]
+
+#: the internals this module reads (test/test_layout.py checks the list against the code)
+READS = (
+    "torchrl.envs.Transform._inv_call",
+    "torchrl.envs.Transform._step",
+    "torchrl.envs.EnvBase._step",
+    "torchrl.envs.EnvBase._step_proc_data",
+    "torchrl.envs.EnvBase._assert_tensordict_shape",
+    "torchrl.envs.EnvBase._complete_done",
+    "torchrl.envs.EnvBase._step_mdp",
+    "torchrl.envs.llm.ChatEnv._step_history",
+    "tensordict.TensorDict._new_unsafe",
+    "tensordict.tensorclass._tensordict",
+    "tensordict.tensorclass._from_tensordict",
+)
 
 
 def inverts(transform: Any) -> bool:
@@ -100,7 +126,12 @@ def step(env: Any, td: Any) -> Any:
         ...     step(env, td)["next", "done"]
         tensor([[True]])
     """
-    if not _plain_step(env) or "_step" in td.keys() or "next" in td.keys():
+    if (
+        not use_fast(TORCHRL_MEASURED, TENSORDICT_MEASURED)
+        or not _plain_step(env)
+        or "_step" in td.keys()
+        or "next" in td.keys()
+    ):
         return env.step(td)
     env._assert_tensordict_shape(td)
     base = env.base_env
@@ -175,7 +206,7 @@ def step_mdp(env: Any, td: Any) -> Any:
         >>> td["step_count"], "next" in td.keys()
         (tensor([[1]]), False)
     """
-    if not _flat_step_mdp(env) or "next" not in td.keys():
+    if not use_fast(TORCHRL_MEASURED) or not _flat_step_mdp(env) or "next" not in td.keys():
         return env.step_mdp(td)
     return _carry(env._step_mdp, td)
 

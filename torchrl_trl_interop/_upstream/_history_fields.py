@@ -8,6 +8,15 @@ fields stack every turn (what :func:`~torchrl_trl_interop.messages_to_history` b
 every layout, and falls back to tensordict's ``tolist`` for any other; :func:`history_column`
 reads a column of ``[T]`` Histories row by row without building the stacked History;
 :func:`history_messages` reads every turn's dict (what ``tolist`` gives) the same way.
+
+The walk reads tensordict's internals (a ``TensorDict``'s entry dict ``_tensordict``, its
+``_batch_size``, a ``NonTensorData``'s payload ``_non_tensordict["data"]``, a tensorclass's
+``_tensordict``): it runs on the tensordict versions it was measured on
+(:data:`~torchrl_trl_interop._upstream.TENSORDICT_MEASURED`); on any other, every function here is
+tensordict's ``tolist`` (``history.tolist(tolist_first=True)``, ~30x slower on 8 rows).
+
+The upstream fix that would retire it: a ``tolist`` of a History (or of one field of it) that
+reads the payloads in one walk, without building a tensorclass per turn (tensordict/torchrl).
 """
 
 from __future__ import annotations
@@ -16,18 +25,41 @@ from typing import TYPE_CHECKING, Any
 
 from tensordict import LazyStackedTensorDict, NonTensorData, NonTensorStack, TensorDict
 
-from ._keys import row_entries
+from ._gate import TENSORDICT_MEASURED, use_fast
 
 if TYPE_CHECKING:  # pragma: no cover
     from torchrl.data.llm import History
 
-__all__ = ["history_column", "history_fields", "history_messages"]
+__all__ = [
+    "history_column",
+    "history_fields",
+    "history_messages",
+    "non_tensor_payloads",
+    "row_entries",
+]
+
+#: the internals this module reads (test/test_layout.py checks the list against the code)
+READS = (
+    "tensordict.TensorDict._tensordict",
+    "tensordict.TensorDict._batch_size",
+    "tensordict.NonTensorData._tensordict",
+    "tensordict.NonTensorData._non_tensordict",
+    "tensordict.tensorclass._tensordict",
+)
 
 
 def history_fields(history: History) -> tuple[Any, Any]:
     """``(roles, contents)`` of a History as nested lists (one level per batch dimension), as
     ``history.role`` and ``history.content`` give them, read from the payloads in one walk
-    (:func:`_layout_fields`); any layout it does not know goes through tensordict's ``tolist``."""
+    (:func:`_layout_fields`); any layout it does not know goes through tensordict's ``tolist``.
+
+    Examples:
+        >>> from torchrl.data.llm import History
+        >>> history_fields(History.from_chats([[{"role": "user", "content": "Hi"}]]))
+        ([['user']], [['Hi']])
+    """
+    if not use_fast(TENSORDICT_MEASURED):
+        return _plain_fields(history, "role"), _plain_fields(history, "content")
     td = history._tensordict
     fields = _layout_fields(td, history.ndim)
     if fields is not None:
@@ -124,6 +156,8 @@ def history_column(batch: Any, key: tuple[str, ...]) -> tuple[list, list] | None
     for any other layout (read ``batch.get(key)`` then)."""
     from torchrl.data.llm import History
 
+    if not use_fast(TENSORDICT_MEASURED):
+        return None
     rows = row_entries(batch, key)
     if rows is None or not all(type(h) is History and h.ndim == 1 for h in rows):
         return None
@@ -165,7 +199,7 @@ def history_messages(history: History) -> list:
         >>> history_messages(history) == history.tolist(tolist_first=True)
         True
     """
-    if history.ndim == 2:
+    if history.ndim == 2 and use_fast(TENSORDICT_MEASURED):
         for names in (("role", "content", "is_complete"), ("role", "content")):
             values = _layout_values(history._tensordict, 2, names, exact=True)
             if values is not None:
@@ -180,3 +214,58 @@ def _field_lists(td: Any, field: str, ndim: int) -> Any:
     if type(td) is LazyStackedTensorDict and td.stack_dim == 0 and ndim:
         return [_field_lists(sub, field, ndim - 1) for sub in td.tensordicts]
     return td.get(field).tolist()
+
+
+def _plain_fields(history: History, field: str) -> Any:
+    """``field`` of every turn as nested lists, read through tensordict's ``tolist`` (the plain
+    branch of :func:`history_fields`)."""
+
+    def pick(tree: Any, depth: int) -> Any:
+        return tree[field] if depth == 0 else [pick(sub, depth - 1) for sub in tree]
+
+    return pick(history.tolist(tolist_first=True), history.ndim)
+
+
+def row_entries(batch: Any, key: tuple[str, ...]) -> list | None:
+    """The entry at ``key`` of every row of a lazy stack (stacked along dim 0), read from the
+    rows' own dicts, so no stacked value is built; ``None`` if ``batch`` is not such a stack.
+
+    On tensordict versions other than those measured, each row's entry is read with ``get``.
+
+    Examples:
+        >>> import torch
+        >>> from tensordict import TensorDict, lazy_stack
+        >>> rows = [TensorDict({"a": {"b": torch.tensor(i)}}) for i in range(2)]
+        >>> row_entries(lazy_stack(rows), ("a", "b"))
+        [tensor(0), tensor(1)]
+    """
+    if not (hasattr(batch, "tensordicts") and getattr(batch, "stack_dim", None) == 0):
+        return None
+    fast = use_fast(TENSORDICT_MEASURED)
+    out = []
+    try:
+        for td in batch.tensordicts:
+            node = td
+            for part in key:
+                if fast and type(node) is TensorDict:
+                    node = node._tensordict[part]
+                else:
+                    node = node.get(part)
+            out.append(node)
+    except (KeyError, RuntimeError):  # e.g. a nested ragged stack that cannot be read whole
+        return None
+    return out
+
+
+def non_tensor_payloads(values: list) -> list:
+    """The payloads of ``NonTensorData`` values (``value.data``), read without the
+    tensorclass's attribute lookup (~2 us a value) on the tensordict versions measured.
+
+    Examples:
+        >>> from tensordict import NonTensorData
+        >>> non_tensor_payloads([NonTensorData("a"), NonTensorData("b")])
+        ['a', 'b']
+    """
+    if use_fast(TENSORDICT_MEASURED):
+        return [v._non_tensordict["data"] for v in values]
+    return [v.data for v in values]

@@ -16,7 +16,15 @@ no transform, the default collate function, no prefetch, no sample unit and no g
 tracking. They return ``None`` otherwise, and the caller goes through the buffer. The sampler
 draws the indices as in ``rb.sample`` (its own state and generator, under the buffer's locks).
 
-The upstream fix: index a ``NonTensorStack`` by its list of rows (tensordict).
+It reads torchrl's and tensordict's internals (the buffer's ``_storage``, ``_sampler``,
+``_collate_fn``, locks and flags; the storage's ``_storage``; ``TensorDict._new_unsafe``): it runs
+on the versions it was measured on (:data:`~torchrl_trl_interop._upstream.TORCHRL_MEASURED` and
+:data:`~torchrl_trl_interop._upstream.TENSORDICT_MEASURED`); on any other, :func:`direct_read` and
+:func:`direct_sample` return ``None`` (the caller reads through the buffer) and :func:`take` is
+``value[index]``.
+
+The upstream fix that would retire it: index a ``NonTensorStack`` by its list of rows
+(tensordict), and ``index_select`` tensors in ``TensorStorage.get``.
 """
 
 from __future__ import annotations
@@ -28,7 +36,29 @@ from tensordict import NonTensorData, NonTensorStack, TensorDict, TensorDictBase
 from torchrl.data import LazyTensorStorage, ReplayBuffer, TensorStorage
 from torchrl.data.replay_buffers.storages.utils import _collate_id
 
+from ._gate import TENSORDICT_MEASURED, TORCHRL_MEASURED, use_fast
+
 __all__ = ["direct_read", "direct_sample", "take"]
+
+#: the internals this module reads (test/test_layout.py checks the list against the code)
+READS = (
+    "torchrl.data.replay_buffers.storages.utils._collate_id",
+    "torchrl.data.ReplayBuffer._storage",
+    "torchrl.data.ReplayBuffer._transform",
+    "torchrl.data.ReplayBuffer._collate_fn",
+    "torchrl.data.ReplayBuffer._prefetch",
+    "torchrl.data.ReplayBuffer._sample_unit",
+    "torchrl.data.ReplayBuffer._writer",
+    "torchrl.data.ReplayBuffer._delayed_init",
+    "torchrl.data.ReplayBuffer._service_shutdown",
+    "torchrl.data.ReplayBuffer._replay_lock",
+    "torchrl.data.ReplayBuffer._write_lock",
+    "torchrl.data.ReplayBuffer._sampler",
+    "torchrl.data.TensorStorage._storage",
+    "tensordict.TensorDict._has_names",
+    "tensordict.TensorDict._new_unsafe",
+    "tensordict.NonTensorStack._new_lazy_unsafe",
+)
 
 
 def take(value: Any, index: torch.Tensor, rows: list[int] | None = None) -> Any:
@@ -47,6 +77,8 @@ def take(value: Any, index: torch.Tensor, rows: list[int] | None = None) -> Any:
         >>> out["x"].tolist(), out.get("text").tolist()
         ([3, 1], ['d', 'b'])
     """
+    if not use_fast(TENSORDICT_MEASURED):
+        return value[index]
     if isinstance(value, torch.Tensor):
         if index.dtype in (torch.int64, torch.int32) and index.device == value.device:
             return value.index_select(0, index)  # 3x faster than value[index] on [256] rows
@@ -66,7 +98,9 @@ def take(value: Any, index: torch.Tensor, rows: list[int] | None = None) -> Any:
 
 def _plain_storage(replay_buffer: Any) -> Any:
     """The buffer's storage when its rows come back as stored (see the module doc), else ``None``."""
-    if type(replay_buffer) is not ReplayBuffer:
+    if type(replay_buffer) is not ReplayBuffer or not use_fast(
+        TORCHRL_MEASURED, TENSORDICT_MEASURED
+    ):
         return None
     storage = getattr(replay_buffer, "_storage", None)
     transform = getattr(replay_buffer, "_transform", None)

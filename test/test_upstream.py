@@ -1,0 +1,171 @@
+"""``_upstream``: each reach into torchrl's and tensordict's internals, on both branches.
+
+The speed paths' own tests run on both branches (the ``upstream_branch`` fixture in
+``test/rollouts/test_env_step.py``, ``test_policy_output.py``, ``test_render.py``,
+``test/data/test_direct.py``; ``test/test_conversation.py`` for the History reader). Here: the
+small readers, the missing hooks (the same value where the attribute is there, a clear error
+where it is gone) and the gates.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from tensordict import NonTensorData, NonTensorStack, TensorDict, lazy_stack
+from torchrl.data import LazyTensorStorage, ListStorage, ReplayBuffer
+from torchrl.data.llm import History
+
+from torchrl_trl_interop import CommittedWriter, messages_to_history
+from torchrl_trl_interop._upstream import (
+    TENSORDICT_MEASURED,
+    TORCHRL_MEASURED,
+    _buffers,
+    _committed_writer,
+    measured_on,
+    plain_upstream,
+    use_fast,
+)
+from torchrl_trl_interop._upstream._history_fields import non_tensor_payloads, row_entries
+from torchrl_trl_interop._upstream._lazy_rows import holds_field, tensorclass_over
+
+pytestmark = pytest.mark.usefixtures("upstream_branch")
+
+
+def _rb(n: int = 3, **kwargs) -> ReplayBuffer:
+    rb = ReplayBuffer(storage=LazyTensorStorage(8), **kwargs)
+    rb.extend(TensorDict({"x": torch.arange(n), "s": [f"r{i}" for i in range(n)]}, [n]))
+    return rb
+
+
+class TestGate:
+    def test_measured_here(self):
+        assert measured_on(*TORCHRL_MEASURED) and measured_on(*TENSORDICT_MEASURED)
+
+    def test_plain_upstream_turns_every_gate_off_and_back(self, upstream_branch):
+        inside = upstream_branch == "plain"
+        assert use_fast(TORCHRL_MEASURED) is not inside
+        with plain_upstream():
+            assert not use_fast(TORCHRL_MEASURED, TENSORDICT_MEASURED)
+        assert use_fast(TORCHRL_MEASURED) is not inside
+
+    def test_an_unmeasured_version_takes_the_plain_branch(self):
+        assert not use_fast(("torchrl", "99.0", "100.0"))
+
+
+class TestTensordictReaders:
+    CHATS = [
+        [{"role": "user", "content": "Hi"}],
+        [
+            {"role": "user", "content": "2+2?"},
+            {"role": "assistant", "content": "", "tool_calls": [{"name": "f", "arguments": {}}]},
+        ],
+    ]
+
+    def test_non_tensor_payloads(self):
+        values = [NonTensorData("a"), NonTensorData({"k": 1})]
+        assert non_tensor_payloads(values) == ["a", {"k": 1}]
+
+    def test_row_entries(self):
+        rows = [TensorDict({"a": {"b": torch.tensor(i)}, "s": f"t{i}"}) for i in range(3)]
+        stack = lazy_stack(rows)
+        assert [int(v) for v in row_entries(stack, ("a", "b"))] == [0, 1, 2]
+        assert [v.data for v in row_entries(stack, ("s",))] == ["t0", "t1", "t2"]
+        assert row_entries(TensorDict({"a": torch.zeros(2)}, [2]), ("a",)) is None
+
+    def test_tensorclass_over_is_the_validated_build(self):
+        size = torch.Size([2])
+        fields = {
+            "role": NonTensorStack.from_list(["user", "assistant"]),
+            "content": NonTensorStack.from_list(["Hi", "Ho"]),
+        }
+        ours = tensorclass_over(History, dict(fields), size)
+        assert type(ours) is History and ours.batch_size == size
+        assert ours.tolist() == History.from_tensordict(TensorDict(fields, size)).tolist()
+
+    @pytest.mark.parametrize("chat", [0, 1])
+    def test_holds_field(self, chat):
+        history = messages_to_history(self.CHATS[chat])
+        assert holds_field(history, "tool_calls") is (chat == 1)
+        assert holds_field(history, "role")
+        both = messages_to_history(self.CHATS)  # [2, T]: a lazy stack of conversations
+        assert holds_field(both, "tool_calls")
+
+
+class TestBufferHooks:
+    def test_generator(self):
+        g = torch.Generator()
+        rb = _rb(generator=g)
+        assert _buffers.buffer_generator(rb) is g
+        assert _buffers.generator_of(rb.sampler) is g
+        assert _buffers.buffer_generator(_rb()) is None
+
+    def test_storage_data(self):
+        rb = _rb()
+        data = _buffers.storage_data(rb.storage)
+        assert isinstance(data, TensorDict) and data["x"][:3].tolist() == [0, 1, 2]
+        assert _buffers.storage_data(ListStorage(4)) is None
+        assert _buffers.storage_data(LazyTensorStorage(4)) is None  # nothing written yet
+
+    def test_write_counters_and_writer(self):
+        rb = _rb(5)
+        assert _buffers.write_counters(_buffers.buffer_writer(rb)) == (5, 5)
+        assert _buffers.write_counters(None) == (None, None)
+
+    def test_empty_storage_and_lock(self):
+        rb = _rb()
+        with _buffers.replay_lock(rb):
+            _buffers.empty_storage(rb.storage)
+        assert len(rb) == 0
+
+    def test_a_missing_hook_is_a_clear_error_off_the_measured_versions(self, upstream_branch):
+        class Renamed:  # a storage of a torchrl that renamed its reset
+            pass
+
+        if upstream_branch == "fast":
+            with pytest.raises(AttributeError):
+                _buffers.empty_storage(Renamed())
+        else:
+            with pytest.raises(RuntimeError, match=r"Renamed has no '_empty'.*torchrl 0\.14\.1"):
+                _buffers.empty_storage(Renamed())
+
+
+class TestCommittedWriter:
+    def test_empty_publishes_an_empty_buffer(self):
+        rb = ReplayBuffer(storage=LazyTensorStorage(8), writer=CommittedWriter())
+        rb.extend(TensorDict({"x": torch.arange(3)}, [3]))
+        assert rb.writer.committed == (2, 3)
+        rb.empty()  # torchrl calls the writer's _empty: the readers see it
+        assert rb.writer.committed == (4, 0)
+
+    def test_a_torchrl_without_the_hook_is_refused(self, monkeypatch, upstream_branch):
+        for cls in _committed_writer.RoundRobinWriter.__mro__:  # a torchrl that renamed it
+            if "_empty" in vars(cls):
+                monkeypatch.delattr(cls, "_empty")
+        if upstream_branch == "fast":  # the measured torchrl has it: nothing is checked
+            CommittedWriter()
+        else:
+            with pytest.raises(RuntimeError, match="writers have no '_empty'"):
+                CommittedWriter()
+
+
+class TestGenerateStep:
+    def test_the_policy_generates_its_own_way(self):
+        from torchrl.modules.llm import TransformersWrapper
+
+        from torchrl_trl_interop import TrainerModelPolicy
+
+        step = TrainerModelPolicy._from_transformers_generate_history
+        assert step is vars(TrainerModelPolicy)["_generate_step"]
+        assert step is not TransformersWrapper._from_transformers_generate_history
+
+    def test_a_torchrl_without_the_step_is_refused(self, monkeypatch, upstream_branch):
+        from torchrl.modules.llm import TransformersWrapper
+
+        from torchrl_trl_interop._upstream._policy_hooks import check_generate_step
+
+        monkeypatch.delattr(TransformersWrapper, "_from_transformers_generate_history")
+        if upstream_branch == "fast":  # the measured torchrl has it: nothing is checked
+            check_generate_step("TrainerModelPolicy")
+        else:
+            with pytest.raises(RuntimeError, match="TrainerModelPolicy: torchrl .* has no"):
+                check_generate_step("TrainerModelPolicy")

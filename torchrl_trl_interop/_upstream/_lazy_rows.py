@@ -1,0 +1,188 @@
+"""torchrl's LLM tensorclasses built row by row: the ragged policy output and a History's extension.
+
+:func:`stack_rows` writes the ragged layout torchrl's wrappers write with ``pad_output=False``
+(one ``TensorDict`` per row in a lazy stack, under torchrl's tensorclass) in one pass, where
+torchrl's attribute assignment runs one validated ``set`` per row and field;
+:func:`extend_history` appends a row's answer to its prompt as ``History.extend`` does, over the
+same leaves, without tensordict's concatenation (~240 us a row, ~10x this).
+
+Both read tensordict's internals (``TensorDict._new_unsafe``,
+``NonTensorStack._new_lazy_unsafe``, a tensorclass's ``_tensordict`` and ``_from_tensordict``):
+they run on the tensordict versions they were measured on
+(:data:`~torchrl_trl_interop._upstream.TENSORDICT_MEASURED`); on any other, :func:`stack_rows`
+is a ``lazy_stack`` of one tensorclass per row and :func:`extend_history` is
+``history.extend(turns, inplace=False, dim=0)``.
+
+The upstream fix that would retire them: a tensorclass built from a list of rows in one pass
+(tensordict), and ``History.extend`` (``torch.cat`` of non-tensor stacks) over the inputs'
+leaves without re-validating them (tensordict).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from tensordict import LazyStackedTensorDict, NonTensorData, NonTensorStack, TensorDict, lazy_stack
+
+from ._gate import TENSORDICT_MEASURED, use_fast
+
+_SCALAR = torch.Size(())
+
+__all__ = ["extend_history", "holds_field", "stack_rows", "tensorclass_over"]
+
+#: the internals this module reads (test/test_layout.py checks the list against the code)
+READS = (
+    "tensordict.TensorDict._new_unsafe",
+    "tensordict.TensorDict._has_names",
+    "tensordict.NonTensorStack._new_lazy_unsafe",
+    "tensordict.tensorclass._tensordict",
+    "tensordict.tensorclass._from_tensordict",
+)
+
+
+def stack_rows(cls: Any, **columns: list) -> Any:
+    """``cls`` (a torchrl LLM tensorclass) over a lazy stack of one ``TensorDict`` per row.
+
+    This is the layout torchrl's wrappers write with ``pad_output=False``: their attribute
+    assignment of a list (``tokens.response = [...]``) sets each row into a lazy stack, one
+    validated ``set`` per row and field. Here each row is built once; strings become
+    ``NonTensorData`` as a ``set`` makes them. Every column holds one value per row.
+
+    Examples:
+        >>> import torch
+        >>> from torchrl.modules.llm import Tokens
+        >>> tokens = stack_rows(Tokens, prompt=[torch.tensor([1, 2]), torch.tensor([3])])
+        >>> tokens.batch_size, tokens.get("prompt", as_list=True)[1]
+        (torch.Size([2]), tensor([3]))
+    """
+    names = list(columns)
+    if not use_fast(TENSORDICT_MEASURED):
+        return lazy_stack(
+            [
+                cls(**dict(zip(names, values)), batch_size=[])
+                for values in zip(*columns.values(), strict=True)
+            ]
+        )
+    rows = [
+        TensorDict._new_unsafe(
+            {
+                name: NonTensorData(data=value) if isinstance(value, str) else value
+                for name, value in zip(names, values)
+            },
+            batch_size=_SCALAR,
+        )
+        for values in zip(*columns.values(), strict=True)
+    ]
+    return cls._from_tensordict(LazyStackedTensorDict(*rows, stack_dim=0))
+
+
+def _turn_leaves(history: Any) -> dict[str, list[NonTensorData]] | None:
+    """A 1-D History's ``NonTensorData`` leaves, field by field, one per turn: for the two
+    layouts torchrl writes (a lazy stack of one ``TensorDict`` per turn, as ``from_chats`` and
+    ``from_text`` build; a ``TensorDict`` of ``NonTensorStack`` columns, as ``extend`` does, or
+    of a ``NonTensorData`` shared by every turn, as a History of equal flags holds them).
+    ``None`` for any other layout."""
+    td = getattr(history, "_tensordict", None)
+    if td is None or td.batch_dims != 1 or td._has_names() or td.device is not None:
+        return None
+    if type(td) is LazyStackedTensorDict and td.stack_dim == 0 and td.tensordicts:
+        turns = td.tensordicts
+        fields = list(turns[0].keys())
+        leaves: dict[str, list] = {field: [] for field in fields}
+        for turn in turns:
+            if type(turn) is not TensorDict or turn.batch_dims or list(turn.keys()) != fields:
+                return None
+            for field, leaf in turn.items():
+                if type(leaf) is not NonTensorData:
+                    return None
+                leaves[field].append(leaf)
+        return leaves
+    if type(td) is TensorDict:
+        leaves = {}
+        for field, column in td.items():
+            if type(column) is NonTensorData:  # one value for every turn: one leaf per turn
+                leaves[field] = list(column.unbind(0))
+            elif type(column) is NonTensorStack and column.stack_dim == 0:
+                leaves[field] = list(column.tensordicts)
+            else:
+                return None
+            if not all(
+                type(leaf) is NonTensorData and not leaf.batch_dims for leaf in leaves[field]
+            ):
+                return None
+        return leaves if leaves else None
+    return None
+
+
+def extend_history(history: Any, turns: Any) -> Any:
+    """``history.extend(turns, inplace=False, dim=0)`` for two 1-D Histories, ~10x faster.
+
+    ``torch.cat`` of two Histories builds a ``TensorDict`` whose fields are ``NonTensorStack``
+    columns over both inputs' own ``NonTensorData`` leaves. This builds the same containers
+    over the same leaves directly, for the layouts torchrl writes whose fields match; any other
+    input goes through ``extend``.
+
+    Examples:
+        >>> from torchrl.data.llm import History
+        >>> prompt = History.from_chats([[{"role": "user", "content": "Hi"}]])[0]
+        >>> answer = History.from_chats([[{"role": "assistant", "content": "Hello"}]])[0]
+        >>> full = extend_history(prompt, answer)
+        >>> [(turn["role"], turn["content"]) for turn in full.tolist()]
+        [('user', 'Hi'), ('assistant', 'Hello')]
+    """
+    if not use_fast(TENSORDICT_MEASURED):
+        return history.extend(turns, inplace=False, dim=0)
+    first, second = _turn_leaves(history), _turn_leaves(turns)
+    if first is None or second is None or list(first) != list(second):
+        return history.extend(turns, inplace=False, dim=0)
+    columns = {
+        field: NonTensorStack._new_lazy_unsafe(*leaves, *second[field], stack_dim=0)
+        for field, leaves in first.items()
+    }
+    size = torch.Size([history.batch_size[0] + turns.batch_size[0]])
+    return type(history)._from_tensordict(TensorDict._new_unsafe(columns, batch_size=size))
+
+
+def tensorclass_over(cls: Any, fields: dict, batch_size: torch.Size) -> Any:
+    """``cls`` (a tensorclass) over a ``TensorDict`` of ``fields``, built without validating
+    them (the caller built them for ``batch_size``); elsewhere ``cls.from_tensordict``.
+
+    Examples:
+        >>> import torch
+        >>> from tensordict import NonTensorStack
+        >>> from torchrl.data.llm import History
+        >>> fields = {"role": NonTensorStack.from_list(["user"]),
+        ...           "content": NonTensorStack.from_list(["Hi"])}
+        >>> tensorclass_over(History, fields, torch.Size([1])).tolist()
+        [{'role': 'user', 'content': 'Hi'}]
+    """
+    if use_fast(TENSORDICT_MEASURED):
+        return cls._from_tensordict(TensorDict._new_unsafe(fields, batch_size=batch_size))
+    return cls.from_tensordict(TensorDict(fields, batch_size=batch_size))
+
+
+def holds_field(value: Any, name: str) -> bool:
+    """Whether any element of ``value`` (a tensorclass such as a History, lazy stacks too)
+    holds a field ``name``; elsewhere read from ``value.tolist()``'s dicts.
+
+    Examples:
+        >>> from torchrl.data.llm import History
+        >>> holds_field(History.from_chats([[{"role": "user", "content": "Hi"}]]), "tool_calls")
+        False
+    """
+    if use_fast(TENSORDICT_MEASURED):
+        return _td_holds(value._tensordict, name)
+
+    def walk(tree: Any) -> bool:
+        if isinstance(tree, dict):
+            return name in tree
+        return any(walk(sub) for sub in tree)
+
+    return walk(value.tolist(tolist_first=True))
+
+
+def _td_holds(td: Any, name: str) -> bool:
+    if name in td.keys():
+        return True
+    return any(_td_holds(sub, name) for sub in getattr(td, "tensordicts", ()))
