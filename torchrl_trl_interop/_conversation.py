@@ -24,11 +24,15 @@ import torch
 from tensordict import (
     NonTensorData,
     NonTensorStack,
+    TensorDictBase,
+    is_non_tensor,
     lazy_stack,
     set_list_to_stack,
 )
+from tensordict.utils import NestedKey
 
 from ._checks import as_names, check_bool
+from ._keys import as_nested_key, flatten_nested, get_entry, key_parts
 from ._message_fields import MessageHistory
 from ._tool_calls import has_turn_fields, message_turns, messages_of_turns
 from ._upstream._history_fields import history_fields
@@ -43,6 +47,7 @@ __all__ = [
     "is_conversational",
     "is_message_list",
     "messages_to_history",
+    "row_values",
     "split_prompt_completion",
 ]
 
@@ -367,3 +372,55 @@ def split_prompt_completion(
     prompt = [dict(m) for m in messages[:start]]
     completion = [dict(m) for m in messages[start:]]
     return prompt, completion
+
+
+def row_values(td: TensorDictBase, key: NestedKey, arg: str, owner: str) -> list:
+    """One Python value per element of ``td``'s batch, row-major (History -> message lists).
+
+    Works for any batch shape (``[]``, ``[B]``, ``[E, G]``) and ragged lazy stacks.
+
+    Raises:
+        KeyError: if ``key`` is absent (``arg`` and the keys present are named).
+        ValueError: if the entry's leading shape is not the batch shape.
+        TypeError: if the entry is not a History, strings or a tensor.
+
+    Examples:
+        >>> import torch
+        >>> from tensordict import TensorDict
+        >>> td = TensorDict({"x": torch.arange(4).reshape(2, 2)}, batch_size=[2, 2])
+        >>> row_values(td, "x", "x_key", "example")
+        [0, 1, 2, 3]
+    """
+    from torchrl.data.llm import History
+
+    try:
+        key = as_nested_key(key, arg)
+    except TypeError as err:
+        raise TypeError(f"{owner}: {err}") from None
+    hint = f"Pass {arg}=... naming where the rollouts hold it."
+    value = get_entry(td, key_parts(key), arg, owner, hint)
+    if isinstance(value, list):  # a ragged lazy stack of tensors: go row by row
+        return [v for sub in td.unbind(0) for v in row_values(sub, key, arg, owner)]
+    if isinstance(value, History):
+        if value.ndim != td.ndim + 1:
+            raise ValueError(
+                f"{owner}: {arg}={key!r} holds a History of batch size "
+                f"{tuple(value.batch_size)}; expected the tensordict's {tuple(td.batch_size)} "
+                "plus one turn dimension."
+            )
+        return flatten_nested(history_to_messages(value), td.ndim)
+    if isinstance(value, torch.Tensor):
+        if value.shape[: td.ndim] != td.batch_size:
+            raise ValueError(
+                f"{owner}: {arg}={key!r} has shape {tuple(value.shape)}; expected leading dims "
+                f"{tuple(td.batch_size)}."
+            )
+        return list(value.reshape(td.batch_size.numel(), *value.shape[td.ndim :]).tolist())
+    if is_non_tensor(value):
+        if td.ndim == 0:
+            return [value.tolist() if isinstance(value, NonTensorStack) else value.data]
+        return flatten_nested(value.tolist(), td.ndim)
+    raise TypeError(
+        f"{owner}: {arg}={key!r} holds a {type(value).__name__}; expected a History, strings or "
+        "a tensor."
+    )

@@ -5,8 +5,7 @@ Every view of a buffer reads a batch through :func:`walk_columns`: each column i
 attention mask once. What a view makes of a column is its own: :meth:`Column.rows` gives the
 per-row tensors and values that the torch view and :func:`split_columns` yield; ``_arrow``
 gives the Python values and Arrow arrays of the Hugging Face views. Which columns are walked is
-``_selection``'s job. :func:`row_values` reads one key of a TensorDict of any batch shape (the
-reward bridges and preference pairs).
+``_selection``'s job.
 """
 
 from __future__ import annotations
@@ -27,7 +26,7 @@ from tensordict.utils import NestedKey
 
 from .._checks import as_device, check_tensordict
 from .._conversation import history_to_messages, messages_of
-from .._keys import flatten_nested, get_entry, key_parts, keys_present
+from .._keys import key_parts, keys_present
 from .._padding import Spans, mask_spans, trim_row
 from .._tool_calls import has_turn_fields
 from .._upstream._history_fields import (
@@ -45,7 +44,7 @@ from ._selection import (
     select_columns,
 )
 
-__all__ = ["Column", "row_values", "split_columns", "walk_columns"]
+__all__ = ["Column", "split_columns", "walk_columns"]
 
 #: :attr:`Column.kind`: a ``[B, ...]`` tensor, a list of per-row tensors, History turns without
 #: tool calls (``(roles, contents)``, one list of str per row), History with tool calls (TRL
@@ -289,52 +288,3 @@ def split_columns(
 
 
 # -- one key of any batch shape ------------------------------------------------------------------
-
-
-def row_values(td: TensorDictBase, key: NestedKey, arg: str, owner: str) -> list:
-    """One Python value per element of ``td``'s batch, row-major (History -> message lists).
-
-    Works for any batch shape (``[]``, ``[B]``, ``[E, G]``) and ragged lazy stacks.
-
-    Raises:
-        KeyError: if ``key`` is absent (``arg`` and the keys present are named).
-        ValueError: if the entry's leading shape is not the batch shape.
-        TypeError: if the entry is not a History, strings or a tensor.
-
-    Examples:
-        >>> import torch
-        >>> from tensordict import TensorDict
-        >>> td = TensorDict({"x": torch.arange(4).reshape(2, 2)}, batch_size=[2, 2])
-        >>> row_values(td, "x", "x_key", "example")
-        [0, 1, 2, 3]
-    """
-    from torchrl.data.llm import History
-
-    key = as_column_key(key, arg, owner)
-    hint = f"Pass {arg}=... naming where the rollouts hold it."
-    value = get_entry(td, key_parts(key), arg, owner, hint)
-    if isinstance(value, list):  # a ragged lazy stack of tensors: go row by row
-        return [v for sub in td.unbind(0) for v in row_values(sub, key, arg, owner)]
-    if isinstance(value, History):
-        if value.ndim != td.ndim + 1:
-            raise ValueError(
-                f"{owner}: {arg}={key!r} holds a History of batch size "
-                f"{tuple(value.batch_size)}; expected the tensordict's {tuple(td.batch_size)} "
-                "plus one turn dimension."
-            )
-        return flatten_nested(history_to_messages(value), td.ndim)
-    if isinstance(value, torch.Tensor):
-        if value.shape[: td.ndim] != td.batch_size:
-            raise ValueError(
-                f"{owner}: {arg}={key!r} has shape {tuple(value.shape)}; expected leading dims "
-                f"{tuple(td.batch_size)}."
-            )
-        return list(value.reshape(td.batch_size.numel(), *value.shape[td.ndim :]).tolist())
-    if is_non_tensor(value):
-        if td.ndim == 0:
-            return [value.tolist() if isinstance(value, NonTensorStack) else value.data]
-        return flatten_nested(value.tolist(), td.ndim)
-    raise TypeError(
-        f"{owner}: {arg}={key!r} holds a {type(value).__name__}; expected a History, strings or "
-        "a tensor."
-    )

@@ -17,9 +17,8 @@ from tensordict.utils import NestedKey
 from torchrl.data import LazyStackStorage, ReplayBuffer
 
 from .._checks import as_names, check_real
-from .._conversation import split_prompt_completion
+from .._conversation import row_values, split_prompt_completion
 from .._keys import HISTORY_KEY, REWARD_KEY, get_entry, key_parts
-from ._columns import row_values
 from ._rows import extend_with_rows
 from ._selection import as_column_key
 

@@ -22,7 +22,7 @@ from tensordict.utils import NestedKey
 from torchrl.envs import EnvBase
 
 from .._checks import as_mapping, check_positive_int, check_real, require
-from .._conversation import is_message_list, messages_to_history
+from .._conversation import is_message_list, messages_to_history, row_values
 from .._keys import (
     DONE_KEY,
     HISTORY_KEY,
@@ -32,7 +32,6 @@ from .._keys import (
     placeholder_turn,
     to_python,
 )
-from ..data._columns import row_values
 from ..rollouts._episodes import REWARDED_KEY, _same_length, _to_messages
 from ._sessions import Reply, close_quietly, open_sessions
 

@@ -28,6 +28,7 @@ from .._checks import (
     module_repr,
     public_call,
 )
+from .._conversation import row_values
 from .._keys import (
     HISTORY_KEY,
     PROMPT_TEXT_KEY,
@@ -36,7 +37,6 @@ from .._keys import (
     as_nested_key,
     to_python,
 )
-from ..data._columns import row_values
 from ._input_mode import CHAT_MODES, resolve_input_mode
 from ._inputs import read_chat_texts, read_chats
 

@@ -21,10 +21,9 @@ import torch
 from tensordict import TensorDictBase, is_non_tensor, set_list_to_stack
 from tensordict.utils import NestedKey
 
-from .._conversation import history_to_messages, split_prompt_completion
+from .._conversation import history_to_messages, row_values, split_prompt_completion
 from .._keys import flatten_nested, get_entry
 from .._padding import pack_right, position_mask
-from ..data._columns import row_values
 
 if TYPE_CHECKING:  # pragma: no cover
     from transformers import PreTrainedTokenizerBase
