@@ -16,7 +16,7 @@ from tensordict import TensorDict
 from torchrl.data import LazyTensorStorage, RayReplayBuffer
 
 from torchrl_trl_interop import TorchRLBufferDataset
-from torchrl_trl_interop.testing import free_port
+from torchrl_trl_interop.testing._torchrun import free_port
 
 pytestmark = pytest.mark.slow
 

@@ -35,7 +35,7 @@ from torchrl_trl_interop.data._sharding import (
     interleaved_shard_order,
     shard_indices,
 )
-from torchrl_trl_interop.testing import run_torchrun
+from torchrl_trl_interop.testing._torchrun import run_torchrun
 
 WIDTH = 16
 

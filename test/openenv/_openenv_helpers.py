@@ -16,7 +16,7 @@ import urllib.request
 from contextlib import contextmanager
 from pathlib import Path
 
-from torchrl_trl_interop.testing import free_port  # noqa: F401  (re-exported for the tests)
+from torchrl_trl_interop.testing._torchrun import free_port
 
 STARTUP_TIMEOUT_S = 180.0  # the CLI imports torch, torchrl and OpenEnv (gradio) on 2 busy cores
 

@@ -45,8 +45,6 @@ from torchrl_trl_interop.testing import (
     arithmetic_questions,
     calculator_tools,
     correct_answer,
-    scripted_episode,
-    tool_result_reward,
     toy_add,
     toy_calculator_env,
     toy_causal_lm,
@@ -57,6 +55,7 @@ from torchrl_trl_interop.testing import (
     toy_tool_tokenizer,
     toy_trainer_args,
 )
+from torchrl_trl_interop.testing._tool_task import scripted_episode, tool_result_reward
 
 pytestmark = pytest.mark.filterwarnings(
     "ignore:You are using 'environment_factory'", "ignore:You are using 'rollout_func'"

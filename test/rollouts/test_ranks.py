@@ -25,7 +25,7 @@ from torchrl_trl_interop.rollouts._ranks import (
     check_same_calls,
     generation_guard,
 )
-from torchrl_trl_interop.testing import run_torchrun
+from torchrl_trl_interop.testing._torchrun import run_torchrun
 
 pytestmark = pytest.mark.filterwarnings("ignore:You are using 'rollout_func'")
 

@@ -21,13 +21,13 @@ from torchrl_trl_interop import as_reward_transform, as_trl_rollout_func, score_
 from torchrl_trl_interop.testing import (
     IM_END,
     IM_START,
-    PAD_TOKEN,
     toy_causal_lm,
     toy_chat_env,
     toy_grpo_args,
     toy_prompts,
     toy_tokenizer,
 )
+from torchrl_trl_interop.testing._tokenizer import PAD_TOKEN
 
 # GRPOTrainer warns that rollout_func is experimental (TRL 1.16); expected here
 pytestmark = pytest.mark.filterwarnings("ignore:You are using 'rollout_func'")

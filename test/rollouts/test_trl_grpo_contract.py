@@ -37,14 +37,12 @@ from trl import GRPOConfig, GRPOTrainer
 
 from torchrl_trl_interop import as_trl_environment_factory, as_trl_tools
 from torchrl_trl_interop.testing import (
-    shout,
     toy_causal_lm,
-    toy_counter_env,
-    toy_prompting_env,
     toy_prompts,
     toy_tool_grpo_args,
     toy_tool_tokenizer,
 )
+from torchrl_trl_interop.testing._envs import shout, toy_counter_env, toy_prompting_env
 
 MODES = ["trl", "torchrl"]
 

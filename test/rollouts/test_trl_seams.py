@@ -24,10 +24,10 @@ from torchrl_trl_interop.testing import (
     toy_causal_lm,
     toy_chat_env,
     toy_grpo_args,
-    toy_prompting_env,
     toy_prompts,
     toy_tokenizer,
 )
+from torchrl_trl_interop.testing._envs import toy_prompting_env
 
 QUESTION = [{"role": "user", "content": "What is 2 plus 3?"}]
 CALL = {"type": "function", "function": {"name": "add", "arguments": {"a": 2, "b": 3}}}

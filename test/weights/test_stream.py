@@ -25,12 +25,12 @@ from tensordict import TensorDict
 from torchrl_trl_interop import RemotePolicy, WeightSyncCallback, weights_checksum
 from torchrl_trl_interop.testing import (
     peak_memory_growth,
-    run_torchrun,
     toy_big_llama,
     toy_causal_lm,
     toy_generator_policy,
     toy_lora_model,
 )
+from torchrl_trl_interop.testing._torchrun import run_torchrun
 from torchrl_trl_interop.weights._stream import stream_layout, stream_weights
 from torchrl_trl_interop.weights._tensors import weights_layout
 

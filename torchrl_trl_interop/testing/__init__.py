@@ -18,7 +18,11 @@ the tutorial and the benchmarks all run offline on CPU from the same objects:
 * a toy that calls tools: TRL's Qwen2.5 template, a calculator environment, a caller model
   (``_tool_task.py``).
 
-This package is the one import path of all of them: ``from torchrl_trl_interop.testing import ...``.
+This package is the one import path of what the tutorial, the benchmarks and the docs use:
+``from torchrl_trl_interop.testing import ...``. Helpers only the package's own test suite needs
+(free ports and ``torchrun`` runs, scripted tool episodes, the environments of TRL's ported
+tests) and the constants behind the fixtures stay in their private modules, where the tests
+import them.
 
 Examples:
     >>> from torchrl_trl_interop.testing import toy_tokenizer, toy_reward_model
@@ -39,12 +43,9 @@ from ._data import (
     toy_trainer_args,
 )
 from ._envs import (
-    shout,
     toy_add,
     toy_chat_env,
-    toy_counter_env,
     toy_primed_chat_env,
-    toy_prompting_env,
     toy_tool_call,
     toy_tool_env,
     toy_tool_reply,
@@ -59,22 +60,17 @@ from ._generation import (
 from ._models import toy_causal_lm, toy_reward_model
 from ._scripted import ScriptedChatPolicy
 from ._stubs import count_host_syncs, stub_reward_model
-from ._tokenizer import CHATML_TEMPLATE, IM_END, IM_START, PAD_TOKEN, TOY_CORPUS, toy_tokenizer
+from ._tokenizer import IM_END, IM_START, TOY_CORPUS, toy_tokenizer
 from ._tool_task import (
-    TOOL_TOKENS,
     calculator_answer,
     calculator_chats,
     calculator_tools,
-    scripted_episode,
-    tool_result_reward,
     toy_calculator_env,
     toy_tool_caller,
     toy_tool_grpo_args,
     toy_tool_tokenizer,
 )
-from ._torchrun import free_port, run_torchrun
 from ._toy_task import (
-    DEMO_WARNING_FILTERS,
     arithmetic_chats,
     arithmetic_questions,
     correct_answer,
@@ -83,16 +79,11 @@ from ._toy_task import (
     printable_share,
     worked_answer,
 )
-from ._weights import BIG_LLAMA_SIZES, peak_memory_growth, toy_big_llama, toy_lora_model
+from ._weights import peak_memory_growth, toy_big_llama, toy_lora_model
 
 __all__ = [
-    "BIG_LLAMA_SIZES",
-    "CHATML_TEMPLATE",
-    "DEMO_WARNING_FILTERS",
     "IM_END",
     "IM_START",
-    "PAD_TOKEN",
-    "TOOL_TOKENS",
     "TOY_CORPUS",
     "ScriptedChatPolicy",
     "ToyGenerator",
@@ -104,14 +95,8 @@ __all__ = [
     "correct_answer",
     "demo_setup",
     "parse_question",
-    "free_port",
     "peak_memory_growth",
     "printable_share",
-    "run_torchrun",
-    "scripted_episode",
-    "shout",
-    "toy_counter_env",
-    "toy_prompting_env",
     "worked_answer",
     "count_host_syncs",
     "stub_reward_model",
@@ -134,7 +119,6 @@ __all__ = [
     "toy_tokenizer",
     "toy_tool_call",
     "toy_tool_env",
-    "tool_result_reward",
     "toy_calculator_env",
     "toy_tool_caller",
     "toy_tool_grpo_args",
