@@ -116,6 +116,55 @@ class TestStagingWeightSyncScheme:
                 process.kill()
 
 
+class Pendulum(torch.nn.Module):
+    """A one-weight policy for torchrl's pendulum (its angle is a scalar per env)."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(1, 1)
+
+    def forward(self, th):
+        return self.lin(th.unsqueeze(-1))
+
+
+def pendulum_env():
+    from torchrl.envs import PendulumEnv
+
+    return PendulumEnv()
+
+
+class TestInTorchRLCollector:
+    def test_multi_sync_collector_workers_get_the_push(self):
+        """torchrl's own MultiSyncCollector, two worker processes, our scheme: after
+        update_policy_weights_ every worker acts with the pushed weights."""
+        from tensordict.nn import TensorDictModule
+        from torchrl.collectors import MultiSyncCollector
+
+        net = Pendulum()
+        policy = TensorDictModule(net, in_keys=["th"], out_keys=["action"])
+        scheme = StagingWeightSyncScheme(timeout=120)
+        collector = MultiSyncCollector(
+            [pendulum_env, pendulum_env],
+            policy,
+            frames_per_batch=20,
+            total_frames=200,
+            weight_sync_schemes={"policy": scheme},
+        )
+        try:
+            batches = iter(collector)
+            first = next(batches)
+            assert not torch.allclose(first["action"], torch.full_like(first["action"], 0.25))
+            with torch.no_grad():
+                net.lin.weight.zero_()
+                net.lin.bias.fill_(0.25)
+            collector.update_policy_weights_()
+            after = next(batches)
+            assert torch.equal(after["action"], torch.full_like(after["action"], 0.25))
+            assert scheme.policy_version == 0
+        finally:
+            collector.shutdown()
+
+
 class TestEveryTargetIsAScheme:
     def test_remote_policy_exposes_its_staging_scheme(self):
         policy = RemotePolicy(partial(toy_causal_lm, tokenizer=toy_tokenizer(), seed=1))

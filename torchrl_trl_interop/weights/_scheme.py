@@ -60,33 +60,40 @@ def staging_buffers(live: dict[str, torch.Tensor]) -> list[StagingBuffer]:
 
 
 class _QueueChannel:
-    """The channel to torchrl collector workers: one shared buffer, a queue of commits, a queue
-    of acknowledgements (made by the sender, carried to the workers with the pickled scheme)."""
+    """The channel to torchrl collector workers: one shared buffer, a queue of commits per
+    worker, one queue of acknowledgements (made by the sender, carried to the workers with the
+    pickled scheme)."""
 
-    def __init__(self, model: torch.nn.Module, ctx: Any, timeout: float) -> None:
+    def __init__(self, model: torch.nn.Module, ctx: Any, timeout: float, num_workers: int):
         if ctx is None:
             from torch import multiprocessing as mp
 
             ctx = mp.get_context("spawn")
         live = named_tensors(policy_model(model))
         self.stagings = [StagingBuffer.like(live)]
+        self.stagings[0].fill(live.items())  # the first weights a worker starts from
         self.layout = {name: tuple(t.shape) for name, t in live.items()}
-        self.commits, self.acks = ctx.Queue(), ctx.Queue()
+        self.commits = [ctx.Queue() for _ in range(num_workers)]
+        self.acks = ctx.Queue()
         self.timeout = timeout
 
     def open_staging(self) -> tuple[list[StagingBuffer], dict[str, tuple[int, ...]]]:
         return self.stagings, self.layout
 
     def commit_staged(self, version: int, names: list[str] | None) -> int:
-        self.commits.put((version, names))
-        try:
-            return self.acks.get(timeout=self.timeout)
-        except queue.Empty:
-            raise TimeoutError(
-                f"StagingWeightSyncScheme: no worker committed the weights of version {version} "
-                f"within timeout={self.timeout}s; a worker commits in receive(), between two "
-                "batches (raise timeout= for slow batches)."
-            ) from None
+        for commits in self.commits:
+            commits.put((version, names))
+        deadline = time.monotonic() + self.timeout
+        for done in range(len(self.commits)):
+            try:
+                self.acks.get(timeout=max(deadline - time.monotonic(), 0.0))
+            except queue.Empty:
+                raise TimeoutError(
+                    f"StagingWeightSyncScheme: {done} of {len(self.commits)} workers committed "
+                    f"the weights of version {version} within timeout={self.timeout}s (raise "
+                    "timeout= for slow workers)."
+                ) from None
+        return version
 
 
 @register_weight_sync_backend("staging")
@@ -164,10 +171,12 @@ class StagingWeightSyncScheme(WeightSyncScheme):
         channel: Any = None,
         model: Any = None,
         ctx: Any = None,
+        num_workers: int | None = None,
         **kwargs: Any,
     ) -> None:
         """``channel``: the owner's commit path (see the module); without one, a shared buffer
-        shaped like ``model`` (or the ``context`` collector's policy) and a commit queue."""
+        shaped like ``model`` (or the ``context`` collector's policy) and a commit queue per
+        worker (``num_workers``, or the ``context``'s)."""
         self.model_id = model_id
         if context is not None:
             self.context = context
@@ -179,7 +188,9 @@ class StagingWeightSyncScheme(WeightSyncScheme):
                     f"staging buffer: pass model=... or a context with a .policy module, got "
                     f"model={type(model).__name__}, context={type(context).__name__}."
                 )
-            channel = _QueueChannel(model, ctx, self.timeout)
+            if num_workers is None:
+                num_workers = getattr(context, "num_workers", 1)
+            channel = _QueueChannel(model, ctx, self.timeout, int(num_workers))
         self._channel = channel
 
     def create_transport(self, **kwargs: Any) -> Any:
@@ -239,16 +250,27 @@ class StagingWeightSyncScheme(WeightSyncScheme):
     # -- receiver --------------------------------------------------------------------------------
 
     def _init_on_receiver_impl(
-        self, model_id: str = "policy", context: Any = None, *, model: Any = None, **kwargs: Any
+        self,
+        model_id: str = "policy",
+        context: Any = None,
+        *,
+        model: Any = None,
+        worker_idx: int | None = None,
+        **kwargs: Any,
     ) -> None:
         """The receiver's model: ``model``, or the ``context`` collector's policy. Without the
         sender's buffers (a receiver that allocates them), they are made here (see
         :func:`staging_buffers`)."""
         self.model_id = model_id
+        self.worker_idx = worker_idx
         if context is not None:
             self.context = context
-        model = model if model is not None else getattr(context, "policy", None)
-        self._live = named_tensors(policy_model(model))
+        model = policy_model(model if model is not None else getattr(context, "policy", None))
+        if any(t.is_meta for t in model.parameters()):  # a collector worker's policy skeleton
+            model.to_empty(device="cpu")
+            if isinstance(self._channel, _QueueChannel):  # the sender's first weights
+                self._channel.stagings[0].commit(named_tensors(model), named_tensors(model))
+        self._live = named_tensors(model)
         self._layout = {name: tuple(t.shape) for name, t in self._live.items()}
         if self._stagings is None and isinstance(self._channel, _QueueChannel):
             self._stagings = self._channel.stagings
@@ -257,7 +279,17 @@ class StagingWeightSyncScheme(WeightSyncScheme):
         self._turn = 0
 
     def _setup_connection_and_weights_on_receiver_impl(self, **kwargs: Any) -> None:
-        """Nothing to exchange: weights arrive with the first commit."""
+        """Nothing to exchange: the first weights came with the buffer. In a torchrl collector's
+        worker (a ``worker_idx``), a background thread commits each push as it comes, as
+        torchrl's own schemes do; elsewhere the owner calls :meth:`receive`."""
+        if kwargs.get("worker_idx") is not None:
+            self.worker_idx = kwargs["worker_idx"]
+        if self.worker_idx is not None and isinstance(self._channel, _QueueChannel):
+            self._start_background_receiver()
+
+    def _background_receive_loop(self) -> None:
+        while not self._stop_event.is_set():
+            self.receive(timeout=0.1)
 
     def commit(self, version: int, names: list[str] | None = None) -> int:
         """Makes the staged weights (``names``, or all) live as ``version``; returns it. Call it
@@ -281,16 +313,16 @@ class StagingWeightSyncScheme(WeightSyncScheme):
                 "StagingWeightSyncScheme: receive() needs init_on_receiver(model_id=..., "
                 "model=... or context=...) first."
             )
-        channel = self._channel
+        commits = self._channel.commits[self.worker_idx or 0]
         deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
         while True:
             try:
-                version, names = channel.commits.get(timeout=0.05)
+                version, names = commits.get(timeout=0.05)
                 break
             except queue.Empty:
                 if time.monotonic() >= deadline:
                     return None
-        channel.acks.put(self.commit(version, names))
+        self._channel.acks.put(self.commit(version, names))
         set_policy_version(
             getattr(self.context, "policy_version_tracker", None), self.policy_version
         )
