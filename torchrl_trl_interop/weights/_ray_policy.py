@@ -104,7 +104,7 @@ class _ActorsChannel:
     def __init__(self, policy: RayRemotePolicy) -> None:
         self.policy = weakref.ref(policy)  # the policy holds the scheme, which holds this
 
-    def open_staging(self) -> tuple[list[StagingBuffer], dict[str, tuple[int, ...]]]:
+    def open_staging(self, version: int) -> tuple[list[StagingBuffer], dict[str, tuple[int, ...]]]:
         policy = self.policy()
         if not policy._actors:
             policy._start()
@@ -275,7 +275,7 @@ class RayRemotePolicy(TensorDictModuleBase):
     # -- weights ---------------------------------------------------------------------------------
 
     def _new_scheme(self) -> StagingWeightSyncScheme:
-        scheme = StagingWeightSyncScheme(timeout=self.timeout)
+        scheme = StagingWeightSyncScheme(timeout=self.timeout, owner=_OWNER)
         scheme.init_on_sender(model_id="policy", channel=_ActorsChannel(self))
         return scheme
 
@@ -329,9 +329,7 @@ class RayRemotePolicy(TensorDictModuleBase):
             RuntimeError: if an actor died (its replica is named).
             TimeoutError: if a replica does not commit within ``timeout``.
         """
-        self.weight_sync_scheme.send(
-            weights, policy_version=policy_version, partial=partial, owner=_OWNER
-        )
+        self.weight_sync_scheme.send(weights, policy_version=policy_version, partial=partial)
 
     def weights_checksums(self) -> list[tuple[int | None, str]]:
         """``(policy_version, checksum)`` of every replica's live weights, in replica order (see

@@ -55,11 +55,15 @@ class _GeneratorChannel:
     def __init__(self, policy: RemotePolicy) -> None:
         self.policy = weakref.ref(policy)  # the policy holds the scheme, which holds this
 
-    def open_staging(self) -> tuple[list, dict[str, tuple[int, ...]]]:
+    def open_staging(self, version: int) -> tuple[list, dict[str, tuple[int, ...]]]:
         policy = self.policy()
         if policy._process is None:
             policy._start()
+        policy._check_alive(f"the weights of version {version}")
         return policy._stagings, policy._layout
+
+    def refuse_first(self) -> None:
+        self.policy().close()  # the generator has no weights yet
 
     def commit_staged(self, version: int, names: list[str] | None) -> int:
         policy = self.policy()
@@ -213,7 +217,7 @@ class RemotePolicy(TensorDictModuleBase):
     # -- weights ---------------------------------------------------------------------------------
 
     def _new_scheme(self) -> StagingWeightSyncScheme:
-        scheme = StagingWeightSyncScheme(timeout=self.timeout)
+        scheme = StagingWeightSyncScheme(timeout=self.timeout, owner=_OWNER)
         scheme.init_on_sender(model_id="policy", channel=_GeneratorChannel(self))
         return scheme
 
@@ -279,16 +283,7 @@ class RemotePolicy(TensorDictModuleBase):
             RuntimeError: if the generator process died (its exit code is named).
             TimeoutError: if the generator does not commit within ``timeout``.
         """
-        if self._process is not None:
-            self._check_alive(f"the weights of version {policy_version}")
-        try:
-            self.weight_sync_scheme.send(
-                weights, policy_version=policy_version, partial=partial, owner=_OWNER
-            )
-        except (KeyError, ValueError):
-            if self.policy_version is None:  # the first push: the generator has no weights yet
-                self.close()
-            raise
+        self.weight_sync_scheme.send(weights, policy_version=policy_version, partial=partial)
 
     def weights_checksum(self) -> tuple[int | None, str]:
         """``(policy_version, checksum)`` of the generator's live weights (see

@@ -9,9 +9,10 @@ generation never sees half-updated weights. It follows torchrl's ``WeightSyncSch
 ``receive`` on the other, registered with torchrl as the ``"staging"`` backend
 (``WeightSyncScheme.from_backend("staging")``).
 
-What carries the commit is the scheme's *channel*: an object with ``open_staging() ->
-(stagings, layout)`` (the buffers the sender fills in turn, and the receiver's names and shapes)
-and ``commit_staged(version, names) -> version``. :class:`~torchrl_trl_interop.RemotePolicy`
+What carries the commit is the scheme's *channel*: an object with ``open_staging(version) ->
+(stagings, layout)`` (the buffers the sender fills in turn, and the receiver's names and shapes;
+called before every push), ``commit_staged(version, names) -> version`` and, optionally,
+``refuse_first()`` (the first push did not fit). :class:`~torchrl_trl_interop.RemotePolicy`
 passes its generator process (requests in order with its calls, buffers in shared memory),
 :class:`~torchrl_trl_interop.RayRemotePolicy` its actors (one buffer put in Ray's object store).
 Without one, the scheme builds its own for torchrl's collectors: a buffer in shared memory
@@ -77,7 +78,7 @@ class _QueueChannel:
         self.acks = ctx.Queue()
         self.timeout = timeout
 
-    def open_staging(self) -> tuple[list[StagingBuffer], dict[str, tuple[int, ...]]]:
+    def open_staging(self, version: int) -> tuple[list[StagingBuffer], dict[str, tuple[int, ...]]]:
         return self.stagings, self.layout
 
     def commit_staged(self, version: int, names: list[str] | None) -> int:
@@ -109,6 +110,8 @@ class StagingWeightSyncScheme(WeightSyncScheme):
     Keyword Args:
         timeout (float, optional): seconds the sender waits for a commit on its own channel
             (torchrl collectors). Defaults to ``600``.
+        owner (str, optional): the public object errors are named after (``"RemotePolicy"``);
+            ``None``: the call that sends. Defaults to ``None``.
 
     Examples:
         >>> import threading
@@ -128,9 +131,10 @@ class StagingWeightSyncScheme(WeightSyncScheme):
     #: ``send`` takes ``policy_version=`` and ``partial=`` (torchrl's schemes take neither)
     takes_policy_version = True
 
-    def __init__(self, *, timeout: float = 600.0) -> None:
+    def __init__(self, *, timeout: float = 600.0, owner: str | None = None) -> None:
         super().__init__(strategy="tensordict")
         self.timeout = float(timeout)
+        self.owner = owner
         self.policy_version: int | None = None
         self._channel: Any = None
         self._stagings: list[StagingBuffer] | None = None
@@ -155,6 +159,11 @@ class StagingWeightSyncScheme(WeightSyncScheme):
     def stagings(self) -> list[StagingBuffer] | None:
         """The staging buffers (the sender fills them in turn), once known."""
         return self._stagings
+
+    @property
+    def staging(self) -> StagingBuffer | None:
+        """The staging buffer the next push fills, once known."""
+        return None if self._stagings is None else self._stagings[self._turn]
 
     @property
     def layout(self) -> dict[str, tuple[int, ...]]:
@@ -233,16 +242,22 @@ class StagingWeightSyncScheme(WeightSyncScheme):
                 f"{owner}: the StagingWeightSyncScheme is not initialised on the sender side: "
                 "call scheme.init_on_sender(model_id=..., model=... or channel=...) first."
             )
+        owner = self.owner or owner
         if weights is None:
             weights = getattr(self.context, "policy", None)
-        if self._stagings is None:
-            self._stagings, self._layout = self._channel.open_staging()
-        layout, stream, partial = sendable(weights, self._layout, partial=partial)
-        check_weights_fit(layout, self._layout, owner=owner, partial=partial)
-        names = self._stagings[self._turn].fill(stream)  # a copy_ per tensor, as each is read
         if policy_version is None:
             policy_version = 0 if self.policy_version is None else self.policy_version + 1
-        version = self._channel.commit_staged(int(policy_version), names if partial else None)
+        version = int(policy_version)
+        self._stagings, self._layout = self._channel.open_staging(version)  # receiver alive
+        layout, stream, partial = sendable(weights, self._layout, partial=partial)
+        try:
+            check_weights_fit(layout, self._layout, owner=owner, partial=partial)
+        except (KeyError, ValueError):
+            if self.policy_version is None and hasattr(self._channel, "refuse_first"):
+                self._channel.refuse_first()  # a receiver that never had weights is stopped
+            raise
+        names = self._stagings[self._turn].fill(stream)  # a copy_ per tensor, as each is read
+        version = self._channel.commit_staged(version, names if partial else None)
         self._turn = (self._turn + 1) % len(self._stagings)  # as the receiver switched
         self.policy_version = version
         return version
