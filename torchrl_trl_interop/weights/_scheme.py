@@ -105,7 +105,10 @@ class StagingWeightSyncScheme(WeightSyncScheme):
     staging buffer one tensor at a time (sharded parameters gathered one by one, LoRA merged:
     one tensor of extra memory), then asks the receiver to commit it as a policy version. The
     receiver commits between two of its calls: a CPU model switches to the staged buffer (two
-    buffers, no copy), a model elsewhere copies it in.
+    buffers, no copy), a model elsewhere copies it in. In a torchrl collector's workers
+    (``MultiSyncCollector(..., weight_sync_schemes={"policy": StagingWeightSyncScheme()})``) a
+    background thread commits each push as it arrives, as torchrl's own schemes apply theirs:
+    there a commit is not ordered with the rollout in flight.
 
     Keyword Args:
         timeout (float, optional): seconds the sender waits for a commit on its own channel
