@@ -122,3 +122,44 @@ def test_implementation_files_are_private():
         m for m in MODULES if m and not any(part.startswith("_") for part in m.split("."))
     )
     assert public == ["data", "openenv", "rewards", "rollouts", "testing", "weights"]
+
+
+def test_only_rollouts_trainer_reads_a_trl_trainer():
+    """``rollouts/_trainer.py`` is the one reader of a TRL trainer (issue 36): no other module
+    reads a private attribute of an object named like a trainer (``trainer``, ``self.trainer``,
+    ``grpo_trainer``...), as ``trainer._x``, ``getattr(trainer, "_x")``, ``hasattr``/``setattr``,
+    nor, outside ``testing/`` (whose fixtures build trainers), any attribute of one."""
+    named = re.compile(r"(^|_)trainer$")
+
+    def is_trainer(node: ast.AST) -> bool:
+        name = getattr(node, "id", None) if isinstance(node, ast.Name) else None
+        if isinstance(node, ast.Attribute):
+            name = node.attr
+        return bool(name and named.search(name))
+
+    def reads(tree: ast.AST):
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and is_trainer(node.value):
+                yield node.lineno, node.attr
+            elif (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Name)
+                and node.func.id in {"getattr", "hasattr", "setattr", "delattr"}
+                and len(node.args) >= 2
+                and is_trainer(node.args[0])
+            ):
+                key = node.args[1]
+                yield node.lineno, key.value if isinstance(key, ast.Constant) else "<computed>"
+
+    private, public = [], []
+    for module, path in MODULES.items():
+        if module == "rollouts._trainer":
+            continue
+        for line, attr in reads(ast.parse(path.read_text())):
+            where = f"{path.relative_to(ROOT)}:{line} .{attr}"
+            if (attr.startswith("_") and not attr.startswith("__")) or attr == "<computed>":
+                private.append(where)
+            elif not module.startswith("testing"):
+                public.append(where)
+    assert not private, f"a TRL trainer's private attributes read elsewhere: {private}"
+    assert not public, f"a TRL trainer read outside rollouts/_trainer.py: {public}"

@@ -59,7 +59,7 @@ _EXPORTS: dict[str, str] = {
     "as_trl_environment_factory": "rollouts._env_factory",
     "as_trl_tools": "rollouts._trl_tools",
     "TrainerModelPolicy": "rollouts._trainer_policy",
-    "trainer_generation_config": "rollouts._trainer_policy",
+    "trainer_generation_config": "rollouts._trainer",
     "TorchRLRolloutWorker": "rollouts._async_grpo",
     "TorchRLWeightTransfer": "rollouts._weight_transfer",
     # openenv/: OpenEnv both ways (the `openenv` extra)

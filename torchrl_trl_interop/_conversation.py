@@ -2,8 +2,11 @@
 
 TRL writes a conversation as a list of ``{"role": ..., "content": ...}`` dicts (a "message list");
 TorchRL holds it as a :class:`~torchrl.data.llm.History` TensorClass whose last batch dimension is
-the turn. This module is the only place the two are converted: the dataset, the reward wrapper,
-the reward bridges and the tutorial all call these functions.
+the turn. This module holds the conversions the dataset, the reward wrapper, the reward bridges
+and the tutorial call. Three speed paths read a History's payloads without them and give the
+same messages (each tested against these functions): ``_history_fields`` (roles and contents in
+one walk), ``rollouts/_render`` (the online loop's chat-template renders) and
+``rollouts/_policy_output`` (a History extended by the policy's answer).
 
 Every field of a message crosses the boundary, kept exactly (no stripping, no template):
 ``role`` and ``content`` as History's fields, tool calls and the other fields through

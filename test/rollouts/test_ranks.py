@@ -25,7 +25,6 @@ from torchrl_trl_interop.rollouts._ranks import (
     check_same_calls,
     generation_guard,
 )
-from torchrl_trl_interop.rollouts._rollout_func import _every_rank
 from torchrl_trl_interop.testing import run_torchrun
 
 pytestmark = pytest.mark.filterwarnings("ignore:You are using 'rollout_func'")
@@ -210,17 +209,15 @@ class TestAgreement:
         check_same_calls(ranks, {"prompts": 4, "env batch size": 2}, "f")  # they agree
 
     def test_staleness_is_measured_over_every_rank(self):
-        from collections import defaultdict
-
         from torchrl_trl_interop.weights._staleness import check_staleness
 
         ranks = Ranks(0, 2, accelerator=two_rank_accelerator([3, -1]))
-        assert _every_rank(ranks, [5, 5]) == [5, 5, 3, None]  # -1: a row without a version
+        assert ranks.gather_versions([5, 5]) == [5, 5, 3, None]  # -1: a row without a version
         ranks = Ranks(0, 2, accelerator=two_rank_accelerator([3, 3]))
-        metrics = {"train": defaultdict(list)}
-        trainer = SimpleNamespace(state=SimpleNamespace(global_step=5), _metrics=metrics)
-        assert check_staleness(_every_rank(ranks, [5, 4]), trainer, None, "f") == [0, 1, 2, 2]
-        assert metrics["train"]["rollout/staleness_max"] == [2.0]  # the other rank's rows
+        metrics = {}
+        every = ranks.gather_versions([5, 4])
+        assert check_staleness(every, 5, None, "f", log=metrics.update) == [0, 1, 2, 2]
+        assert metrics["rollout/staleness_max"] == [2.0]  # the other rank's rows
 
 
 class TestGuard:

@@ -169,17 +169,18 @@ def test_rows_older_than_max_staleness_are_refused(tmp_path):
         rollout_func = as_trl_rollout_func(
             toy_chat_env(tok, batch_size=2), policy=remote, max_staleness=1
         )
+        logged = []
         trainer = SimpleNamespace(
             state=SimpleNamespace(global_step=1),
             processing_class=tok,
             num_generations=2,
             model=SimpleNamespace(training=True),
-            _metrics={"train": __import__("collections").defaultdict(list)},
+            _log_metric=lambda name, value: logged.append((name, value)),
         )
         prompts = [[{"role": "user", "content": "Hi"}]] * 2
         out = rollout_func(prompts, trainer)
         assert out["policy_version"] == [0, 0]
-        assert trainer._metrics["train"]["rollout/staleness_max"] == [1.0]
+        assert ("rollout/staleness_max", 1.0) in logged
         trainer.state.global_step = 2
         with pytest.raises(StaleRolloutError, match=r"2 steps behind .* max_staleness=1"):
             rollout_func(prompts, trainer)

@@ -5,10 +5,10 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
 import torch
 
 from .._checks import as_mapping, check_bool, check_positive_int, check_tokenizer
+from .._padding import position_mask
 
 if TYPE_CHECKING:  # pragma: no cover
     from transformers import PreTrainedTokenizerBase
@@ -184,11 +184,7 @@ class PaddingCollator:
         width = max(lengths)
         if self.pad_to_multiple_of:
             width = -(-width // self.pad_to_multiple_of) * self.pad_to_multiple_of
-        # In NumPy: on a batch of 32 rows, ~3 us where torch.tensor(lengths) alone takes ~15 us.
-        lengths_np = np.array(lengths, dtype=np.int64)[:, None]
-        positions = np.arange(width)
-        real = positions < lengths_np if side == "right" else positions >= width - lengths_np
-        return torch.from_numpy(real)
+        return position_mask(lengths, width, side)
 
     def _check_columns(self, rows: Sequence[Mapping[str, Any]]) -> list[str]:
         """The columns of the rows; raises unless every row has the same."""
@@ -230,23 +226,23 @@ class PaddingCollator:
                 out[out_name] = torch.stack(tensors)
                 continue
             key = tuple(lengths)
-            position_mask = masks.get(key)
-            if position_mask is None:
-                position_mask = masks[key] = self._position_mask(lengths, side)
+            real = masks.get(key)
+            if real is None:
+                real = masks[key] = self._position_mask(lengths, side)
             flat = torch.cat(tensors)
             if token_like:
                 _check_whole(name, flat, lengths)
             if name == "attention_mask" and bool(flat.all()):
-                padded = position_mask  # every real token attended: the mask is the positions
+                padded = real  # every real token attended: the mask is the positions
             else:
                 padded = flat.new_full(
-                    (len(tensors), position_mask.shape[1], *flat.shape[1:]), self._pad_value(name)
+                    (len(tensors), real.shape[1], *flat.shape[1:]), self._pad_value(name)
                 )
                 if flat.ndim > 1:
-                    shape = (*position_mask.shape, *([1] * (flat.ndim - 1)))
-                    padded.masked_scatter_(position_mask.reshape(shape).expand_as(padded), flat)
+                    shape = (*real.shape, *([1] * (flat.ndim - 1)))
+                    padded.masked_scatter_(real.reshape(shape).expand_as(padded), flat)
                 else:
-                    padded.masked_scatter_(position_mask, flat)
+                    padded.masked_scatter_(real, flat)
             if token_like and padded.dtype != torch.long:
                 padded = padded.long()
             if name == "input_ids":

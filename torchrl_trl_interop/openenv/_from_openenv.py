@@ -22,7 +22,7 @@ from tensordict.utils import NestedKey
 from torchrl.envs import EnvBase
 
 from .._checks import as_mapping, check_positive_int, check_real, require
-from .._conversation import history_to_messages, is_message_list, messages_to_history
+from .._conversation import is_message_list, messages_to_history
 from .._keys import (
     DONE_KEY,
     HISTORY_KEY,
@@ -31,10 +31,9 @@ from .._keys import (
     key_parts,
     placeholder_turn,
     to_python,
-    without_placeholders,
 )
 from ..data._columns import row_values
-from ..rollouts._episodes import REWARDED_KEY, _same_length
+from ..rollouts._episodes import REWARDED_KEY, _same_length, _to_messages
 from ._sessions import Reply, close_quietly, open_sessions
 
 __all__ = ["OpenEnvChatEnv"]
@@ -58,11 +57,6 @@ def _observed_messages(observation: dict[str, Any]) -> list[dict[str, Any]]:
             "add to the conversation."
         )
     return observation["messages"]
-
-
-def _chats(history: Any) -> list[list[dict[str, Any]]]:
-    """Each row of a ``[B, T]`` History as TRL messages, torchrl's ``<none>`` padding dropped."""
-    return [without_placeholders(chat) for chat in history_to_messages(history)]
 
 
 def _filled(rows: list[Any]) -> Any:
@@ -266,7 +260,7 @@ class OpenEnvChatEnv(EnvBase):
                 "prompt_kwarg=None sends none. Pass prompt_kwarg='<reset keyword>', or reset "
                 "without it."
             )
-        prompts = _chats(value) if isinstance(value, History) else to_python(value)
+        prompts = _to_messages(value) if isinstance(value, History) else to_python(value)
         if isinstance(prompts, str):
             prompts = [prompts] * n
         if not isinstance(prompts, list) or len(prompts) != n:
@@ -340,7 +334,7 @@ class OpenEnvChatEnv(EnvBase):
         rewards, rewarded = torch.zeros(n), torch.zeros(n, dtype=torch.bool)
         with set_list_to_stack(True):
             full = tensordict.get(HISTORY_KEY)
-            chats = _chats(full)
+            chats = _to_messages(full)
             added: list[list[dict[str, Any]]] = [[] for _ in range(n)]
             stepped = tensordict.get("_step", None)  # torchrl's partial steps
             stepped = [True] * n if stepped is None else stepped.reshape(n, -1).any(-1).tolist()

@@ -24,31 +24,31 @@ require("openenv", "as_openenv_environment")
 from openenv.core.env_server.interfaces import Environment  # noqa: E402
 from openenv.core.env_server.types import EnvironmentMetadata, State  # noqa: E402
 from pydantic import ValidationError  # noqa: E402
-from tensordict import NonTensorStack, TensorDict, TensorDictBase, set_list_to_stack  # noqa: E402
+from tensordict import TensorDict, TensorDictBase  # noqa: E402
 from tensordict.utils import NestedKey  # noqa: E402
 from torchrl.envs import EnvBase  # noqa: E402
 
-from .._conversation import (  # noqa: E402
-    history_to_messages,
-    is_message_list,
-    messages_to_history,
-)
 from .._keys import (  # noqa: E402
     DONE_KEY,
-    HISTORY_KEY,
-    PROMPT_HISTORY_KEY,
+    NEXT_DONE_KEY,
+    NEXT_REWARD_KEY,
     REWARD_KEY,
     as_nested_key,
-    without_placeholders,
+    key_parts,
 )
+from ..rollouts._chat_episode import (  # noqa: E402
+    check_chat_env,
+    reset_episode,
+    reset_input,
+    step_episode,
+)
+from ..rollouts._trl_prompts import has_prompt_source  # noqa: E402
 from ._wire import (  # noqa: E402
     RequestStateError,
     RequestTypeError,
     RequestValueError,
     TorchRLChatAction,
     TorchRLChatObservation,
-    all_transforms,
-    check_chat_env,
     tool_schemas,
 )
 
@@ -56,13 +56,17 @@ __all__ = ["as_openenv_environment"]
 
 _OWNER = "as_openenv_environment"
 _END_KEYS = ("terminated", "truncated")
+_ONE_EPISODE = (
+    "an OpenEnv session plays one episode (the server runs one environment per session: "
+    "max_concurrent_envs)"
+)
 #: envs owned by a live instance: a factory returning one twice would share an episode
 _OWNED: weakref.WeakSet = weakref.WeakSet()
 
 
-def _conversation(history: Any) -> list[dict[str, Any]]:
-    """Row 0 of a ``[1, T]`` History as TRL messages (torchrl's ``<none>`` padding dropped)."""
-    return without_placeholders(history_to_messages(history)[0])
+def _under_next(key: NestedKey) -> tuple[str, ...]:
+    """A key of the step's ``"next"`` entry as a key of the step's output."""
+    return ("next", *key_parts(key))
 
 
 class _TorchRLEnvironment(Environment[TorchRLChatAction, TorchRLChatObservation, State]):
@@ -73,16 +77,14 @@ class _TorchRLEnvironment(Environment[TorchRLChatAction, TorchRLChatObservation,
     SUPPORTS_CONCURRENT_SESSIONS = True
     _make_env: Callable[[], EnvBase] | None = None
     _shared_env: EnvBase | None = None
-    _reward_key: NestedKey = REWARD_KEY
-    _done_key: NestedKey = DONE_KEY
+    _reward_key: NestedKey = NEXT_REWARD_KEY  # in the step's output, under "next"
+    _done_key: NestedKey = NEXT_DONE_KEY
 
     def __init__(self) -> None:
         super().__init__()
-        from torchrl.envs.llm.transforms.dataloading import DataLoadingPrimer
-
         owns = self._shared_env is None
         env = self._make_env() if owns else self._shared_env
-        self._base = check_chat_env(env, _OWNER)
+        self._base = check_chat_env(env, _OWNER, _ONE_EPISODE)
         if owns:
             if env in _OWNED:
                 raise ValueError(
@@ -92,8 +94,8 @@ class _TorchRLEnvironment(Environment[TorchRLChatAction, TorchRLChatObservation,
                 )
             _OWNED.add(env)
         self.env, self._owns = env, owns
-        self._primed = any(isinstance(t, DataLoadingPrimer) for t in all_transforms(env))
-        self._tools = tool_schemas(env)
+        self._primed = has_prompt_source(env)
+        self._tools = tool_schemas(env, _OWNER)
         self._td: TensorDictBase | None = None
         self._episode_id: str | None = None
         self._steps, self._done = 0, False
@@ -125,9 +127,7 @@ class _TorchRLEnvironment(Environment[TorchRLChatAction, TorchRLChatObservation,
         td = self._reset_input(prompt, row)
         if seed is not None:
             self.env.set_seed(seed)
-        with set_list_to_stack(True):
-            self._td = self.env.reset(td)
-            conversation = _conversation(self._td.get(PROMPT_HISTORY_KEY))
+        self._td, conversation = reset_episode(self.env, td)
         self._episode_id = episode_id if episode_id is not None else str(uuid.uuid4())
         self._steps, self._done = 0, False
         return TorchRLChatObservation(
@@ -142,8 +142,6 @@ class _TorchRLEnvironment(Environment[TorchRLChatAction, TorchRLChatObservation,
         self, action: TorchRLChatAction, timeout_s: float | None = None, **kwargs: Any
     ) -> TorchRLChatObservation:
         """Appends the assistant's message and steps the environment (within ``timeout_s``)."""
-        from torchrl.modules.llm.policies import ChatHistory
-
         name = type(self).__name__
         if kwargs:
             raise RequestTypeError(
@@ -165,29 +163,17 @@ class _TorchRLEnvironment(Environment[TorchRLChatAction, TorchRLChatObservation,
                 f"{name}.step: the episode {self._episode_id} is done (after {self._steps} "
                 "steps); call reset() to start another."
             )
-        td = self._td
-        with set_list_to_stack(True):
-            prompt = td.get(PROMPT_HISTORY_KEY)
-            role = getattr(self._base, "policy_role", None) or "assistant"
-            response = messages_to_history([[{"role": role, "content": action.content}]])
-            full = prompt.extend(response, inplace=False, dim=-1)
-            chat = ChatHistory(prompt=prompt, response=response, full=full, batch_size=[1])
-            td.set(HISTORY_KEY[0], chat)
-            td = self._run(lambda: self.env.step(td), timeout_s)
-            after = td.get("next")
-            conversation = _conversation(after.get(PROMPT_HISTORY_KEY))
-            answered = len(_conversation(full))
-            self._td = self.env.step_mdp(td)
-        reward = after.get(self._reward_key, None)
-        done = after.get(self._done_key, None)
+        keys = {"reward_key": self._reward_key, "done_key": self._done_key}
+        run = lambda call: self._run(call, timeout_s)  # noqa: E731
+        out = step_episode(self.env, self._td, action.content, run=run, **keys)
+        self._td, self._done = out.td, out.done
         self._steps += 1
-        self._done = bool(done is not None and done.any())
         return TorchRLChatObservation(
-            messages=conversation[answered:],
-            conversation=conversation,
-            reward=None if reward is None else float(reward.sum()),
+            messages=out.added,
+            conversation=out.conversation,
+            reward=out.reward,
             done=self._done,
-            metadata={k: bool(after.get(k).any()) for k in _END_KEYS if k in after.keys()},
+            metadata={k: bool(out.out.get(k).any()) for k in _END_KEYS if k in out.out.keys()},
         )
 
     @property
@@ -213,41 +199,22 @@ class _TorchRLEnvironment(Environment[TorchRLChatAction, TorchRLChatObservation,
 
     def _reset_input(self, prompt: Any, row: dict[str, Any]) -> TensorDict:
         name = f"{type(self).__name__}.reset"
-        data_key = self._base.data_key
-        td = TensorDict(batch_size=[1])
         if prompt is None and not self._primed:
             raise RequestValueError(
                 f"{name} needs prompt=... (a str or a list of messages): the ChatEnv reads "
-                f"{data_key!r} at reset and the environment holds no DataLoadingPrimer to serve "
-                "one."
+                f"{self._base.data_key!r} at reset and the environment holds no "
+                "DataLoadingPrimer to serve one."
             )
-        if prompt is not None:
-            if self._primed:
-                raise RequestValueError(
-                    f"{name} got prompt=..., but the environment serves its own prompts (a "
-                    "DataLoadingPrimer), which would replace it. Reset without prompt=, or "
-                    "drop the DataLoadingPrimer."
-                )
-            if isinstance(prompt, str):
-                td.set(data_key, NonTensorStack(prompt))
-            elif is_message_list(prompt):
-                td.set(data_key, messages_to_history([prompt]))
-            else:
-                raise RequestTypeError(
-                    f"{name}: prompt must be a str or a list of {{'role', 'content'}} messages, "
-                    f"got {prompt!r:.100} of type {type(prompt).__name__}."
-                )
-        specs = (self.env.full_observation_spec, self.env.full_state_spec)
-        taken = {k for spec in specs for k in spec.keys()} | {HISTORY_KEY[0], "next"}
-        for column, value in row.items():
-            if column in taken:
-                hint = "pass the prompt as prompt=" if column == data_key else "rename it"
-                raise RequestValueError(
-                    f"{name}: the row column {column!r} is an entry of the environment "
-                    f"({sorted(map(str, taken))}); {hint}."
-                )
-            td.set_non_tensor(column, value)
-        return td
+        if prompt is not None and self._primed:
+            raise RequestValueError(
+                f"{name} got prompt=..., but the environment serves its own prompts (a "
+                "DataLoadingPrimer), which would replace it. Reset without prompt=, or drop the "
+                "DataLoadingPrimer."
+            )
+        try:
+            return reset_input(self.env, prompt, row, name, error=RequestValueError)
+        except TypeError as err:
+            raise RequestTypeError(str(err)) from err
 
     def _as_action(self, action: Any) -> TorchRLChatAction:
         name = f"{type(self).__name__}.step"
@@ -325,16 +292,18 @@ def as_openenv_environment(
     ``reset``                ``reset(seed=None, episode_id=None, prompt=..., **row)``:
                              ``env.reset`` with ``prompt`` (a str or TRL messages) at the
                              ChatEnv's ``data_key``; every other keyword (a dataset row's
-                             columns) set in the reset tensordict, where transforms read it.
-                             Without ``prompt``, an environment with a ``DataLoadingPrimer``
+                             columns) set in the reset tensordict, where transforms read it
+                             (numbers as tensors, anything else as non-tensor data). Without ``prompt``, an environment with a ``DataLoadingPrimer``
                              serves its own.
     ``step(action)``         ``action.content`` appended as the assistant's turn to
                              ``("history", "prompt")``, written as ``("history", "full")`` the
-                             way a TorchRL policy writes it, then ``env.step``: the
+                             way a TorchRL policy writes it (role: the ChatEnv's
+                             ``policy_role``), then one step (``env.step``'s result): the
                              environment's transforms parse it and run its tools.
     observation              ``messages``: the new turns (the prompt at reset, the environment's
                              turns after a step); ``conversation``: all of it; ``tools``: the
-                             tools' JSON schemas, at reset; ``reward``: the sum of
+                             tools' JSON schemas, at reset (the tools TRL's
+                             ``environment_factory`` gets); ``reward``: the sum of
                              ``("next", reward_key)``, ``None`` if the step wrote none;
                              ``done``: ``("next", done_key)``; ``metadata``: ``terminated`` and
                              ``truncated`` when the environment writes them.
@@ -401,7 +370,7 @@ def as_openenv_environment(
             f"environment itself), got {make_env!r:.100} of type {type(make_env).__name__}."
         )
     if shared is not None:
-        check_chat_env(shared, _OWNER)
+        check_chat_env(shared, _OWNER, _ONE_EPISODE)
     if not isinstance(name, str) or not name.isidentifier():
         raise ValueError(f"{_OWNER}: name must be a Python identifier, got {name!r}.")
     attrs = {
@@ -409,8 +378,8 @@ def as_openenv_environment(
         "__doc__": f"{make_env!r:.200} as an OpenEnv environment (as_openenv_environment).",
         "_make_env": None if shared is not None else staticmethod(make_env),
         "_shared_env": shared,
-        "_reward_key": as_nested_key(reward_key, "reward_key"),
-        "_done_key": as_nested_key(done_key, "done_key"),
+        "_reward_key": _under_next(as_nested_key(reward_key, "reward_key")),
+        "_done_key": _under_next(as_nested_key(done_key, "done_key")),
         "SUPPORTS_CONCURRENT_SESSIONS": shared is None,
     }
     return type(name, (_TorchRLEnvironment,), attrs)

@@ -7,7 +7,6 @@ TorchRL environment's tool transforms run, which the observation carries at rese
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
 from typing import Any
 
 from .._checks import require
@@ -24,8 +23,6 @@ __all__ = [
     "RequestValueError",
     "TorchRLChatAction",
     "TorchRLChatObservation",
-    "all_transforms",
-    "check_chat_env",
     "tool_schemas",
 ]
 
@@ -81,73 +78,23 @@ class TorchRLChatObservation(Observation):
     )
 
 
-def all_transforms(env: Any) -> list:
-    """Every transform of ``env``, inside ``Compose``\\ s too, in order."""
-    out, stack = [], [getattr(env, "transform", None)]
-    while stack:
-        t = stack.pop(0)
-        if t is not None:
-            out.append(t)
-            stack[:0] = list(getattr(t, "transforms", []))
-    return out
+def tool_schemas(env: Any, owner: str) -> list[dict[str, Any]]:
+    """The JSON schemas of the tools of ``env``'s tool transforms, in order, named as the
+    environment reads them in a call.
 
+    They come from the tool catalogue TRL's tools come from too
+    (:func:`~torchrl_trl_interop.rollouts._tools.tool_catalogue`): a ``SimpleToolTransform``'s
+    declared ``tool_schemas`` entry, else the schema ``transformers.utils.get_json_schema``
+    renders from the function (or, for ``ExecuteToolsInOrder``'s services, ``MCPToolTransform``'s
+    tools and ``PythonInterpreter``'s ``python(code)``, from the signature TRL renders), else one
+    naming the tool only. A tool transform whose tools cannot be listed adds nothing.
 
-def _schema_of(name: str, func: Callable) -> dict[str, Any]:
-    """A tool's JSON schema from its annotations and docstring, else one naming it only."""
-    try:
-        from transformers.utils import get_json_schema
-
-        schema = get_json_schema(func)
-    except Exception:  # no transformers, no docstring, untyped arguments: the name alone
-        return {"type": "function", "function": {"name": name}}
-    schema["function"]["name"] = name  # the name the environment calls it by
-    return schema
-
-
-def tool_schemas(env: Any) -> list[dict[str, Any]]:
-    """The JSON schemas of the named tools of ``env``'s tool transforms, in order.
-
-    A tool transform holding a ``tools`` mapping (torchrl's ``SimpleToolTransform``) gives, per
-    tool, its declared ``tool_schemas`` entry, else one built from the function's annotations and
-    Google-style docstring (``transformers.utils.get_json_schema``), else one naming it only.
-    Tool transforms without named tools (``PythonInterpreter``) add nothing.
+    Examples:
+        >>> from torchrl_trl_interop.testing import toy_tool_env
+        >>> [s["function"]["name"] for s in tool_schemas(toy_tool_env(), "f")]
+        ['add']
     """
-    from torchrl.envs.llm.transforms.tools import ToolTransformBase
+    from ..rollouts._tools import tool_catalogue, tool_transforms
 
-    out = []
-    for t in all_transforms(env):
-        tools = getattr(t, "tools", None)
-        if isinstance(t, ToolTransformBase) and isinstance(tools, Mapping):
-            declared = getattr(t, "tool_schemas", None) or {}
-            out.extend(declared.get(n) or _schema_of(n, f) for n, f in tools.items())
-    return out
-
-
-def check_chat_env(env: Any, owner: str) -> Any:
-    """``env``'s base ChatEnv; raises unless ``env`` plays one history-mode episode at a time
-    (what an OpenEnv session serves: one conversation)."""
-    from torchrl.envs import EnvBase
-
-    if not isinstance(env, EnvBase):
-        raise TypeError(
-            f"{owner}: make_env returned {env!r:.100} of type {type(env).__name__}; expected a "
-            "torchrl environment: a ChatEnv (input_mode='history') or a TransformedEnv around one."
-        )
-    base = getattr(env, "base_env", env)
-    if not hasattr(base, "data_key") or not hasattr(base, "input_mode"):
-        raise TypeError(
-            f"{owner}: the environment's base is a {type(base).__name__}, which reads no prompt "
-            "at reset; use a torchrl.envs.llm.ChatEnv (or a TransformedEnv around one)."
-        )
-    if base.input_mode != "history":
-        raise ValueError(
-            f"{owner}: the ChatEnv has input_mode={base.input_mode!r}; OpenEnv messages are a "
-            "conversation: build it with input_mode='history'."
-        )
-    if tuple(env.batch_size) != (1,):
-        raise ValueError(
-            f"{owner}: the environment has batch_size={tuple(env.batch_size)}; an OpenEnv session "
-            "plays one episode, so build it with batch_size=(1,) (the server runs one "
-            "environment per session: max_concurrent_envs)."
-        )
-    return base
+    catalogue = tool_catalogue(tool_transforms(env), owner, skip_unknown=True)
+    return [entry.schema() for entry in catalogue]

@@ -12,6 +12,7 @@ the modules here are private, one job each:
 * ``_tools``: the tools a TorchRL environment carries, and the syntax each transform reads;
 * ``_tool_schemas``: tool signatures TRL renders, from JSON schemas and Python callables;
 * ``_trl_tools``: :func:`~torchrl_trl_interop.as_trl_tools`, plain tools for ``tools=``;
+* ``_trainer``: the one reader of a TRL trainer (what it reads, for which TRL versions);
 * ``_trainer_policy``: a TRL trainer's own model as a TorchRL LLM policy;
 * ``_async_grpo``: :class:`~torchrl_trl_interop.TorchRLRolloutWorker`;
 * ``_weight_transfer``: :class:`~torchrl_trl_interop.TorchRLWeightTransfer`.

@@ -31,6 +31,8 @@ from typing import Any
 
 import torch
 
+from ._trainer import group_size, log_metrics, process_slice
+
 __all__ = [
     "CANDIDATES",
     "CANDIDATE_REWARD",
@@ -224,22 +226,6 @@ def select_group(
     return kept, metrics
 
 
-def trainer_group_size(trainer: Any) -> int:
-    """``num_generations`` in training, ``num_generations_eval`` in evaluation (as TRL groups)."""
-    training = getattr(trainer.model, "training", True)
-    group = getattr(trainer, "num_generations" if training else "num_generations_eval", None)
-    return int(group or getattr(trainer, "num_generations", 1) or 1)
-
-
-def log_metrics(trainer: Any, values: dict[str, list[float]]) -> None:
-    """Appends through ``GRPOTrainer``'s ``log_metric`` (averaged over every process's values)."""
-    log = getattr(trainer, "_log_metric", None)
-    if callable(log):
-        for name, rows in values.items():
-            for value in rows:
-                log(name, float(value))
-
-
 def sample_candidates(
     rollout: Callable[[list, Any], dict[str, list]],
     prompts: list,
@@ -261,19 +247,16 @@ def sample_candidates(
         ValueError: if ``candidate_group_size`` is smaller than the group size, the candidates
             are not a multiple of ``env_batch_size``, or the environment wrote no reward.
     """
-    group_size = trainer_group_size(trainer)
-    check_candidate_group_size(candidate_group_size, owner, group_size=group_size)
-    accelerator = getattr(trainer, "accelerator", None)
-    offset = int(getattr(accelerator, "process_index", 0) or 0) * len(prompts)
-    runs = group_runs(len(prompts), group_size, offset)
-    counts = [
-        candidates_for(stop - start, group_size, candidate_group_size) for start, stop, _ in runs
-    ]
+    group = group_size(trainer)
+    check_candidate_group_size(candidate_group_size, owner, group_size=group)
+    offset = process_slice(trainer, len(prompts)).start
+    runs = group_runs(len(prompts), group, offset)
+    counts = [candidates_for(stop - start, group, candidate_group_size) for start, stop, _ in runs]
     if sum(counts) % env_batch_size:
         raise ValueError(
             f"{owner}: candidate_group_size={candidate_group_size} makes {sum(counts)} candidate "
             f"rollouts for the {len(prompts)} prompts of this call ({len(runs)} groups of "
-            f"num_generations={group_size}), which the environment, of batch_size "
+            f"num_generations={group}), which the environment, of batch_size "
             f"({env_batch_size},), cannot run in whole batches. Make the candidates a multiple of "
             "the env's batch size: candidate_group_size x groups per call (for a whole group, "
             "candidate_group_size itself) divisible by it, or an env batch size that divides it."
@@ -299,7 +282,7 @@ def sample_candidates(
     first = 0
     for (start, stop, position), count in zip(runs, counts):
         scores = rewards[first : first + count]
-        chosen = select_candidates(scores, stop - start, position=position, group_size=group_size)
+        chosen = select_candidates(scores, stop - start, position=position, group_size=group)
         kept.extend(first + i for i in chosen)
         metrics[CANDIDATES].append(float(count))
         metrics[ZERO_STD_BEFORE].append(float(not has_spread(scores[: stop - start])))

@@ -21,7 +21,7 @@ from tensordict.utils import NestedKey
 
 from .._checks import as_mapping, as_names, require
 from .._keys import NEXT_DONE_KEY, NEXT_REWARD_KEY, as_nested_key, key_parts
-from ._episodes import find_env_problem
+from ._chat_episode import check_chat_env
 from ._tool_env import PUBLIC_NAMES, TorchRLEnvironment, get_reward
 from ._tool_schemas import function_with_signature
 from ._tools import env_transforms, find_tools, tool_transforms
@@ -103,15 +103,7 @@ class _EnvironmentFactory:
 
     def _make(self) -> Any:
         env = self.make_env()
-        problem = find_env_problem(env, own_prompts=True)
-        if problem is not None:
-            error, reason = problem
-            raise error(f"{_OWNER}: make_env() returned an env that cannot be used: {reason}.")
-        if tuple(env.batch_size) != (1,):
-            raise ValueError(
-                f"{_OWNER}: make_env() returned an env of batch_size {tuple(env.batch_size)}; "
-                "TRL runs one instance per rollout: build it with batch_size=(1,)."
-            )
+        check_chat_env(env, _OWNER, "TRL runs one instance per rollout")
         return env
 
     def _build_class(self, env: Any) -> type:
@@ -138,12 +130,12 @@ class _EnvironmentFactory:
         self._cls = type(_class_name(self.name), (TorchRLEnvironment,), body)
         return self._cls
 
-    def _columns(self, row: Mapping[str, Any], env: Any) -> list[str]:
-        """The row's columns that go into the reset tensordict of ``env``.
+    def _columns(self, row: Mapping[str, Any]) -> list[str]:
+        """The row's columns that go into the reset tensordict (``row_keys``, else all but the
+        prompt); :func:`~._chat_episode.reset_input` refuses those named like the env's entries.
 
         Raises:
             KeyError: if a ``row_keys`` column is missing from the row.
-            ValueError: if a column has the name of one of the environment's own entries.
         """
         columns = [k for k in row if k != "prompt"] if self.row_keys is None else self.row_keys
         missing = [k for k in columns if k not in row]
@@ -151,15 +143,6 @@ class _EnvironmentFactory:
             raise KeyError(
                 f"{_OWNER}: row_keys names {missing}, missing from the dataset row (columns: "
                 f"{sorted(row)})."
-            )
-        specs = (env.full_observation_spec, env.full_state_spec, env.full_action_spec)
-        taken = {k for spec in (*specs, env.full_done_spec, env.full_reward_spec) for k in spec}
-        taken |= {"next", getattr(getattr(env, "base_env", env), "data_key", "query")}
-        clash = sorted(set(columns) & taken)
-        if clash:
-            raise ValueError(
-                f"{_OWNER}: the dataset columns {clash} have the names of the environment's own "
-                f"entries; pass row_keys=[...] without them (columns: {sorted(row)})."
             )
         return list(columns)
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -24,6 +25,7 @@ __all__ = [
     "completions_only_rewards",
     "final_answer_ids",
     "score_final_answer",
+    "warn_completions_only",
 ]
 
 FINAL_ANSWER = "final_answer"
@@ -162,3 +164,20 @@ def completions_only_rewards(reward_funcs: Sequence[Any]) -> list[str]:
         if not ROLLOUT_KEYWORDS & set(parameters):
             names.append(_name(func))
     return names
+
+
+def warn_completions_only(reward_funcs: Sequence[Any], max_turns: int, owner: str) -> None:
+    """Warns when multi-turn rollouts meet reward functions that read only ``completions``."""
+    names = completions_only_rewards(reward_funcs)
+    if names:
+        warnings.warn(
+            f"{owner}(max_turns={max_turns}): GRPOTrainer decodes each rollout's whole "
+            "completion (the policy's turns and the environment's tokens between them: tool "
+            "results, replies, chat markup) into one message, `completions`, and the reward "
+            f"functions {names} read only that: they score the environment's text as the "
+            "policy's. Wrap a stock TRL reward function with score_final_answer(f) to score "
+            f"the policy's last turn, or read the {FINAL_ANSWER!r}, 'history' or "
+            "'env_reward' keyword.",
+            UserWarning,
+            stacklevel=3,
+        )

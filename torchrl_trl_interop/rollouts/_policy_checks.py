@@ -1,7 +1,7 @@
 """Whether a user-given torchrl LLM policy fits the rollout: tokenizer, pad token, batches.
 
-:func:`~torchrl_trl_interop.as_trl_rollout_func` checks a policy given as ``policy=`` once, and
-each env batch before it runs: torchrl 0.14.1's own ``TransformersWrapper`` has limits the
+:func:`~torchrl_trl_interop.as_trl_rollout_func` checks a policy given as ``policy=`` when it is
+built (:func:`check_policy`), its tokenizer at the first call, and each env batch before it runs: torchrl 0.14.1's own ``TransformersWrapper`` has limits the
 trainer's model (:class:`~torchrl_trl_interop.TrainerModelPolicy`) does not.
 """
 
@@ -16,6 +16,7 @@ from ._trainer_policy import TrainerModelPolicy
 
 __all__ = [
     "check_pad_is_not_eos",
+    "check_policy",
     "check_same_tokenizer",
     "check_same_turn_counts",
     "is_torchrl_transformers_wrapper",
@@ -85,3 +86,51 @@ def check_same_turn_counts(policy: Any, prompts: list, start: int, owner: str) -
             "each row on its own), use a vLLMWrapper, or make the env's batch_size a divisor of "
             "num_generations (each env batch then holds one prompt's copies)."
         )
+
+
+def check_policy(policy: Any, max_turns: int, recompute_logprobs: bool | None, owner: str) -> None:
+    """Whether ``policy`` (given as ``policy=``) can run the rollout as asked.
+
+    Raises:
+        TypeError: if ``policy`` is not a TensorDict module.
+        ValueError: if it returns no log-probs and ``recompute_logprobs=False``, re-tokenizes
+            the conversation (``prefer_tokens=False``) with ``max_turns > 1``, samples several
+            answers per prompt (``num_samples``), or is torchrl's ``TransformersWrapper`` with a
+            tokenizer whose pad token is an eos token.
+
+    Examples:
+        >>> check_policy("a policy", 1, None, "f")
+        Traceback (most recent call last):
+        ...
+        TypeError: f: policy must be a torchrl LLM wrapper (a TensorDictModuleBase, e.g. TransformersWrapper or vLLMWrapper) or None (the trainer's model), got 'a policy' of type str.
+    """
+    from tensordict.nn import TensorDictModuleBase
+
+    if not isinstance(policy, TensorDictModuleBase):
+        raise TypeError(
+            f"{owner}: policy must be a torchrl LLM wrapper (a TensorDictModuleBase, e.g. "
+            f"TransformersWrapper or vLLMWrapper) or None (the trainer's model), got "
+            f"{policy!r:.100} of type {type(policy).__name__}."
+        )
+    if getattr(policy, "return_log_probs", True) is False and recompute_logprobs is False:
+        raise ValueError(
+            f"{owner}: the policy {type(policy).__name__} returns no log-probs "
+            "(return_log_probs=False) and recompute_logprobs=False; build it with "
+            "return_log_probs=True or let the trainer's model score the tokens "
+            "(recompute_logprobs=True)."
+        )
+    if max_turns > 1 and getattr(policy, "prefer_tokens", True) is False:
+        raise ValueError(
+            f"{owner}: max_turns={max_turns} needs a policy that continues from "
+            f"the rollout's tokens, but {type(policy).__name__} has prefer_tokens=False (it "
+            "would re-tokenize the conversation, so the trainer would score other tokens "
+            "than those sampled). Build it with prefer_tokens=True."
+        )
+    if getattr(policy, "num_samples", None) not in (None, 1):
+        raise ValueError(
+            f"{owner}: the policy samples num_samples={policy.num_samples} "
+            "answers per prompt; GRPOTrainer already repeats each prompt num_generations "
+            "times, so build it with num_samples=None."
+        )
+    if is_torchrl_transformers_wrapper(policy):
+        check_pad_is_not_eos(policy, owner)

@@ -22,6 +22,8 @@ from typing import Any
 
 import torch
 
+from ._trainer import distributed_backend, trainer_accelerator, trainer_model, training_args
+
 __all__ = ["Lockstep", "Ranks", "check_prompt_slice", "check_same_calls", "generation_guard"]
 
 
@@ -50,12 +52,12 @@ class Ranks:
     @classmethod
     def of(cls, trainer: Any) -> Ranks:
         """The ranks of ``trainer`` (one process when it has no ``accelerator``)."""
-        accelerator = getattr(trainer, "accelerator", None)
+        accelerator = trainer_accelerator(trainer)
         count = int(getattr(accelerator, "num_processes", 1) or 1)
         if count == 1:
             return cls(accelerator=accelerator)
-        backend = _backend(trainer)
-        collective = backend.is_zero3 or backend.is_fsdp or _is_sharded(trainer.model)
+        backend = distributed_backend(trainer)
+        collective = backend.is_zero3 or backend.is_fsdp or _is_sharded(trainer_model(trainer))
         return cls(int(accelerator.process_index), count, bool(collective), accelerator)
 
     def gather(self, values: Sequence[int]) -> list[int]:
@@ -69,15 +71,12 @@ class Ranks:
         """Whether ``flag`` holds on any rank; one collective."""
         return bool(max(self.gather([int(flag)])))
 
-
-def _backend(trainer: Any) -> Any:
-    """TRL's view of the distributed backend (``DistributedBackend``: ZeRO stage, FSDP version)."""
-    backend = getattr(trainer, "_dist", None)
-    if backend is None:
-        from trl.distributed import DistributedBackend
-
-        backend = DistributedBackend(trainer.accelerator)
-    return backend
+    def gather_versions(self, versions: Sequence[int | None]) -> list[int | None]:
+        """Every rank's policy versions, in rank order (``None``: a row without one)."""
+        if self.count == 1:
+            return list(versions)
+        every = self.gather([-1 if v is None else v for v in versions])
+        return [None if v == -1 else v for v in every]
 
 
 def _is_sharded(model: Any) -> bool:
@@ -170,17 +169,17 @@ def generation_guard(trainer: Any) -> Iterator[Any]:
     """
     from trl.models import unwrap_model_for_generation
 
-    args = getattr(trainer, "args", None)
-    wrapped = getattr(trainer, "model_wrapped", None) or trainer.model
+    args = training_args(trainer)
+    wrapped = trainer_model(trainer, wrapped=True)
     with (
         unwrap_model_for_generation(
             wrapped,
-            trainer.accelerator,
+            trainer_accelerator(trainer),
             gather_deepspeed3_params=getattr(args, "ds3_gather_for_generation", True),
             gradient_checkpointing_kwargs=getattr(args, "gradient_checkpointing_kwargs", None),
         ) as model,
         torch.no_grad(),
-        _backend(trainer).summon_full_params(wrapped, recurse=False),
+        distributed_backend(trainer).summon_full_params(wrapped, recurse=False),
     ):
         yield model
 

@@ -13,7 +13,7 @@ environment computed (``env_reward``), and the policy's last turn (``final_answe
 from __future__ import annotations
 
 import contextlib
-import warnings
+import functools
 from typing import TYPE_CHECKING, Any
 
 from tensordict.utils import NestedKey
@@ -24,25 +24,21 @@ from .._keys import NEXT_DONE_KEY, NEXT_REWARD_KEY, POLICY_VERSION_KEY, as_neste
 from ..weights._staleness import check_max_staleness, check_staleness
 from ._dynamic_sampling import check_candidate_group_size, sample_candidates
 from ._episodes import RolloutRow, find_env_problem, run_episodes
-from ._final_answer import (
-    FINAL_ANSWER,
-    FINAL_ANSWER_IDS,
-    completions_only_rewards,
-    final_answer_ids,
-)
-from ._policy_checks import (
-    check_pad_is_not_eos,
-    check_same_tokenizer,
-    check_same_turn_counts,
-    is_torchrl_transformers_wrapper,
-)
+from ._final_answer import FINAL_ANSWER, FINAL_ANSWER_IDS, final_answer_ids, warn_completions_only
+from ._policy_checks import check_policy, check_same_tokenizer, check_same_turn_counts
 from ._ranks import Lockstep, Ranks, check_prompt_slice, check_same_calls, generation_guard
-from ._trainer_policy import (
-    TrainerModelPolicy,
-    score_tokens,
+from ._trainer import (
+    global_step,
+    group_size,
+    log_metrics,
+    sampling_temperature,
     trainer_generation_config,
+    trainer_reward_funcs,
     trainer_tokenizer,
+    training_args,
+    unwrapped_model,
 )
+from ._trainer_policy import TrainerModelPolicy, score_tokens
 from ._trl_prompts import check_rollout_prompts
 from ._vllm import vllm_policy
 
@@ -107,7 +103,8 @@ class _EnvRolloutFunc:
         if self.policy is None:
             if self._default is None or self._default[0] != id(model):
                 config = trainer_generation_config(trainer, tokenizer)
-                policy = TrainerModelPolicy(model, tokenizer, config, trainer.temperature)
+                temperature = sampling_temperature(trainer)
+                policy = TrainerModelPolicy(model, tokenizer, config, temperature)
                 self._default = (id(model), policy)
             policy = self._default[1]
             policy.synced_gpus = True if ranks.collective else None
@@ -118,7 +115,7 @@ class _EnvRolloutFunc:
             if policy_tokenizer is not None:
                 check_same_tokenizer(policy_tokenizer, tokenizer, _OWNER)
             self._checked.add(id(policy))
-        if ranks.collective and getattr(policy, "model", None) is _unwrapped(trainer):
+        if ranks.collective and getattr(policy, "model", None) is unwrapped_model(trainer):
             raise ValueError(
                 f"{_OWNER}: the policy {type(policy).__name__} generates with the trainer's own "
                 f"model, which is sharded over {ranks.count} ranks (ZeRO-3 or FSDP): every "
@@ -129,13 +126,10 @@ class _EnvRolloutFunc:
         return policy, None
 
     def _check_prompts(self, prompts: Any, trainer: Any, ranks: Ranks) -> None:
-        training = getattr(trainer.model, "training", True)
-        group = getattr(trainer, "num_generations" if training else "num_generations_eval", None)
-        group = group or getattr(trainer, "num_generations", 1) or 1
         self._warned_plain_text |= check_rollout_prompts(
             prompts, _OWNER, warn=not self._warned_plain_text
         )
-        check_prompt_slice(prompts, group, ranks, _OWNER)
+        check_prompt_slice(prompts, group_size(trainer), ranks, _OWNER)
         size = self.env.batch_size[0]
         if self.candidate_group_size is None and len(prompts) % size:  # else: the candidates'
             raise ValueError(
@@ -211,58 +205,31 @@ class _EnvRolloutFunc:
             FINAL_ANSWER_IDS: answer_ids,
         }
         versions = [r.policy_version for r in rows]
-        every = _every_rank(ranks, versions)  # so that the metrics and the bound are global
+        every = ranks.gather_versions(versions)  # so that the metrics and the bound are global
         if any(v is not None for v in every):
             out[POLICY_VERSION_KEY] = versions
-            check_staleness(every, trainer, self.max_staleness, _OWNER)
-        self._warn_completions_only(trainer)
+            step = global_step(trainer)
+            log = functools.partial(log_metrics, trainer)
+            check_staleness(every, step, self.max_staleness, _OWNER, log=log)
+        if self.max_turns > 1 and not self._warned:
+            self._warned = True
+            warn_completions_only(trainer_reward_funcs(trainer), self.max_turns, _OWNER)
         return out
-
-    def _warn_completions_only(self, trainer: Any) -> None:
-        """Warns once when multi-turn rollouts meet reward functions that read only completions."""
-        if self.max_turns == 1 or self._warned:
-            return
-        self._warned = True
-        names = completions_only_rewards(getattr(trainer, "reward_funcs", None) or [])
-        if names:
-            warnings.warn(
-                f"{_OWNER}(max_turns={self.max_turns}): GRPOTrainer decodes each rollout's whole "
-                "completion (the policy's turns and the environment's tokens between them: tool "
-                "results, replies, chat markup) into one message, `completions`, and the reward "
-                f"functions {names} read only that: they score the environment's text as the "
-                "policy's. Wrap a stock TRL reward function with score_final_answer(f) to score "
-                f"the policy's last turn, or read the {FINAL_ANSWER!r}, 'history' or "
-                "'env_reward' keyword.",
-                UserWarning,
-                stacklevel=3,
-            )
 
     @staticmethod
     def _rescore(trainer: Any, model: Any, tokenizer: Any, rows: list[RolloutRow]) -> None:
         """The trainer's model scores the policy's tokens; environment tokens stay at 0.0."""
+        args = training_args(trainer)
         scores = score_tokens(
             model,
             [r.prompt_ids + r.completion_ids for r in rows],
             [len(r.prompt_ids) for r in rows],
-            temperature=trainer.temperature,
+            temperature=sampling_temperature(trainer),
             pad_token_id=tokenizer.pad_token_id or 0,
-            batch_size=max(int(getattr(trainer.args, "per_device_train_batch_size", 8) or 8), 1),
+            batch_size=max(int(getattr(args, "per_device_train_batch_size", 8) or 8), 1),
         )
         for row, score in zip(rows, scores):
             row.logprobs = [v if m else 0.0 for v, m in zip(score.tolist(), row.env_mask)]
-
-
-def _unwrapped(trainer: Any) -> Any:
-    accelerator = getattr(trainer, "accelerator", None)
-    return trainer.model if accelerator is None else accelerator.unwrap_model(trainer.model)
-
-
-def _every_rank(ranks: Ranks, versions: list[int | None]) -> list[int | None]:
-    """Every rank's policy versions, in rank order (``None``: a row without one)."""
-    if ranks.count == 1:
-        return versions
-    every = ranks.gather([-1 if v is None else v for v in versions])
-    return [None if v == -1 else v for v in every]
 
 
 def as_trl_rollout_func(
@@ -441,36 +408,7 @@ def as_trl_rollout_func(
     if recompute_logprobs is not None:
         check_bool(recompute_logprobs, "recompute_logprobs", _OWNER)
     if policy is not None:
-        from tensordict.nn import TensorDictModuleBase
-
-        if not isinstance(policy, TensorDictModuleBase):
-            raise TypeError(
-                f"{_OWNER}: policy must be a torchrl LLM wrapper (a TensorDictModuleBase, e.g. "
-                f"TransformersWrapper or vLLMWrapper) or None (the trainer's model), got "
-                f"{policy!r:.100} of type {type(policy).__name__}."
-            )
-        if getattr(policy, "return_log_probs", True) is False and recompute_logprobs is False:
-            raise ValueError(
-                f"as_trl_rollout_func: the policy {type(policy).__name__} returns no log-probs "
-                "(return_log_probs=False) and recompute_logprobs=False; build it with "
-                "return_log_probs=True or let the trainer's model score the tokens "
-                "(recompute_logprobs=True)."
-            )
-        if max_turns > 1 and getattr(policy, "prefer_tokens", True) is False:
-            raise ValueError(
-                f"as_trl_rollout_func: max_turns={max_turns} needs a policy that continues from "
-                f"the rollout's tokens, but {type(policy).__name__} has prefer_tokens=False (it "
-                "would re-tokenize the conversation, so the trainer would score other tokens "
-                "than those sampled). Build it with prefer_tokens=True."
-            )
-        if getattr(policy, "num_samples", None) not in (None, 1):
-            raise ValueError(
-                f"as_trl_rollout_func: the policy samples num_samples={policy.num_samples} "
-                "answers per prompt; GRPOTrainer already repeats each prompt num_generations "
-                "times, so build it with num_samples=None."
-            )
-        if is_torchrl_transformers_wrapper(policy):
-            check_pad_is_not_eos(policy, _OWNER)
+        check_policy(policy, max_turns, recompute_logprobs, _OWNER)
     check_max_staleness(max_staleness, _OWNER)
     check_candidate_group_size(candidate_group_size, _OWNER)
     if env_seed is not None and (isinstance(env_seed, bool) or not isinstance(env_seed, int)):

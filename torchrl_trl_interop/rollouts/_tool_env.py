@@ -16,12 +16,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-import torch
-from tensordict import NonTensorStack, TensorDict, set_list_to_stack
+from tensordict import set_list_to_stack
 
-from .._conversation import history_to_messages, is_message_list, messages_to_history
-from .._keys import HISTORY_KEY, PROMPT_HISTORY_KEY, key_parts, without_placeholders
-from ._env_step import step, step_mdp
+from .._conversation import is_message_list
+from .._keys import PROMPT_HISTORY_KEY
+from ._chat_episode import conversation, reset_episode, reset_input, step_episode
 from ._tool_outcome import awaited, run_tool
 from ._trl_prompts import PLACEHOLDER_PROMPT, has_prompt_source, shown_prompt
 
@@ -32,15 +31,8 @@ __all__ = ["PUBLIC_NAMES", "TorchRLEnvironment", "get_reward"]
 
 _OWNER = "as_trl_environment_factory"
 
-_CHAT_HISTORY = key_parts(HISTORY_KEY)[0]  # "history": a ChatHistory (prompt, response, full)
-
 #: the public names of an instance that are not tools
 PUBLIC_NAMES = ("reset", "get_reward", "env", "messages", "reward")
-
-
-def _messages(history: Any) -> list[dict[str, Any]]:
-    """One ``[1, T]`` History as TRL messages, torchrl's ``<none>`` padding turns dropped."""
-    return without_placeholders(history_to_messages(history[0]))
 
 
 def _turns(messages: Sequence[dict[str, Any]]) -> list[tuple[Any, Any]]:
@@ -126,7 +118,7 @@ class TorchRLEnvironment:
     def messages(self) -> list[dict[str, Any]]:
         """The environment's conversation as TRL messages (its ``("history", "prompt")``)."""
         with set_list_to_stack(True):
-            return _messages(self._td.get(PROMPT_HISTORY_KEY)) if self._td is not None else []
+            return conversation(self._td.get(PROMPT_HISTORY_KEY)) if self._td is not None else []
 
     @property
     def reward(self) -> float | None:
@@ -141,7 +133,6 @@ class TorchRLEnvironment:
         reward parsers read them (e.g. ``"answer"``). Returns what the environment appended to
         the last message of the prompt TRL shows the model (the row's prompt, or TRL's empty
         user turn when the row has none), or ``None``."""
-        factory = self._factory
         prompt = row.get("prompt", PLACEHOLDER_PROMPT)  # TRL's prompt for a row without one
         if not isinstance(prompt, str) and not is_message_list(prompt):
             raise TypeError(
@@ -149,22 +140,14 @@ class TorchRLEnvironment:
                 f"{type(prompt).__name__}: {prompt!r:.200}."
             )
         messages = shown_prompt(prompt)
-        base = getattr(self._env, "base_env", self._env)
-        with set_list_to_stack(True):
-            td = TensorDict(batch_size=[1])
-            if not has_prompt_source(self._env):
-                td.set(base.data_key, messages_to_history([messages]))
-            for key in factory._columns(row, self._env):
-                value = row[key]
-                if isinstance(value, (bool, int, float)):
-                    td.set(key, torch.tensor([value]))
-                else:
-                    td.set(key, NonTensorStack(value))
-            with torch.no_grad():
-                self._td = self._env.reset(td)
+        columns = {key: row[key] for key in self._factory._columns(row)}
+        shown = None if has_prompt_source(self._env) else messages
+        fix = "pass row_keys=[...] without them"
+        td = reset_input(self._env, shown, columns, _OWNER, fix=fix)
+        self._td, after_reset = reset_episode(self._env, td)
         self._rewards, self._calls, self._done, self._counted = [], [], False, 0
         self._reward_closed = (False, None)
-        return _observation(messages, self.messages)
+        return _observation(messages, after_reset)
 
     def _uncounted_reward(self) -> float | None:
         """The summed reward of the steps not yet handed to TRL, ``None`` if they wrote none."""
@@ -174,24 +157,13 @@ class TorchRLEnvironment:
 
     def _step(self, content: str) -> list[dict[str, Any]]:
         """Steps the environment with an assistant turn; the turns it added after it."""
-        from torchrl.data.llm import History
-        from torchrl.modules.llm.policies import ChatHistory
-
         factory = self._factory
-        with set_list_to_stack(True), torch.no_grad():
-            prompt = self._td.get(PROMPT_HISTORY_KEY)
-            turn = History(role="assistant", content=content, is_complete=True).view(1, 1)
-            full = prompt.extend(turn, dim=-1, inplace=False)
-            history = ChatHistory(prompt=prompt, response=turn, full=full, batch_size=[1])
-            self._td.set(_CHAT_HISTORY, history)
-            td = step(self._env, self._td)
-            reward = td.get(factory.reward_key, None)
-            self._rewards.append(None if reward is None else float(reward.sum()))
-            done = td.get(factory.done_key, None)
-            self._done = bool(done is not None and done.any())
-            before = len(_messages(full))
-            self._td = step_mdp(self._env, td)
-            return self.messages[before:]
+        out = step_episode(
+            self._env, self._td, content, reward_key=factory.reward_key, done_key=factory.done_key
+        )
+        self._td, self._done = out.td, out.done
+        self._rewards.append(out.reward)
+        return out.added
 
     def _call_tool(self, name: str, **arguments: Any) -> str:
         """A tool method's body: the call written as the env reads it, one step, the reply.

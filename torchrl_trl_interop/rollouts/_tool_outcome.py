@@ -17,6 +17,8 @@ import inspect
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from .._upstream._tools import registry_services, watch_mcp_execute
+
 __all__ = ["ToolFailed", "awaited", "is_async_tool", "run_tool"]
 
 
@@ -82,7 +84,7 @@ def _watched(transform: Any, env_name: str, outcome: tuple[bool, Any] | None) ->
         finally:
             transform.tools[env_name] = function
     elif isinstance(transform, ExecuteToolsInOrder):
-        services = transform.registry._svc  # torchrl's ToolRegistry lists no services publicly
+        services = registry_services(transform.registry, f"tool {env_name!r}")
         service = services[env_name]
 
         def call_service(**arguments: Any) -> Any:
@@ -98,23 +100,13 @@ def _watched(transform: Any, env_name: str, outcome: tuple[bool, Any] | None) ->
         finally:
             services[env_name] = service
     elif isinstance(transform, MCPToolTransform):
-        own = vars(transform).get("_execute_tool_sync")  # normally None: the class's method
-        execute = transform._execute_tool_sync
 
-        def execute_watched(*args: Any, **kwargs: Any) -> dict:
-            result = execute(*args, **kwargs)
+        def on_result(result: dict) -> None:
             if not result.get("success", False):
                 failures.append(str(result.get("error")))
-            return result
 
-        transform._execute_tool_sync = execute_watched
-        try:
+        with watch_mcp_execute(transform, on_result, f"tool {env_name!r}"):
             yield failures
-        finally:
-            if own is None:
-                del transform._execute_tool_sync  # the class's method again
-            else:
-                transform._execute_tool_sync = own
     else:  # PythonInterpreter: an error in the code is the program's output, as TRL would show it
         yield failures
 

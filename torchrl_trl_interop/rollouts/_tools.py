@@ -19,6 +19,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from .._checks import as_mapping
+from .._upstream._tools import (
+    mcp_tools,
+    process_one,
+    python_blocks,
+    registry_services,
+    tool_calls,
+)
 from ._tool_outcome import awaited, run_tool
 from ._tool_schemas import (
     ToolSignature,
@@ -29,12 +36,14 @@ from ._tool_schemas import (
 )
 
 __all__ = [
+    "CatalogueEntry",
     "TorchRLTool",
     "check_name",
     "env_transforms",
     "find_tools",
     "no_op",
     "service_signature",
+    "tool_catalogue",
     "tool_transforms",
 ]
 
@@ -62,7 +71,7 @@ def _loads(text: str) -> Any:
         return None
 
 
-def _reader(transform: Any) -> Callable[[str], list[tuple[str, Any]]]:
+def _reader(transform: Any, owner: str) -> Callable[[str], list[tuple[str, Any]]]:
     """The calls ``transform`` reads in a text, as ``(name, arguments)``, with its own parser."""
     from torchrl.envs.llm.transforms import (
         ExecuteToolsInOrder,
@@ -72,14 +81,15 @@ def _reader(transform: Any) -> Callable[[str], list[tuple[str, Any]]]:
     )
 
     if isinstance(transform, SimpleToolTransform):
-        return lambda text: [(n, _loads(a)) for n, a in transform._extract_tool_calls(text)]
+        return lambda text: [(n, _loads(a)) for n, a in tool_calls(transform, text, owner)]
     if isinstance(transform, MCPToolTransform):
-        calls = transform._extract_tool_calls
-        return lambda text: [(f"{s}.{n}", _loads(a)) for s, n, a in calls(text)]
+        return lambda text: [
+            (f"{s}.{n}", _loads(a)) for s, n, a in tool_calls(transform, text, owner)
+        ]
     if isinstance(transform, ExecuteToolsInOrder):
         return lambda text: [(c.tool, c.args) for c in transform.parser(text)["calls"]]
     if isinstance(transform, PythonInterpreter):
-        return lambda text: [("python", {"code": c}) for c in transform._extract_python_code(text)]
+        return lambda text: [("python", {"code": c}) for c in python_blocks(transform, text, owner)]
     raise TypeError(f"no reader for {type(transform).__name__}")
 
 
@@ -111,7 +121,7 @@ class TorchRLTool:
             text = f"```python\n{arguments.get('code', '')}\n```"
         else:
             text = _syntaxes(self.env_name, arguments)[self.syntax]
-        read = _reader(self.transform)(text)
+        read = _reader(self.transform, f"tool {self.name!r}")(text)
         if read != [(self.env_name, arguments)]:
             raise ValueError(
                 f"tool {self.name!r}: {type(self.transform).__name__} reads the call "
@@ -134,7 +144,7 @@ class TorchRLTool:
         return run_tool(self.transform, self.env_name, lambda: self._reply(arguments), outcome)
 
     def _reply(self, arguments: dict[str, Any]) -> Any:
-        results = self.transform._process_batch_item(self.render(arguments), 0)
+        results = process_one(self.transform, self.render(arguments), f"tool {self.name!r}")
         if not results or len(results) != 1:
             raise RuntimeError(
                 f"tool {self.name!r}: {type(self.transform).__name__} answered the call with "
@@ -154,7 +164,7 @@ def _pick_syntax(transform: Any, env_name: str, owner: str) -> str:
     if isinstance(transform, PythonInterpreter):
         return "python"
     probe = {"x": 1, "y": "a b"}
-    read = _reader(transform)
+    read = _reader(transform, owner)
     for syntax, text in _syntaxes(env_name, probe).items():
         if read(text) == [(env_name, probe)]:
             return syntax
@@ -165,9 +175,64 @@ def _pick_syntax(transform: Any, env_name: str, owner: str) -> str:
     )
 
 
-def _offered(transform: Any, owner: str) -> list[tuple[str, str, Callable[[str], ToolSignature]]]:
-    """``(env name, default TRL name, signature builder)`` of every tool ``transform`` offers;
-    the builder takes the name TRL shows."""
+@dataclass(frozen=True)
+class CatalogueEntry:
+    """One tool an environment carries, before either side renders it.
+
+    TRL renders it as a method named ``default_name`` (or its ``rename``) with the signature
+    ``signature(name)`` builds; OpenEnv as the JSON schema :meth:`schema` returns, named
+    ``env_name``, the name the environment reads in a call.
+    """
+
+    env_name: str
+    default_name: str
+    transform: Any
+    signature: Callable[[str], ToolSignature]
+    declared: dict[str, Any] | None = None  # a SimpleToolTransform's tool_schemas entry
+    function: Callable[..., Any] | None = None  # a SimpleToolTransform's function
+
+    def schema(self) -> dict[str, Any]:
+        """The tool's JSON schema: the declared one, else the one ``get_json_schema`` renders
+        (from the function, or the signature TRL renders), else one naming the tool only."""
+        if self.declared:
+            return self.declared
+        try:
+            from transformers.utils import get_json_schema
+
+            sig = None if self.function else self.signature(self.default_name)
+            schema = get_json_schema(
+                self.function or function_with_signature(no_op, sig, method=False)
+            )
+        except Exception:  # no transformers, no docstring, untyped arguments: the name alone
+            return {"type": "function", "function": {"name": self.env_name}}
+        schema["function"]["name"] = self.env_name
+        return schema
+
+
+_SUPPORTED = "SimpleToolTransform, ExecuteToolsInOrder, MCPToolTransform, PythonInterpreter"
+
+
+def tool_catalogue(
+    transforms: Iterable[Any], owner: str, *, skip_unknown: bool = False
+) -> list[CatalogueEntry]:
+    """Every tool the TorchRL tool ``transforms`` carry, in order: the one list TRL's
+    (:func:`find_tools`) and OpenEnv's (``openenv._wire.tool_schemas``) tools come from.
+
+    Keyword Args:
+        skip_unknown (bool, optional): skip a tool transform whose tools cannot be listed (an
+            environment that answers every turn) instead of raising. Defaults to ``False``.
+
+    Raises:
+        TypeError: if a transform's tools cannot be listed (unless ``skip_unknown``).
+        RuntimeError: if an ``MCPToolTransform`` lists no tools (its servers did not connect).
+
+    Examples:
+        >>> from torchrl.envs.llm.transforms import PythonInterpreter, SimpleToolTransform
+        >>> from torchrl_trl_interop.testing import toy_add
+        >>> tools = [SimpleToolTransform(tools={"add": toy_add}), PythonInterpreter(persistent=False)]
+        >>> [(e.env_name, e.schema()["function"]["name"]) for e in tool_catalogue(tools, "f")]
+        [('add', 'add'), ('python', 'python')]
+    """
     from torchrl.envs.llm.transforms import (
         ExecuteToolsInOrder,
         MCPToolTransform,
@@ -175,53 +240,36 @@ def _offered(transform: Any, owner: str) -> list[tuple[str, str, Callable[[str],
         SimpleToolTransform,
     )
 
-    if isinstance(transform, SimpleToolTransform):
-        schemas = transform.tool_schemas or {}
-        return [
-            (
-                n,
-                n,
-                lambda m, n=n, f=f: (
-                    signature_from_schema(m, schemas[n], owner)
-                    if n in schemas
-                    else signature_from_callable(m, f, owner)
-                ),
+    out: list[CatalogueEntry] = []
+    for t in transforms:
+        if isinstance(t, SimpleToolTransform):
+            declared = t.tool_schemas or {}
+            for n, f in t.tools.items():
+                build = (
+                    (lambda m, s=declared[n]: signature_from_schema(m, s, owner))
+                    if n in declared
+                    else (lambda m, f=f: signature_from_callable(m, f, owner))
+                )
+                out.append(CatalogueEntry(n, n, t, build, declared.get(n), f))
+        elif isinstance(t, ExecuteToolsInOrder):
+            for n, service in registry_services(t.registry, owner).items():
+                out.append(CatalogueEntry(n, n, t, service_signature(service, owner)))
+        elif isinstance(t, MCPToolTransform):
+            for server, tools in mcp_tools(t, _MCP_CONNECT_S, owner).items():
+                for name, tool in tools.items():
+                    build = lambda m, tool=tool: signature_from_schema(  # noqa: E731
+                        m, tool.inputSchema, owner, description=tool.description
+                    )
+                    out.append(CatalogueEntry(f"{server}.{name}", name, t, build))
+        elif isinstance(t, PythonInterpreter):
+            out.append(CatalogueEntry("python", "python", t, _python_signature))
+        elif not skip_unknown:
+            raise TypeError(
+                f"{owner}: {type(t).__name__} is a TorchRL tool transform whose tools cannot be "
+                f"listed (supported: {_SUPPORTED}). An environment that answers every turn is a "
+                "multi-turn environment, not a tool: use as_trl_rollout_func for it."
             )
-            for n, f in transform.tools.items()
-        ]
-    if isinstance(transform, ExecuteToolsInOrder):
-        services = transform.registry._svc  # torchrl's ToolRegistry lists no services publicly
-        return [(n, n, service_signature(s, owner)) for n, s in services.items()]
-    if isinstance(transform, MCPToolTransform):
-        ready = getattr(transform, "_ready_event", None)  # torchrl waits only 10 s for servers
-        if not transform._tools_cache and ready is not None:
-            ready.wait(timeout=_MCP_CONNECT_S)
-        if not transform._tools_cache:
-            raise RuntimeError(
-                f"{owner}: the MCPToolTransform lists no tools after {_MCP_CONNECT_S:.0f} s "
-                f"(connection error: {transform._connection_error or 'none reported'}). Check "
-                "its servers; note that torchrl 0.14.1 lists tools without the MCP handshake "
-                "(session.initialize()), which compliant servers refuse."
-            )
-        return [
-            (
-                f"{server}.{name}",
-                name,
-                lambda m, tool=tool: signature_from_schema(
-                    m, tool.inputSchema, owner, description=tool.description
-                ),
-            )
-            for server, tools in transform._tools_cache.items()
-            for name, tool in tools.items()
-        ]
-    if isinstance(transform, PythonInterpreter):
-        return [("python", "python", _python_signature)]
-    raise TypeError(
-        f"{owner}: {type(transform).__name__} is a TorchRL tool transform whose tools cannot be "
-        "listed (supported: SimpleToolTransform, ExecuteToolsInOrder, MCPToolTransform, "
-        "PythonInterpreter). An environment that answers every turn is a multi-turn "
-        "environment, not a tool: use as_trl_rollout_func for it."
-    )
+    return out
 
 
 def _python_signature(name: str) -> ToolSignature:
@@ -291,20 +339,20 @@ def find_tools(
     rename = as_mapping(rename, "rename", owner, "{tool name: new name}")
     reserved = {"reset", "get_reward", *reserved}
     tools: list[TorchRLTool] = []
-    for transform in transforms:
-        for env_name, default, build in _offered(transform, owner):
-            name = rename.get(env_name, default)
-            check_name(name, env_name, reserved, owner)
-            clash = [t.env_name for t in tools if t.name == name]
-            if clash:
-                raise ValueError(
-                    f"{owner}: tools {clash[0]!r} and {env_name!r} would both be called {name!r}; "
-                    f"pass rename={{{env_name!r}: 'another_name'}}."
-                )
-            syntax = _pick_syntax(transform, env_name, owner)
-            tool = TorchRLTool(build(name), env_name, transform, syntax)
-            check_renders(function_with_signature(no_op, tool.signature, method=False), owner)
-            tools.append(tool)
+    for entry in tool_catalogue(transforms, owner):
+        transform, env_name, build = entry.transform, entry.env_name, entry.signature
+        name = rename.get(env_name, entry.default_name)
+        check_name(name, env_name, reserved, owner)
+        clash = [t.env_name for t in tools if t.name == name]
+        if clash:
+            raise ValueError(
+                f"{owner}: tools {clash[0]!r} and {env_name!r} would both be called {name!r}; "
+                f"pass rename={{{env_name!r}: 'another_name'}}."
+            )
+        syntax = _pick_syntax(transform, env_name, owner)
+        tool = TorchRLTool(build(name), env_name, transform, syntax)
+        check_renders(function_with_signature(no_op, tool.signature, method=False), owner)
+        tools.append(tool)
     unknown = sorted(set(rename) - {t.env_name for t in tools})
     if unknown:
         raise ValueError(

@@ -25,8 +25,6 @@ __all__ = [
     "TrainerModelPolicy",
     "completion_lengths",
     "score_tokens",
-    "trainer_generation_config",
-    "trainer_tokenizer",
 ]
 
 
@@ -61,8 +59,8 @@ class TrainerModelPolicy(TransformersWrapper):
             ``trainer.accelerator.unwrap_model(trainer.model)``).
         tokenizer (PreTrainedTokenizerBase): its tokenizer.
         generation_config (GenerationConfig): how to sample (for a trainer:
-            :func:`trainer_generation_config`). Written with ``output_logits=True`` and
-            ``return_dict_in_generate=True``, which the scoring needs.
+            :func:`~torchrl_trl_interop.trainer_generation_config`). Written with
+            ``output_logits=True`` and ``return_dict_in_generate=True``, which the scoring needs.
         temperature (float): the logits are divided by it before scoring.
 
     Examples:
@@ -258,75 +256,6 @@ def completion_lengths(
     is_eos = torch.isin(response, eos)
     first = is_eos.int().argmax(-1)
     return torch.where(is_eos.any(-1), first + 1, response.shape[-1]).cpu()
-
-
-def trainer_tokenizer(trainer: Any) -> Any:
-    """The trainer's tokenizer (a processor's ``.tokenizer`` for multimodal processing classes)."""
-    tokenizer = getattr(trainer, "_tokenizer", None) or trainer.processing_class
-    return getattr(tokenizer, "tokenizer", tokenizer)
-
-
-def trainer_generation_config(trainer: Any, tokenizer: Any, *, model: Any = None) -> Any:
-    """A copy of the ``GenerationConfig`` a TRL trainer generates with, pad suppressed.
-
-    ``GRPOTrainer`` builds it from ``max_completion_length``, ``temperature``, ``top_p``,
-    ``top_k``, ``min_p``, ``repetition_penalty``, ``cache_implementation`` and
-    ``generation_kwargs`` (vLLM trainers build none: it is made from the same arguments). The pad
-    token is added to ``suppress_tokens`` when it is not an eos token: torchrl's own wrappers and
-    masks tell padding by the pad id, so a sampled pad token would pass for padding downstream.
-
-    ``trainer`` may also be the trainer's ``GRPOConfig``, before the trainer exists (a generator
-    in another process is built before the trainer whose rollout function uses it): the config is
-    then made as ``GRPOTrainer`` makes it for a text model, the eos ids being the tokenizer's and
-    those ``model.generation_config`` declares.
-
-    Examples:
-        >>> from trl import GRPOConfig
-        >>> from torchrl_trl_interop.testing import toy_tokenizer
-        >>> args = GRPOConfig("out", max_completion_length=8, temperature=0.7, bf16=False)
-        >>> config = trainer_generation_config(args, toy_tokenizer())
-        >>> config.max_new_tokens, config.temperature, config.suppress_tokens
-        (8, 0.7, [0])
-    """
-    from transformers import TrainingArguments
-
-    if isinstance(trainer, TrainingArguments):
-        eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
-        eos = [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
-        if tokenizer.eos_token_id not in eos:
-            eos = [tokenizer.eos_token_id, *eos]
-        config = _generation_config(trainer, tokenizer, eos)
-    elif getattr(trainer, "generation_config", None) is not None:
-        config = copy.deepcopy(trainer.generation_config)
-    else:
-        config = _generation_config(trainer.args, tokenizer, list(trainer.eos_token_ids))
-    eos = config.eos_token_id
-    eos = set(eos if isinstance(eos, (list, tuple)) else [eos])
-    pad = tokenizer.pad_token_id
-    if pad is not None and pad not in eos:
-        config.suppress_tokens = sorted(set(config.suppress_tokens or []) | {pad})
-    return config
-
-
-def _generation_config(args: Any, tokenizer: Any, eos_token_ids: list[int]) -> Any:
-    """``GRPOTrainer``'s ``GenerationConfig`` for a text model (TRL 1.16, ``__init__``)."""
-    from transformers import GenerationConfig
-
-    kwargs = {
-        "max_new_tokens": args.max_completion_length,
-        "do_sample": True,
-        "pad_token_id": tokenizer.pad_token_id,
-        "bos_token_id": tokenizer.bos_token_id,
-        "eos_token_id": eos_token_ids,
-        "temperature": args.temperature,
-        "top_p": args.top_p,
-        "top_k": args.top_k,
-        "min_p": args.min_p,
-        "repetition_penalty": args.repetition_penalty,
-        "cache_implementation": args.cache_implementation,
-        **(args.generation_kwargs or {}),
-    }
-    return GenerationConfig(**kwargs, disable_compile=True)
 
 
 def score_tokens(

@@ -13,6 +13,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from .._checks import as_mapping, check_tokenizer, require
+from .._upstream._tools import registry_services
 from ._tool_schemas import ToolSignature, check_renders, function_with_signature
 from ._tools import check_name, find_tools, no_op, service_signature
 
@@ -108,7 +109,7 @@ def as_trl_tools(
     found: dict[str, tuple[ToolSignature, Callable[..., Any]]] = {}
     if isinstance(tools, ToolRegistry):
         names = as_mapping(rename, "rename", _OWNER, "{tool name: new name}")
-        for env_name, service in tools._svc.items():
+        for env_name, service in registry_services(tools, _OWNER).items():
             name = names.get(env_name, env_name)
             check_name(name, env_name, {"reset", "get_reward"}, _OWNER)
             sig = service_signature(service, _OWNER)(name)

@@ -17,7 +17,14 @@ from typing import Any
 
 import torch
 
-from ._trainer_policy import TrainerModelPolicy, trainer_generation_config, trainer_tokenizer
+from ._trainer import (
+    sampling_temperature,
+    trainer_generation_config,
+    trainer_tokenizer,
+    unwrapped_model,
+    vllm_backend,
+)
+from ._trainer_policy import TrainerModelPolicy
 
 __all__ = ["TRLVLLMPolicy", "vllm_policy"]
 
@@ -88,8 +95,10 @@ def vllm_policy(
         >>> vllm_policy(SimpleNamespace(use_vllm=False), None, False, 1, 1, "f") is None
         True
     """
-    if not getattr(trainer, "use_vllm", False):
+    backend = vllm_backend(trainer)
+    if backend is None:
         return None
+    generation, mode = backend
     if policy is not None:
         raise ValueError(
             f"{owner}: GRPOConfig(use_vllm=True) makes GRPOTrainer sync its vLLM engine every "
@@ -104,14 +113,12 @@ def vllm_policy(
             "log-probs with the trainer's, which voids TRL's importance-sampling correction; "
             "leave it None."
         )
-    generation = getattr(trainer, "vllm_generation", None)
     if not callable(getattr(generation, "generate", None)):
         raise RuntimeError(
             f"{owner}: the trainer has use_vllm=True but no vLLM backend (trainer.vllm_generation "
             f"is {type(generation).__name__}); build the trainer with GRPOConfig(use_vllm=True) "
             "and vLLM installed."
         )
-    mode = getattr(trainer, "vllm_mode", getattr(generation, "mode", "server"))
     gathers = mode == "server" or getattr(generation, "tensor_parallel_size", 1) > 1
     if processes > 1 and gathers and max_turns > 1:
         raise ValueError(
@@ -121,12 +128,11 @@ def vllm_policy(
             "turns. Use max_turns=1, vllm_mode='colocate' with tensor_parallel_size=1, or a "
             "generator of your own (RayRemotePolicy, a vLLMWrapper) with use_vllm=False."
         )
-    accelerator = getattr(trainer, "accelerator", None)
-    model = trainer.model if accelerator is None else accelerator.unwrap_model(trainer.model)
+    model = unwrapped_model(trainer)
     tokenizer = trainer_tokenizer(trainer)
     policy = _POLICIES.get(generation)
     if policy is None or policy.model is not model:
         config = trainer_generation_config(trainer, tokenizer)
-        policy = TRLVLLMPolicy(generation, model, tokenizer, config, trainer.temperature)
+        policy = TRLVLLMPolicy(generation, model, tokenizer, config, sampling_temperature(trainer))
         _POLICIES[generation] = policy
     return policy

@@ -26,7 +26,7 @@ def toy_generator_policy(
 
     Args:
         generation_config (GenerationConfig, optional): how to sample; for a trainer,
-            ``trainer_policy.trainer_generation_config(trainer, tokenizer)``. Defaults to
+            ``trainer_generation_config(trainer, tokenizer)``. Defaults to
             ``max_new_tokens`` sampled tokens.
 
     Keyword Args:
@@ -277,6 +277,8 @@ def attach_toy_vllm(trainer: Any, server_model: Any) -> ToyVLLMClient:
 
     from trl.generation.vllm_generation import VLLMGeneration
 
+    from ..rollouts._trainer import attach_vllm_generation
+
     args = trainer.args
     with mock.patch.object(VLLMGeneration, "_init_vllm", lambda self: None):
         generation = VLLMGeneration(
@@ -294,6 +296,5 @@ def attach_toy_vllm(trainer: Any, server_model: Any) -> ToyVLLMClient:
             generation_kwargs=args.generation_kwargs,
         )
     generation.vllm_client = ToyVLLMClient(server_model, trainer.processing_class)
-    trainer.use_vllm, trainer.vllm_mode = True, "server"
-    trainer.vllm_generation, trainer._last_loaded_step = generation, -1
+    attach_vllm_generation(trainer, generation, mode="server")
     return generation.vllm_client

@@ -7,15 +7,23 @@ at step ``s`` its staleness is ``s - v``.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 __all__ = [
+    "STALENESS_MAX",
+    "STALENESS_MEAN",
     "StaleRolloutError",
     "check_max_staleness",
     "check_staleness",
     "set_policy_version",
 ]
+
+
+#: the mean staleness of a call's rows, in optimizer steps
+STALENESS_MEAN = "rollout/staleness_mean"
+#: the largest staleness of a call's rows
+STALENESS_MAX = "rollout/staleness_max"
 
 
 class StaleRolloutError(RuntimeError):
@@ -34,27 +42,32 @@ def check_max_staleness(value: Any, owner: str) -> None:
 
 
 def check_staleness(
-    versions: Sequence[int | None], trainer: Any, max_staleness: int | None, owner: str
+    versions: Sequence[int | None],
+    step: int,
+    max_staleness: int | None,
+    owner: str,
+    *,
+    log: Callable[[dict[str, list[float]]], None] | None = None,
 ) -> list[int]:
-    """Per-row staleness against ``trainer.state.global_step``; logs it; enforces the bound.
+    """Per-row staleness against the trainer's optimizer ``step``; logs it; enforces the bound.
 
-    The mean and max are appended to the trainer's metrics (``rollout/staleness_mean``,
-    ``rollout/staleness_max``) when it keeps TRL's ``_metrics`` (``GRPOTrainer`` does).
+    The mean and max (``rollout/staleness_mean``, ``rollout/staleness_max``) go to ``log``
+    (the rollout function gives the trainer's metrics), before the bound is enforced.
 
     Raises:
         StaleRolloutError: if a row is older than ``max_staleness`` steps, or has no version.
 
     Examples:
-        >>> from types import SimpleNamespace
-        >>> trainer = SimpleNamespace(state=SimpleNamespace(global_step=5))
-        >>> check_staleness([5, 4, 4], trainer, 1, "f")
+        >>> logged = {}
+        >>> check_staleness([5, 4, 4], 5, 1, "f", log=logged.update)
         [0, 1, 1]
-        >>> check_staleness([2], trainer, 1, "f")
+        >>> logged
+        {'rollout/staleness_mean': [0.6666666666666666], 'rollout/staleness_max': [1.0]}
+        >>> check_staleness([2], 5, 1, "f")
         Traceback (most recent call last):
         ...
         torchrl_trl_interop.weights._staleness.StaleRolloutError: f: row 0 was sampled by the weights of step 2, 3 steps behind the trainer (step 5); max_staleness=1. ...
     """
-    step = int(trainer.state.global_step)
     missing = [i for i, v in enumerate(versions) if v is None]
     if missing:
         raise StaleRolloutError(
@@ -62,12 +75,13 @@ def check_staleness(
             "of every rollout must be stamped (one policy per rollout function)."
         )
     staleness = [step - int(v) for v in versions]
-    metrics = getattr(trainer, "_metrics", None)
-    if isinstance(metrics, dict):
-        mode = "train" if getattr(getattr(trainer, "model", None), "training", True) else "eval"
-        if mode in metrics:
-            metrics[mode]["rollout/staleness_mean"].append(sum(staleness) / len(staleness))
-            metrics[mode]["rollout/staleness_max"].append(float(max(staleness)))
+    if log is not None:
+        log(
+            {
+                STALENESS_MEAN: [sum(staleness) / len(staleness)],
+                STALENESS_MAX: [float(max(staleness))],
+            }
+        )
     if max_staleness is not None and max(staleness) > max_staleness:
         i = max(range(len(staleness)), key=staleness.__getitem__)
         raise StaleRolloutError(
