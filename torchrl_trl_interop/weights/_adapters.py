@@ -58,13 +58,17 @@ class TargetScheme(WeightSyncScheme):
     def __init__(self, target: Any, route: Callable[..., None]) -> None:
         super().__init__(strategy="tensordict")
         self.target, self.route = target, route
-        self._initialized_on_sender = self.synchronized_on_sender = True  # nothing to set up
+        self.init_on_sender()  # nothing to set up: the target's own API connects
+        self.connect()
 
     def __repr__(self) -> str:
         return f"TargetScheme(target={type(self.target).__name__}, route={self.route.__name__})"
 
     def _init_on_sender_impl(self, *args: Any, **kwargs: Any) -> None:
         """Nothing to set up: the target's own API connects."""
+
+    def _setup_connection_and_weights_on_sender_impl(self, **kwargs: Any) -> None:
+        """Nothing to exchange."""
 
     def _init_on_receiver_impl(self, *args: Any, **kwargs: Any) -> None:
         raise RuntimeError(

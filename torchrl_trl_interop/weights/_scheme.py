@@ -23,6 +23,7 @@ shaped like the collector's policy (``context``) and a queue of commits each wor
 from __future__ import annotations
 
 import queue
+import threading
 import time
 from typing import Any
 
@@ -156,6 +157,7 @@ class StagingWeightSyncScheme(WeightSyncScheme):
         if not isinstance(self._channel, _QueueChannel):
             state["_channel"] = None
         state["_live"] = None
+        state.pop("_stopping", None)
         return state
 
     @property
@@ -303,11 +305,20 @@ class StagingWeightSyncScheme(WeightSyncScheme):
         if kwargs.get("worker_idx") is not None:
             self.worker_idx = kwargs["worker_idx"]
         if self.worker_idx is not None and isinstance(self._channel, _QueueChannel):
-            self._start_background_receiver()
+            self._stopping = threading.Event()
+            thread = threading.Thread(target=self._receive_until_stopped, daemon=True)
+            thread.start()
 
-    def _background_receive_loop(self) -> None:
-        while not self._stop_event.is_set():
+    def _receive_until_stopped(self) -> None:
+        while not self._stopping.is_set():
             self.receive(timeout=0.1)
+
+    def shutdown(self) -> None:
+        """Stops a worker's background receiver (torchrl calls it when the worker ends)."""
+        stopping = getattr(self, "_stopping", None)
+        if stopping is not None:
+            stopping.set()
+        super().shutdown()
 
     def commit(self, version: int, names: list[str] | None = None) -> int:
         """Makes the staged weights (``names``, or all) live as ``version``; returns it. Call it
