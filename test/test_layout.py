@@ -191,6 +191,18 @@ OWN_PRIVATE = {
     "_build_class": "the environment factory's own class builder",
     "_columns": "the environment factory's own row columns",
     "_factory": "the environment factory's own instances' factory",
+    "_actors": "RayRemotePolicy's own actors (read by its staging channel)",
+    "_layout": "RemotePolicy's and RayRemotePolicy's own weight layout",
+    "_staging": "RayRemotePolicy's own staging buffer",
+    "_start": "RemotePolicy's and RayRemotePolicy's own start",
+    "_wait": "RayRemotePolicy's own bounded wait",
+    "_channel": "StagingWeightSyncScheme's own channel",
+    "_live": "StagingWeightSyncScheme's own liveness",
+    "_check_alive": "RemotePolicy's own liveness check",
+    "_process": "RemotePolicy's own generator process",
+    "_reply": "RemotePolicy's own reply queue",
+    "_requests": "RemotePolicy's own request queue",
+    "_stagings": "RemotePolicy's own staging buffers",
 }
 #: private names of libraries other than torchrl and tensordict: other doors, not this one
 OTHER_LIBRARIES = {
@@ -206,12 +218,21 @@ OTHER_LIBRARIES = {
     "_message_timeout": "OpenEnv's client",
 }
 #: torchrl's documented extension points: a subclass is meant to override them
-EXTENSION_POINTS = {"_call", "_step", "_reset", "_set_seed", "_apply_transform"}
+EXTENSION_POINTS = {
+    "_call",
+    "_step",
+    "_reset",
+    "_set_seed",
+    "_apply_transform",
+    # torchrl.weight_update.WeightSyncScheme's subclass hooks (what its own schemes override)
+    "_init_on_sender_impl",
+    "_init_on_receiver_impl",
+    "_setup_connection_and_weights_on_sender_impl",
+    "_setup_connection_and_weights_on_receiver_impl",
+}
 #: modules (or folders) whose torchrl reads move in another part of issue 36 (into
 #: ``_upstream/_tools``, or later), and reads left with their reason; each entry says which
-NOT_YET = {
-    "weights/": "weight sync's torchrl reads: a later part of issue 36",
-}
+NOT_YET: dict[str, str] = {}
 
 
 def _private(name: object) -> bool:

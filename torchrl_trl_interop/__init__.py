@@ -52,6 +52,7 @@ _EXPORTS: dict[str, str] = {
     "weights_checksum": "weights._tensors",
     "RemotePolicy": "weights._remote_policy",
     "RayRemotePolicy": "weights._ray_policy",
+    "StagingWeightSyncScheme": "weights._scheme",
     "StaleRolloutError": "weights._staleness",
     # rollouts/: TorchRL generation feeding TRL's trainers
     "as_trl_rollout_func": "rollouts._rollout_func",

@@ -105,7 +105,7 @@ def test_a_generator_dying_during_a_push_is_noticed(remote, when):
     """Killed while the weights are copied into the staging buffer, or once the commit is asked
     for: the push raises with the exit code within seconds."""
     policy, trainer_model = remote
-    staging = policy._stagings[policy._turn]
+    staging = policy.weight_sync_scheme.staging
     holder, name = (staging, "fill") if when == "copy" else (policy._requests, "put")
     original = getattr(holder, name)
 

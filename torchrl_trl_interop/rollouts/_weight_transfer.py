@@ -26,18 +26,16 @@ class TorchRLWeightTransfer:
     ``send_weights`` gathers the ``(name, tensor)`` pairs TRL streams (Hugging Face parameter
     names, frozen ones left out) into a TensorDict and pushes it to the target as
     :class:`~torchrl_trl_interop.WeightSyncCallback` does, with the number of transfers so far
-    (TRL's ``model_version``) as the version: a :class:`~torchrl_trl_interop.RemotePolicy`
-    (its shared-memory staging buffer, committed between calls), a torchrl collector (its own
-    ``update_policy_weights_``; its integer ``PolicyVersion`` is set), a torchrl
-    ``WeightSyncScheme`` (``send``), or a torchrl LLM wrapper or ``nn.Module`` in this process
-    (copied in place). Names or shapes that do not fit
-    the receiving model raise before anything is sent.
+    (TRL's ``model_version``) as the version, into any target of
+    :class:`~torchrl_trl_interop.WeightSyncCallback`'s table of targets (a torchrl
+    ``WeightSyncScheme``, a ``RemotePolicy`` or ``RayRemotePolicy``, a torchrl collector, or a
+    module copied in place). Names or shapes that do not fit the receiving model raise before
+    anything is sent.
     With ``worker=``, ``pause``/``resume`` hold the worker's lock, so no batch is collected or
     scored while the weights change.
 
     Args:
-        target: a ``RemotePolicy``, a torchrl collector, a torchrl ``WeightSyncScheme``, a torchrl
-            LLM wrapper or an ``nn.Module``.
+        target: any target of :class:`~torchrl_trl_interop.WeightSyncCallback` (its table).
 
     Keyword Args:
         worker (TorchRLRolloutWorker, optional): the worker collecting with ``target``.

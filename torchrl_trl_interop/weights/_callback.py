@@ -64,27 +64,33 @@ class WeightSyncCallback(TrainerCallback):
     or its adapter alone into the same PEFT model. A push needs about one tensor of extra
     memory, not one model.
 
-    ``target`` decides which TorchRL machinery moves the weights:
+    ``target`` decides which TorchRL machinery moves the weights. This table is the package's
+    one list of weight targets (:func:`~torchrl_trl_interop.weights._push.push` sends to a
+    torchrl ``WeightSyncScheme`` or copies into a module; the others reach it through a scheme):
 
     ==============================================  =============================================
-    target                                          push
+    target (the scheme it sends through)            push
     ==============================================  =============================================
-    :class:`~torchrl_trl_interop.RemotePolicy`      ``target.update_policy_weights_(weights,
-                                                    policy_version=step)``: streamed into the
-                                                    other process's shared staging buffer,
-                                                    committed there with the version
-    :class:`~torchrl_trl_interop.RayRemotePolicy`   the same call: streamed into one buffer,
-                                                    put in Ray's object store once, committed
-                                                    by every actor with the version
-    a torchrl ``RayLLMCollector``                   in its actor: the wrapper's layout, its
-                                                    ``update_policy_weights_``, its
+    :class:`~torchrl_trl_interop.RemotePolicy`      checked against the generator's names and
+    (its ``weight_sync_scheme``, a                  shapes, streamed into its shared-memory
+    ``StagingWeightSyncScheme``)                    staging buffer, committed there with
+                                                    ``step`` between two calls
+    :class:`~torchrl_trl_interop.RayRemotePolicy`   the same scheme over Ray: streamed into one
+    (its ``weight_sync_scheme``)                    buffer, put in Ray's object store once,
+                                                    committed by every actor with ``step``
+    a torchrl ``RayLLMCollector`` (adapted)         in its actor: checked against its policy, in
+                                                    the wrapper's layout, its
+                                                    ``update_policy_weights_``, its integer
                                                     ``PolicyVersion`` set to ``step``
-    a torchrl collector here (``LLMCollector``,     ``target.update_policy_weights_(weights)``;
-    any ``Collector``)                              its integer ``PolicyVersion`` set to ``step``
+    a torchrl collector here (``LLMCollector``,     ``target.update_policy_weights_(weights)``
+    any ``Collector``; adapted)                     (checked when its policy is here); its
+                                                    integer ``PolicyVersion`` set to ``step``
     torchrl's ``VLLMWeightSender`` (a               ``target.update_weights(weights)``: NCCL
-    ``vLLMWrapper`` over ``AsyncVLLM``)             into the engines, checked first
+    ``vLLMWrapper`` over ``AsyncVLLM``; adapted)    into the engines, checked first; registered
+                                                    collectors' ``PolicyVersion`` set to ``step``
     a ``torchrl.weight_update.WeightSyncScheme``    ``target.send(weights)`` (initialised on the
-                                                    sender side and connected by the caller)
+    (torchrl's, or a ``StagingWeightSyncScheme``)   sender side and connected by the caller);
+                                                    ours also takes the version
     an ``nn.Module`` (a torchrl LLM wrapper, a      the weights are copied in place (into a
     model) in this process                          wrapper's ``.model``)
     ==============================================  =============================================

@@ -3,7 +3,8 @@ and it ends when the process that started it ends.
 
 Requests arrive in order on one queue, replies leave in order on another. The trainer writes
 weights into a shared-memory staging buffer this process allocates
-(:class:`~torchrl_trl_interop.weights._staging.StagingBuffer`); they go live at the next
+(the receiver side of a
+:class:`~torchrl_trl_interop.weights._scheme.StagingWeightSyncScheme`); they go live at the next
 ``"commit"``, between two calls: a CPU model switches to the staged buffer (two buffers, the
 model's tensors in one of them), a model on another device copies it in. The process exits when its parent is gone, however the parent died (a SIGKILL,
 the OOM killer): on Linux the kernel kills it (``prctl(PR_SET_PDEATHSIG)``), and everywhere it
@@ -24,8 +25,8 @@ from typing import Any
 import torch
 
 from .._keys import POLICY_VERSION_KEY
-from ._staging import StagingBuffer
-from ._tensors import named_tensors, policy_model, weights_checksum
+from ._scheme import StagingWeightSyncScheme
+from ._tensors import policy_model, weights_checksum
 
 __all__ = ["POLL_SECONDS", "exit_with_parent", "serve"]
 
@@ -59,18 +60,6 @@ def _next_request(requests: Any, parent_pid: int) -> tuple[str, Any]:
                 os._exit(1)
 
 
-def _stagings(live: dict[str, torch.Tensor]) -> list[StagingBuffer]:
-    """The staging buffers: for a CPU model two, its tensors moved into the second (commits
-    switch between them), else one (commits copy from it)."""
-    staging = StagingBuffer.like(live)
-    if any(t.device.type != "cpu" for t in live.values()):
-        return [staging]
-    current = StagingBuffer.like(live)
-    current.fill(live.items())
-    current.adopt(live)
-    return [staging, current]
-
-
 def serve(
     policy_factory: Any,
     requests: Any,
@@ -88,37 +77,29 @@ def serve(
     try:
         policy = policy_factory()
         model = policy_model(policy)
-        live = named_tensors(model)  # the model's own tensors
-        stagings, turn = _stagings(live), 0  # the trainer fills stagings[turn]
+        scheme = StagingWeightSyncScheme()  # the receiver: allocates the staging buffers
+        scheme.init_on_receiver(model_id="policy", model=model)
         keys = {k: list(getattr(policy, k, [])) for k in ("in_keys", "out_keys")}
-        layout = {name: tuple(t.shape) for name, t in live.items()}
-        replies.put(("ok", {**keys, "layout": layout, "stagings": stagings}))
+        replies.put(("ok", {**keys, "layout": scheme.layout, "stagings": scheme.stagings}))
     except BaseException:  # noqa: BLE001 - reported to the trainer's process
         replies.put(("error", traceback.format_exc()))
         return
-    version = None
     while True:
         kind, payload = _next_request(requests, parent_pid)
         if kind == "stop":
             break
         try:
-            if kind == "commit":
-                version, names = payload
-                if len(stagings) == 2:  # the model switches to the staged buffer
-                    stagings[turn].adopt(live, names, current=stagings[1 - turn])
-                    turn = 1 - turn
-                else:
-                    stagings[0].commit(live, live if names is None else names)
-                reply = version
+            if kind == "commit":  # between two calls: the scheme makes the staged weights live
+                reply = scheme.commit(*payload)
             elif kind == "call":
                 td = pickle.loads(payload)
                 with torch.no_grad():
                     out = policy(td)
-                stamp = -1 if version is None else version
+                stamp = -1 if scheme.policy_version is None else scheme.policy_version
                 out.set(POLICY_VERSION_KEY, torch.full(out.batch_size, stamp, dtype=torch.int64))
                 reply = pickle.dumps(out)
             elif kind == "checksum":
-                reply = (version, weights_checksum(model))
+                reply = (scheme.policy_version, weights_checksum(model))
             else:
                 raise ValueError(f"unknown request {kind!r}")
             replies.put(("ok", reply))

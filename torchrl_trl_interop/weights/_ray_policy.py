@@ -29,9 +29,9 @@ from tensordict.nn import TensorDictModuleBase
 
 from .._checks import check_positive_int, require
 from .._keys import POLICY_VERSION_KEY
+from ._scheme import StagingWeightSyncScheme
 from ._staging import Slots, StagingBuffer
-from ._stream import sendable
-from ._tensors import check_weights_fit, named_tensors, policy_model, weights_checksum
+from ._tensors import named_tensors, policy_model, weights_checksum
 
 __all__ = ["PolicyActor", "RayRemotePolicy"]
 
@@ -96,6 +96,33 @@ def _kill(actors: list) -> None:
             ray.kill(actor)
 
 
+class _ActorsChannel:
+    """A :class:`RayRemotePolicy`'s actors as the channel of its
+    :class:`~torchrl_trl_interop.weights._scheme.StagingWeightSyncScheme`: one buffer in this
+    process, put in Ray's object store once per push, committed by every actor."""
+
+    def __init__(self, policy: RayRemotePolicy) -> None:
+        self.policy = weakref.ref(policy)  # the policy holds the scheme, which holds this
+
+    def open_staging(self, version: int) -> tuple[list[StagingBuffer], dict[str, tuple[int, ...]]]:
+        policy = self.policy()
+        if not policy._actors:
+            policy._start()
+        return [policy._staging], policy._layout
+
+    def commit_staged(self, version: int, names: list[str] | None) -> int:
+        import ray
+
+        policy = self.policy()
+        buffers = policy._staging.buffers
+        ref = ray.put({d: b.view(torch.uint8).numpy() for d, b in buffers.items()})  # once
+        what = f"the weights of version {version}"
+        slots = policy._staging.slots
+        policy._wait([a.commit.remote(ref, slots, names, version) for a in policy._actors], what)
+        policy.policy_version = version
+        return version
+
+
 class RayRemotePolicy(TensorDictModuleBase):
     """A torchrl LLM policy served by ``num_replicas`` Ray actors, called like the policy.
 
@@ -139,6 +166,8 @@ class RayRemotePolicy(TensorDictModuleBase):
 
     Attributes:
         policy_version (int or None): the version last committed in every replica.
+        weight_sync_scheme (StagingWeightSyncScheme): the sender side of the push (the one
+            :func:`~torchrl_trl_interop.weights._push.push` sends through).
 
     Examples:
         >>> from functools import partial
@@ -180,6 +209,7 @@ class RayRemotePolicy(TensorDictModuleBase):
         self._layout: dict[str, tuple[int, ...]] = {}
         self._staging: StagingBuffer | None = None
         self._finalizer = None
+        self.weight_sync_scheme = self._new_scheme()
 
     def __repr__(self) -> str:
         factory = getattr(self.policy_factory, "__name__", type(self.policy_factory).__name__)
@@ -244,6 +274,11 @@ class RayRemotePolicy(TensorDictModuleBase):
 
     # -- weights ---------------------------------------------------------------------------------
 
+    def _new_scheme(self) -> StagingWeightSyncScheme:
+        scheme = StagingWeightSyncScheme(timeout=self.timeout, owner=_OWNER)
+        scheme.init_on_sender(model_id="policy", channel=_ActorsChannel(self))
+        return scheme
+
     def _start(self) -> None:
         require("ray", _OWNER)
         import ray
@@ -294,21 +329,7 @@ class RayRemotePolicy(TensorDictModuleBase):
             RuntimeError: if an actor died (its replica is named).
             TimeoutError: if a replica does not commit within ``timeout``.
         """
-        import ray
-
-        if not self._actors:
-            self._start()
-        layout, stream, partial = sendable(weights, self._layout, partial=partial)
-        check_weights_fit(layout, self._layout, owner=_OWNER, partial=partial)
-        names = self._staging.fill(stream)  # a copy_ per tensor, as each is read
-        flat = {d: b.view(torch.uint8).numpy() for d, b in self._staging.buffers.items()}
-        ref = ray.put(flat)  # once per push, whatever the replica count
-        sent = names if partial else None
-        version = int(policy_version)
-        what = f"the weights of version {version}"
-        slots = self._staging.slots
-        self._wait([a.commit.remote(ref, slots, sent, version) for a in self._actors], what)
-        self.policy_version = version
+        self.weight_sync_scheme.send(weights, policy_version=policy_version, partial=partial)
 
     def weights_checksums(self) -> list[tuple[int | None, str]]:
         """``(policy_version, checksum)`` of every replica's live weights, in replica order (see
@@ -331,6 +352,7 @@ class RayRemotePolicy(TensorDictModuleBase):
         if self._finalizer is not None:
             self._finalizer()
         self._actors = []
+        self.weight_sync_scheme = self._new_scheme()  # the next push starts new actors
 
     def __getstate__(self):
         raise TypeError(

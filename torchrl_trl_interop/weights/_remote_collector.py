@@ -1,7 +1,7 @@
 """A push into a torchrl collector that runs in a Ray actor (``RayLLMCollector``).
 
-torchrl's ``RayLLMCollector`` is a local handle (``._collector``) on an ``LLMCollector`` in a Ray
-actor. Its ``update_policy_weights_`` sends a TensorDict keyed as the *policy's* parameters (a
+torchrl's ``RayLLMCollector`` is a local handle on an ``LLMCollector`` in a Ray actor (read by
+:func:`~torchrl_trl_interop._upstream._weights.ray_collector_handle`). Its ``update_policy_weights_`` sends a TensorDict keyed as the *policy's* parameters (a
 torchrl LLM wrapper keeps its model under ``"model"``), waits for it without a bound, and the
 collector's ``PolicyVersion`` then counts pushes. :func:`push_to_remote_collector` does the
 push in the actor itself, in one call (``__ray_call__``): it reads the actor's policy, checks
@@ -20,22 +20,10 @@ from tensordict import TensorDict, TensorDictBase
 from ._staleness import set_policy_version
 from ._tensors import Layout, check_weights_fit, policy_model, weights_layout
 
-__all__ = ["PUSH_TIMEOUT_S", "is_remote_collector", "push_to_remote_collector"]
+__all__ = ["PUSH_TIMEOUT_S", "push_to_remote_collector"]
 
 #: how long a push into a collector's Ray actor may wait (it waits for the batch in flight)
 PUSH_TIMEOUT_S = 600.0
-
-
-def is_remote_collector(target: Any) -> bool:
-    """Whether ``target`` drives a torchrl collector in a Ray actor (``RayLLMCollector``).
-
-    Examples:
-        >>> import torch
-        >>> is_remote_collector(torch.nn.Linear(2, 2))
-        False
-    """
-    handle = getattr(target, "_collector", None)
-    return handle is not None and type(handle).__name__ == "ActorHandle"
 
 
 def _receiver(collector: Any) -> tuple[Layout, bool]:
@@ -71,10 +59,10 @@ def _get(ref: Any, what: str, owner: str) -> Any:
 
 
 def push_to_remote_collector(
-    target: Any, layout: Layout, stream: Any, version: int, *, owner: str, partial: bool
+    handle: Any, layout: Layout, stream: Any, version: int, *, owner: str, partial: bool
 ) -> Any:
-    """Sends the streamed weights to the collector's actor as version ``version``; returns the
-    collector's version after the push.
+    """Sends the streamed weights to the collector's actor (``handle``) as version ``version``;
+    returns the collector's version after the push.
 
     Raises:
         KeyError: if names differ from the actor's policy model's; nothing is sent.
@@ -82,7 +70,6 @@ def push_to_remote_collector(
         RuntimeError: if the actor died.
         TimeoutError: if the actor does not answer within :data:`PUSH_TIMEOUT_S`.
     """
-    handle = target._collector
     receiver, wrapped = _get(handle.__ray_call__.remote(_receiver), "its policy's layout", owner)
     check_weights_fit(layout, receiver, owner=owner, receiver_name="policy", partial=partial)
     weights = TensorDict(dict(stream), batch_size=[]).unflatten_keys(".")

@@ -31,9 +31,7 @@ from tensordict.nn import TensorDictModuleBase
 
 from .._keys import POLICY_VERSION_KEY
 from ._generator_process import POLL_SECONDS, serve
-from ._staging import StagingBuffer
-from ._stream import sendable
-from ._tensors import check_weights_fit
+from ._scheme import StagingWeightSyncScheme
 
 __all__ = ["RemotePolicy"]
 
@@ -47,6 +45,37 @@ def _close(process: Any, requests: Any) -> None:
         if process.is_alive():
             process.kill()
             process.join(timeout=5)
+
+
+class _GeneratorChannel:
+    """A :class:`RemotePolicy`'s generator process as the channel of its
+    :class:`~torchrl_trl_interop.weights._scheme.StagingWeightSyncScheme`: the buffers come
+    with the process's start, each commit is a request in order with the calls."""
+
+    def __init__(self, policy: RemotePolicy) -> None:
+        self.policy = weakref.ref(policy)  # the policy holds the scheme, which holds this
+
+    def open_staging(self, version: int) -> tuple[list, dict[str, tuple[int, ...]]]:
+        policy = self.policy()
+        if policy._process is None:
+            policy._start()
+        policy._check_alive(f"the weights of version {version}")
+        return policy._stagings, policy._layout
+
+    def refuse_first(self) -> None:
+        self.policy().close()  # the generator has no weights yet
+
+    def commit_staged(self, version: int, names: list[str] | None) -> int:
+        policy = self.policy()
+        what = f"the weights of version {version}"
+        policy._check_alive(what)
+        policy._requests.put(("commit", (version, names)))
+        try:
+            policy.policy_version = policy._reply(what)
+        except TimeoutError:  # a late commit could read the next push's half-written weights
+            policy.close()
+            raise
+        return policy.policy_version
 
 
 class RemotePolicy(TensorDictModuleBase):
@@ -92,6 +121,8 @@ class RemotePolicy(TensorDictModuleBase):
 
     Attributes:
         policy_version (int or None): the version last committed in the generator.
+        weight_sync_scheme (StagingWeightSyncScheme): the sender side of the push (the one
+            :func:`~torchrl_trl_interop.weights._push.push` sends through).
 
     Examples:
         >>> from functools import partial
@@ -121,10 +152,10 @@ class RemotePolicy(TensorDictModuleBase):
         self.policy_version: int | None = None
         self._process = None
         self._requests = self._replies = None
-        self._stagings: list[StagingBuffer] = []  # the generator's; the push fills [_turn]
-        self._turn = 0
+        self._stagings: list = []  # the generator's staging buffers
         self._layout: dict[str, tuple[int, ...]] = {}
         self._finalizer = None
+        self.weight_sync_scheme = self._new_scheme()
 
     def __repr__(self) -> str:
         factory = type(self.policy_factory).__name__
@@ -185,6 +216,11 @@ class RemotePolicy(TensorDictModuleBase):
 
     # -- weights ---------------------------------------------------------------------------------
 
+    def _new_scheme(self) -> StagingWeightSyncScheme:
+        scheme = StagingWeightSyncScheme(timeout=self.timeout, owner=_OWNER)
+        scheme.init_on_sender(model_id="policy", channel=_GeneratorChannel(self))
+        return scheme
+
     def _start(self) -> None:
         from torch import multiprocessing as mp
 
@@ -211,7 +247,7 @@ class RemotePolicy(TensorDictModuleBase):
         except BaseException:
             self.close()
             raise
-        self._layout, self._stagings, self._turn = info["layout"], info["stagings"], 0
+        self._layout, self._stagings = info["layout"], info["stagings"]
         self.in_keys = info["in_keys"]
         self.out_keys = info["out_keys"] + [POLICY_VERSION_KEY]
 
@@ -247,26 +283,7 @@ class RemotePolicy(TensorDictModuleBase):
             RuntimeError: if the generator process died (its exit code is named).
             TimeoutError: if the generator does not commit within ``timeout``.
         """
-        what = f"the weights of version {policy_version}"
-        if self._process is None:
-            self._start()
-        self._check_alive(what)
-        layout, stream, partial = sendable(weights, self._layout, partial=partial)
-        try:
-            check_weights_fit(layout, self._layout, owner=_OWNER, partial=partial)
-        except (KeyError, ValueError):
-            if self.policy_version is None:  # the first push: the generator has no weights yet
-                self.close()
-            raise
-        names = self._stagings[self._turn].fill(stream)  # a copy_ per tensor, to shared memory
-        self._check_alive(what)
-        self._requests.put(("commit", (int(policy_version), names if partial else None)))
-        try:
-            self.policy_version = self._reply(what)
-            self._turn = (self._turn + 1) % len(self._stagings)  # as the generator switched
-        except TimeoutError:  # a late commit could read the next push's half-written weights
-            self.close()
-            raise
+        self.weight_sync_scheme.send(weights, policy_version=policy_version, partial=partial)
 
     def weights_checksum(self) -> tuple[int | None, str]:
         """``(policy_version, checksum)`` of the generator's live weights (see
@@ -282,6 +299,7 @@ class RemotePolicy(TensorDictModuleBase):
         if self._finalizer is not None:
             self._finalizer()
         self._process = None
+        self.weight_sync_scheme = self._new_scheme()  # the next push starts a new generator
 
     def __getstate__(self):
         raise TypeError(

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from .._upstream._weights import vllm_sender_collectors, vllm_sender_layout
 from ._staleness import set_policy_version
 from ._stream import sendable
 from ._tensors import check_weights_fit
@@ -46,23 +47,26 @@ def push_to_vllm(target: Any, weights: Any, version: int, *, owner: str) -> None
         RuntimeError: if the sender has not joined its group (``init_all_workers_group``).
         KeyError: if names differ from the engine's (vLLM's names are the Hugging Face model's).
         ValueError: if shapes differ.
+
+    On a torchrl other than the one measured (:mod:`~torchrl_trl_interop._upstream._weights`)
+    the engines' names are not read: nothing is checked before torchrl's broadcast, and torchrl's
+    own hook counts the registered collectors' versions.
     """
-    metadata = getattr(target, "_model_metadata", None)
-    if metadata is None:
+    receiver = vllm_sender_layout(target)  # None: not known on this torchrl (nothing checked)
+    if receiver == {}:
         raise RuntimeError(
             f"{owner}: the VLLMWeightSender has not joined its engines' group: call "
             "sender.init_all_workers_group(get_model_metadata(model), vllm_engine=engine) "
             "(together with the engine's side) before training, as torchrl's "
             "VLLMWeightSyncScheme documents."
         )
-    receiver = {name: tuple(shape) for name, (_dtype, shape) in metadata.items()}
     layout, stream, _ = sendable(weights, receiver)
     # vLLM takes parameters: the model's buffers it does not hold (rotary tables) stay here
     buffers = {n for n, _ in weights.named_buffers()} if hasattr(weights, "named_buffers") else ()
-    kept = {n: s for n, s in layout.items() if n in receiver or n not in buffers}
-    # torchrl's broadcast sends every tensor of the metadata: a push is never partial
-    check_weights_fit(kept, receiver, owner=owner, receiver_name="vLLM engine")
+    kept = {n: s for n, s in layout.items() if n in (receiver or ()) or n not in buffers}
+    if receiver is not None:  # torchrl's broadcast sends every tensor: a push is never partial
+        check_weights_fit(kept, receiver, owner=owner, receiver_name="vLLM engine")
     # a flat {name: tensor}, read in the metadata's order
     target.update_weights({name: tensor for name, tensor in stream if name in kept})
-    for collector in getattr(target, "_collectors", []):
+    for collector in vllm_sender_collectors(target):
         set_policy_version(getattr(collector, "policy_version_tracker", None), version)
