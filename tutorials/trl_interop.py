@@ -968,12 +968,15 @@ assert tool_sft_log[-1] < tool_sft_log[0] / 5
 # **GRPO in TRL's tool loop.** ``GRPOTrainer(environment_factory=calculator)`` gives every
 # rollout its own TorchRL environment. The reward is the environment's own:
 # ``calculator.reward_func`` closes each episode with the model's final answer (one more
-# environment step) and returns the reward the environment wrote. TRL logs the share of
-# answers the environment scored right and ``tools/call_frequency``, the calls per completion,
-# at every step; ``evaluate()`` measures both on the 25 questions (4 answers each) before and
-# after training, through the same tool loop.
+# environment step) and returns the reward the environment wrote. Each instance also has TRL's
+# ``get_reward()``, which TRL adds as a reward source by itself; it never sees the final answer,
+# so here, where ``reward_func`` scored the episode, it gives ``None`` (TRL logs
+# ``rewards/ToyCalculatorEnv/mean`` as ``None``) and no reward is counted twice. TRL logs the
+# share of answers the environment scored right and ``tools/call_frequency``, the calls per
+# completion, at every step; ``evaluate()`` measures both on the 25 questions (4 answers each)
+# before and after training, through the same tool loop.
 
-TOOL_STEPS, TOOL_ROLLOUTS_PER_STEP = 20, 32  # 4 questions x 8 answers per step
+TOOL_STEPS, TOOL_ROLLOUTS_PER_STEP = 40, 32  # 4 questions x 8 answers per step
 question_prompts = datasets.Dataset.from_dict(
     {"prompt": [[{"role": "user", "content": q}] for q in QUESTIONS]}
 )
@@ -1012,6 +1015,7 @@ tool_logs = [log for log in tool_grpo.state.log_history if "tools/call_frequency
 tool_reward_per_step = [log[REWARD_NAME] for log in tool_logs]
 calls_per_step = [log["tools/call_frequency"] for log in tool_logs]
 assert len(tool_logs) == TOOL_STEPS
+assert all(log["rewards/ToyCalculatorEnv/mean"] is None for log in tool_logs)  # not twice
 
 # %%
 # Per step, and before and after: the policy calls the calculator more often, and more of its
@@ -1089,7 +1093,7 @@ axes[3].plot(
 )
 axes[3].set_title("TRL's tool loop, TorchRL calculator env")
 axes[3].set(ylim=(0, 1.05), xlabel="GRPO step", ylabel="per completion")
-axes[3].set_xticks(range(5, TOOL_STEPS + 1, 5))  # whole steps
+axes[3].set_xticks(range(10, TOOL_STEPS + 1, 10))  # whole steps
 axes[3].legend(loc="lower right")
 fig.tight_layout()
 FIGURE = OUT_DIR / "trl_interop_summary.png"

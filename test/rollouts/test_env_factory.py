@@ -461,6 +461,30 @@ class TestEpisode:
             REPLY.format(4),
         ]
 
+    def test_calls_left_unrun_by_trls_iteration_cap_are_scored_not_refused(self):
+        """TRL stops at ``max_tool_calling_iterations`` and leaves the last turn's calls in the
+        completion, never run: the episode is scored (no final answer: nothing stepped), and a
+        completion whose calls differ from the ones the environment ran is still refused."""
+        factory = as_trl_environment_factory(toy_calculator_env)
+        env = factory()
+        env.reset(prompt=QUESTION)
+        env.add(a=2, b=3)
+        completion = [
+            call_message(a=2, b=3),
+            {"role": "tool", "name": "add", "content": REPLY.format(5)},
+            call_message(a=1, b=1),  # TRL's loop stopped here: this call never ran
+        ]
+        assert factory.reward_func(
+            prompts=[QUESTION], completions=[completion], environments=[env]
+        ) == [0.0]
+        other = factory()
+        other.reset(prompt=QUESTION)
+        other.add(a=2, b=3)
+        with pytest.raises(ValueError, match="do not match one to one"):
+            factory.reward_func(
+                prompts=[QUESTION], completions=[[call_message(a=4, b=4)]], environments=[other]
+            )
+
     def test_errors_become_tool_results_and_the_env_is_not_stepped(self):
         env = as_trl_environment_factory(toy_calculator_env)()
         env.reset(prompt=QUESTION)

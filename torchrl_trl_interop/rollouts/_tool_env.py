@@ -209,7 +209,10 @@ class TorchRLEnvironment:
         if self._reward_closed[0]:
             return self._reward_closed[1]
         calls = _completion_calls(completion, set(self._tools))
-        if self._calls[: len(calls)] != calls:
+        # one list a prefix of the other: TRL's loop stops at max_tool_calling_iterations and
+        # leaves the calls of the model's last turn in the completion, never run
+        common = min(len(calls), len(self._calls))
+        if self._calls[:common] != calls[:common]:
             raise ValueError(
                 f"{_OWNER}: this environment ran the calls {self._calls!r:.300}, but the "
                 f"completion it is scored with holds {calls!r:.300}: environments= and "
