@@ -76,10 +76,7 @@ def _unchecked_configs(path: Path) -> list[str]:
     for node in ast.walk(tree):
         if not isinstance(node, ast.Call):
             continue
-        func = (
-            node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
-        )
-        if func not in TRAINER_CONFIGS:
+        if _called(node) not in TRAINER_CONFIGS:
             continue
         if any(kw.arg == "bf16" for kw in node.keywords):
             continue
@@ -90,14 +87,15 @@ def _unchecked_configs(path: Path) -> list[str]:
     return bad
 
 
+def _called(call: ast.Call) -> str:
+    """The name a call calls: ``f`` of ``f(...)`` and of ``module.f(...)``."""
+    func = call.func
+    return func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+
+
 def _states_fp32(value: ast.AST) -> bool:
     if isinstance(value, ast.Call):
-        func = (
-            value.func.attr
-            if isinstance(value.func, ast.Attribute)
-            else getattr(value.func, "id", "")
-        )
-        return func in FP32_FIXTURES
+        return _called(value) in FP32_FIXTURES
     if isinstance(value, ast.Dict):
         keys = [k.value for k in value.keys if isinstance(k, ast.Constant)]
         return "bf16" in keys or any(

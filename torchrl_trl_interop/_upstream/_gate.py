@@ -36,7 +36,12 @@ TORCHRL_MEASURED: tuple[str, str, str] = ("torchrl", "0.14.1", "0.15")
 TENSORDICT_MEASURED: tuple[str, str, str] = ("tensordict", "0.14.0", "0.15")
 
 _FORCED_PLAIN = [False]
-_HELD: dict[tuple, bool] = {}
+
+
+@functools.cache
+def _all_measured(*gates: tuple[str, str, str]) -> bool:
+    """Whether every gate holds (read once per set of gates: then one cache look-up a call)."""
+    return all(measured_on(*gate) for gate in gates)
 
 
 def use_fast(*gates: tuple[str, str, str]) -> bool:
@@ -49,12 +54,7 @@ def use_fast(*gates: tuple[str, str, str]) -> bool:
         ...     use_fast(TORCHRL_MEASURED)
         False
     """
-    if _FORCED_PLAIN[0]:
-        return False
-    held = _HELD.get(gates)
-    if held is None:  # once per set of gates: then one dict look-up a call
-        held = _HELD[gates] = all(measured_on(*gate) for gate in gates)
-    return held
+    return not _FORCED_PLAIN[0] and _all_measured(*gates)
 
 
 @contextlib.contextmanager
