@@ -7,20 +7,12 @@ from __future__ import annotations
 import pytest
 import torch
 from tensordict import TensorDict, lazy_stack, set_list_to_stack
+from test_hf_arrow import PLAIN, TOOLS  # the conversations the types are read from
 from torchrl.data import LazyStackStorage, ReplayBuffer
 
 from torchrl_trl_interop import TorchRLBufferDataset, messages_to_history
 
 pytest.importorskip("datasets")
-
-CALL = {"type": "function", "function": {"name": "add", "arguments": {"a": 2, "b": 2}}}
-PLAIN = [{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "4"}]
-TOOLS = [
-    {"role": "user", "content": "2+2?"},
-    {"role": "assistant", "content": "", "tool_calls": [CALL]},
-    {"role": "tool", "name": "add", "content": "4"},
-    {"role": "assistant", "content": "4"},
-]
 
 
 def agentic_buffer(chats):

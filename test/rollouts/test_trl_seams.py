@@ -13,6 +13,7 @@ import inspect
 import warnings
 
 import pytest
+from test_trl_grpo_contract import multiply_tool  # TRL's own test tool
 from torchrl.envs.llm.transforms import SimpleToolTransform
 from transformers.utils import get_json_schema
 
@@ -41,20 +42,6 @@ COMPLETION = [
 @pytest.fixture(autouse=True)
 def _silence_experimental(monkeypatch):
     monkeypatch.setenv("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func's "experimental" warning
-
-
-def multiply_tool(a: int, b: int) -> int:
-    """
-    Multiplies two integers.
-
-    Args:
-        a: The first integer.
-        b: The second integer.
-
-    Returns:
-        The product of the two integers.
-    """
-    return a * b
 
 
 async def async_multiply_tool(a: int, b: int) -> int:
