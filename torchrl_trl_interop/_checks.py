@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import functools
 import importlib.util
+import inspect
 import math
 import numbers
-from collections.abc import Iterable, Iterator
-from typing import Any
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, TypeVar
 
 import torch
 from tensordict import TensorDictBase
@@ -62,7 +64,12 @@ def public_call(default: str) -> str:
 @contextlib.contextmanager
 def speaking_for(name: str) -> Iterator[None]:
     """Within the block, :func:`public_call` returns ``name`` (or the name of an outer block:
-    the call the user made is the outermost one). Scoped to the thread or task."""
+    the call the user made is the outermost one). Scoped to the thread or task.
+
+    Never let the block span a ``yield``: a generator's context is its caller's, so the name
+    would leak into the caller's code between two rows. Read the batch inside the block and
+    yield its rows outside it, or decorate the generator function with :func:`boundary`.
+    """
     token = _PUBLIC_CALL.set(public_call(name))
     try:
         yield
@@ -70,10 +77,89 @@ def speaking_for(name: str) -> Iterator[None]:
         _PUBLIC_CALL.reset(token)
 
 
+def signed(message: str) -> str:
+    """``message`` opened by the public call being made (``"TorchRLBufferDataset: ..."``), the
+    one place an error learns which call the user made; unchanged outside any public call.
+
+    Examples:
+        >>> signed("keys=[] selects no column.")
+        'keys=[] selects no column.'
+        >>> with speaking_for("TorchRLBufferDataset"):
+        ...     signed("keys=[] selects no column.")
+        'TorchRLBufferDataset: keys=[] selects no column.'
+    """
+    name = _PUBLIC_CALL.get()
+    return f"{name}: {message}" if name else message
+
+
+def _prefix(owner: str | None) -> str:
+    """``"owner: "`` for a caller still naming itself, else the public call's (or nothing)."""
+    name = owner or _PUBLIC_CALL.get()
+    return f"{name}: " if name else ""
+
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def boundary(name: str) -> Callable[[_F], _F]:
+    """Decorates a public entry point: the errors the package's checks raise while it runs, at any
+    depth, open with ``name`` (:func:`signed`). The outermost public call names the errors.
+
+    A generator function is signed around each step (never across a ``yield``): use it where a
+    step reads a batch, not where it yields one row of many (``speaking_for`` around the read).
+
+    Examples:
+        >>> @boundary("make_rows")
+        ... def make_rows(n):
+        ...     check_positive_int(n, "n")
+        ...     return list(range(n))
+        >>> make_rows(0)
+        Traceback (most recent call last):
+        ...
+        ValueError: make_rows: n must be a positive integer, got n=0.
+    """
+
+    def decorate(fn: _F) -> _F:
+        if inspect.isgeneratorfunction(fn):
+
+            @functools.wraps(fn)
+            def steps(*args: Any, **kwargs: Any) -> Iterator[Any]:
+                gen = fn(*args, **kwargs)
+                try:
+                    value = None
+                    while True:
+                        with speaking_for(name):
+                            try:
+                                item = gen.send(value)
+                            except StopIteration as stop:
+                                return stop.value
+                        value = yield item
+                finally:
+                    gen.close()  # a consumer that stops early closes the generator it wraps
+
+            return steps  # type: ignore[return-value]
+
+        @functools.wraps(fn)
+        def call(*args: Any, **kwargs: Any) -> Any:
+            if _PUBLIC_CALL.get() is not None:  # an outer public call already names the errors
+                return fn(*args, **kwargs)
+            token = _PUBLIC_CALL.set(name)
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                _PUBLIC_CALL.reset(token)
+
+        return call  # type: ignore[return-value]
+
+    return decorate
+
+
 # -- argument checks -----------------------------------------------------------------------------
 
 
-def check_keywords(kwargs: Iterable[str], accepted: Iterable[str], owner: str) -> None:
+def check_keywords(
+    kwargs: Iterable[str], accepted: Iterable[str], owner: str | None = None
+) -> None:
     """Raises the :class:`TypeError` Python would, but naming ``owner`` (the call the user made),
     the closest accepted name and every accepted one, if a keyword of ``kwargs`` is unknown.
 
@@ -91,21 +177,23 @@ def check_keywords(kwargs: Iterable[str], accepted: Iterable[str], owner: str) -
             close = difflib.get_close_matches(name, accepted, n=1)
             hint = f" (did you mean {close[0]!r}?)" if close else ""
             raise TypeError(
-                f"{owner}() got an unexpected keyword argument {name!r}{hint}. It takes: "
+                f"{owner or _PUBLIC_CALL.get() or 'the call'}() got an unexpected keyword argument {name!r}{hint}. It takes: "
                 f"{accepted}."
             )
 
 
-def check_positive_int(value: Any, arg: str, owner: str, *, allow_none: bool = False) -> None:
+def check_positive_int(
+    value: Any, arg: str, owner: str | None = None, *, allow_none: bool = False
+) -> None:
     """Raises a :class:`ValueError` unless ``value`` is a positive int (or ``None`` if allowed)."""
     if value is None and allow_none:
         return
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
         expected = "a positive int or None" if allow_none else "a positive integer"  # upstream's
-        raise ValueError(f"{owner}: {arg} must be {expected}, got {arg}={value!r}.")
+        raise ValueError(f"{_prefix(owner)}{arg} must be {expected}, got {arg}={value!r}.")
 
 
-def check_real(value: Any, arg: str, owner: str, *, finite: bool = True) -> float:
+def check_real(value: Any, arg: str, owner: str | None = None, *, finite: bool = True) -> float:
     """``value`` as a float; raises unless it is a real number (and finite, if asked).
 
     Raises:
@@ -116,16 +204,16 @@ def check_real(value: Any, arg: str, owner: str, *, finite: bool = True) -> floa
         value = value.item()
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(
-            f"{owner}: {arg} must be a real number (int or float), got {value!r:.100} of type "
+            f"{_prefix(owner)}{arg} must be a real number (int or float), got {value!r:.100} of type "
             f"{type(value).__name__}."
         )
     value = float(value)
     if finite and not math.isfinite(value):
-        raise ValueError(f"{owner}: {arg} must be a finite number, got {arg}={value!r}.")
+        raise ValueError(f"{_prefix(owner)}{arg} must be a finite number, got {arg}={value!r}.")
     return value
 
 
-def as_names(value: Any, arg: str, owner: str) -> tuple[str, ...]:
+def as_names(value: Any, arg: str, owner: str | None = None) -> tuple[str, ...]:
     """A non-empty tuple of str from a str (one name, never its characters) or an iterable of str.
 
     Raises:
@@ -138,22 +226,22 @@ def as_names(value: Any, arg: str, owner: str) -> tuple[str, ...]:
         return (value,)
     if not isinstance(value, Iterable) or isinstance(value, (bytes, dict)):
         raise TypeError(
-            f"{owner}: {arg} must be a str or a list of str, got {value!r:.100} of type "
+            f"{_prefix(owner)}{arg} must be a str or a list of str, got {value!r:.100} of type "
             f"{type(value).__name__}."
         )
     names = tuple(value)
     bad = [v for v in names if not isinstance(v, str)]
     if bad:
         raise TypeError(
-            f"{owner}: {arg} must be a str or a list of str, got {value!r:.100} (holding "
+            f"{_prefix(owner)}{arg} must be a str or a list of str, got {value!r:.100} (holding "
             f"{type(bad[0]).__name__})."
         )
     if not names:
-        raise ValueError(f"{owner}: {arg} is empty; pass at least one name.")
+        raise ValueError(f"{_prefix(owner)}{arg} is empty; pass at least one name.")
     return names
 
 
-def as_mapping(value: Any, arg: str, owner: str, what: str) -> dict:
+def as_mapping(value: Any, arg: str, what: str, owner: str | None = None) -> dict:
     """``value`` as a dict (``None``: empty); raises a :class:`TypeError` naming ``arg`` and
     ``what`` it should map (e.g. ``"{column: key}"``) unless it is a mapping."""
     from collections.abc import Mapping
@@ -162,22 +250,22 @@ def as_mapping(value: Any, arg: str, owner: str, what: str) -> dict:
         return {}
     if not isinstance(value, Mapping):
         raise TypeError(
-            f"{owner}: {arg} must be a dict {what}, got {value!r:.100} of type "
+            f"{_prefix(owner)}{arg} must be a dict {what}, got {value!r:.100} of type "
             f"{type(value).__name__}."
         )
     return dict(value)
 
 
-def check_tensordict(value: Any, arg: str, owner: str) -> None:
+def check_tensordict(value: Any, arg: str, owner: str | None = None) -> None:
     """Raises a :class:`TypeError` naming ``arg`` unless ``value`` is a TensorDict."""
     if not isinstance(value, TensorDictBase):
         raise TypeError(
-            f"{owner}: {arg} must be a TensorDict (e.g. TensorDict({{...}}, batch_size=[n])), got "
+            f"{_prefix(owner)}{arg} must be a TensorDict (e.g. TensorDict({{...}}, batch_size=[n])), got "
             f"{type(value).__name__}."
         )
 
 
-def check_tokenizer(value: Any, arg: str, owner: str) -> None:
+def check_tokenizer(value: Any, arg: str, owner: str | None = None) -> None:
     """Raises a :class:`TypeError` naming ``arg`` unless ``value`` looks like an HF tokenizer."""
     looks_like = hasattr(value, "pad_token_id") or hasattr(value, "tokenizer")  # or a processor
     if value is not None and (not callable(value) or not looks_like):
@@ -185,12 +273,12 @@ def check_tokenizer(value: Any, arg: str, owner: str) -> None:
             " Load it first: AutoTokenizer.from_pretrained(...)." if isinstance(value, str) else ""
         )
         raise TypeError(
-            f"{owner}: {arg} must be a Hugging Face tokenizer (a PreTrainedTokenizerBase), got "
+            f"{_prefix(owner)}{arg} must be a Hugging Face tokenizer (a PreTrainedTokenizerBase), got "
             f"{value!r:.100} of type {type(value).__name__}.{hint}"
         )
 
 
-def as_device(value: Any, arg: str, owner: str) -> torch.device | None:
+def as_device(value: Any, arg: str, owner: str | None = None) -> torch.device | None:
     """``value`` as a :class:`torch.device` (``None`` passes); a :class:`TypeError` naming ``arg``
     for anything that is not a device."""
     if value is None or isinstance(value, torch.device):
@@ -199,17 +287,17 @@ def as_device(value: Any, arg: str, owner: str) -> torch.device | None:
         return torch.device(value)
     except (TypeError, RuntimeError) as err:
         raise TypeError(
-            f"{owner}: {arg} must be a torch.device or a device string such as 'cpu' or "
+            f"{_prefix(owner)}{arg} must be a torch.device or a device string such as 'cpu' or "
             f"'cuda:0', got {value!r:.100} of type {type(value).__name__}."
         ) from err
 
 
-def check_bool(value: Any, arg: str, owner: str) -> bool:
+def check_bool(value: Any, arg: str, owner: str | None = None) -> bool:
     """``value`` if it is a bool (or a numpy bool); raises a :class:`TypeError` otherwise."""
     if isinstance(value, bool) or type(value).__name__ == "bool_":
         return bool(value)
     raise TypeError(
-        f"{owner}: {arg} must be a bool (True or False), got {value!r:.100} of type "
+        f"{_prefix(owner)}{arg} must be a bool (True or False), got {value!r:.100} of type "
         f"{type(value).__name__}."
     )
 

@@ -149,7 +149,7 @@ class PaddingCollator:
         self.pad_token_id = pad_token_id
         self.padding_side = padding_side
         self.pad_to_multiple_of = pad_to_multiple_of
-        self.pad_values = as_mapping(pad_values, "pad_values", "PaddingCollator", "{column: value}")
+        self.pad_values = as_mapping(pad_values, "pad_values", "{column: value}", "PaddingCollator")
         self.return_attention_mask = check_bool(
             return_attention_mask, "return_attention_mask", "PaddingCollator"
         )

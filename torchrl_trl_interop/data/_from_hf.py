@@ -143,7 +143,7 @@ def replay_buffer_from_hf(
     check_positive_int(chunk_size, "chunk_size", owner)
     check_positive_int(batch_size, "batch_size", owner, allow_none=True)
     columns = None if columns is None else list(as_names(columns, "columns", owner))
-    rename = None if rename is None else as_mapping(rename, "rename", owner, "{column: key}")
+    rename = None if rename is None else as_mapping(rename, "rename", "{column: key}", owner)
     if storage is not None and not callable(getattr(storage, "set", None)):
         raise TypeError(
             f"{owner}: storage must be a torchrl Storage (e.g. LazyStackStorage(n)), got "

@@ -128,7 +128,7 @@ def _rows_to_tensordict(
                 f"rows_to_tensordict: row {i} has columns {sorted(row)} but row 0 has "
                 f"{sorted(names)}; every row needs the same columns."
             )
-    rename = as_mapping(rename, "rename", "rows_to_tensordict", "{column: key}")
+    rename = as_mapping(rename, "rename", "{column: key}", "rows_to_tensordict")
     rename = {name: as_nested_key(key, f"rename[{name!r}]") for name, key in rename.items()}
     unknown = sorted(set(rename) - set(names))
     if unknown:

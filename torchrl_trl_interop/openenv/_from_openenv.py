@@ -184,7 +184,7 @@ class OpenEnvChatEnv(EnvBase):
                 raise TypeError(f"{_OWNER}: {arg} must be callable, got {fn!r:.100}.")
         if prompt_kwarg is not None and not isinstance(prompt_kwarg, str):
             raise TypeError(f"{_OWNER}: prompt_kwarg must be a str or None, got {prompt_kwarg!r}.")
-        mapping = as_mapping(reset_kwargs_keys, "reset_kwargs_keys", _OWNER, "{reset keyword: key}")
+        mapping = as_mapping(reset_kwargs_keys, "reset_kwargs_keys", "{reset keyword: key}", _OWNER)
         for arg, value in (
             ("connect_timeout_s", connect_timeout_s),
             ("message_timeout_s", message_timeout_s),

@@ -246,7 +246,7 @@ class HFRewardModelWrapper(TensorDictModuleBase):
         chat_template_kwargs = (
             None
             if chat_template_kwargs is None
-            else as_mapping(chat_template_kwargs, "chat_template_kwargs", owner, "{name: value}")
+            else as_mapping(chat_template_kwargs, "chat_template_kwargs", "{name: value}", owner)
         )
         for flag, value in (
             ("inference_mode", inference_mode),

@@ -370,7 +370,7 @@ def as_trl_reward_func(
     )
     check_positive_int(max_batch_size, "max_batch_size", owner, allow_none=True)
     check_tokenizer(processing_class, "processing_class", owner)
-    kwargs_keys = as_mapping(kwargs_keys, "kwargs_keys", owner, "{column: key}")
+    kwargs_keys = as_mapping(kwargs_keys, "kwargs_keys", "{column: key}", owner)
     kwargs_keys = {
         str(col): as_nested_key(key, f"kwargs_keys[{col!r}]") for col, key in kwargs_keys.items()
     }

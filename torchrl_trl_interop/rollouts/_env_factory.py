@@ -319,7 +319,7 @@ def as_trl_environment_factory(
     name = _default_name(make_env) if name is None else name
     if not isinstance(name, str) or not name:
         raise TypeError(f"{_OWNER}: name should be a non-empty str, got {name!r}.")
-    rename = as_mapping(rename, "rename", _OWNER, "{tool name: new name}")
+    rename = as_mapping(rename, "rename", "{tool name: new name}", _OWNER)
     row_keys = None if row_keys is None else list(as_names(row_keys, "row_keys", _OWNER))
     if row_keys is not None and "prompt" in row_keys:
         raise ValueError(f"{_OWNER}: row_keys should not name 'prompt': it resets the ChatEnv.")

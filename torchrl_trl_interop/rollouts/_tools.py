@@ -336,7 +336,7 @@ def find_tools(
         ValueError: if a name is not an identifier, is reserved, or two tools share one; if a
             ``rename`` key names no tool; if TRL cannot render a tool.
     """
-    rename = as_mapping(rename, "rename", owner, "{tool name: new name}")
+    rename = as_mapping(rename, "rename", "{tool name: new name}", owner)
     reserved = {"reset", "get_reward", *reserved}
     tools: list[TorchRLTool] = []
     for entry in tool_catalogue(transforms, owner):

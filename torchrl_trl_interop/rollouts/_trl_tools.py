@@ -108,7 +108,7 @@ def as_trl_tools(
         check_tool_template(processing_class, _OWNER)
     found: dict[str, tuple[ToolSignature, Callable[..., Any]]] = {}
     if isinstance(tools, ToolRegistry):
-        names = as_mapping(rename, "rename", _OWNER, "{tool name: new name}")
+        names = as_mapping(rename, "rename", "{tool name: new name}", _OWNER)
         for env_name, service in registry_services(tools, _OWNER).items():
             name = names.get(env_name, env_name)
             check_name(name, env_name, {"reset", "get_reward"}, _OWNER)
