@@ -72,3 +72,21 @@ def test_closing_the_wrapper_closes_the_generator():
     gen.close()
     assert closed == [True]
     assert list(rows()) == [1, 2]
+
+
+def test_a_coroutine_function_stays_one_and_is_signed():
+    import asyncio
+    import inspect
+
+    @boundary("async_tool")
+    async def tool(n: int) -> int:
+        """Doubles n."""
+        check_positive_int(n, "n")
+        return 2 * n
+
+    assert inspect.iscoroutinefunction(tool)
+    assert tool.__name__ == "tool" and tool.__doc__ == "Doubles n."
+    assert list(inspect.signature(tool).parameters) == ["n"]
+    assert asyncio.run(tool(2)) == 4
+    with pytest.raises(ValueError, match=r"^async_tool: n must be"):
+        asyncio.run(tool(0))

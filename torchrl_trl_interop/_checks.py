@@ -107,6 +107,8 @@ def boundary(name: str) -> Callable[[_F], _F]:
 
     A generator function is signed around each step (never across a ``yield``): use it where a
     step reads a batch, not where it yields one row of many (``speaking_for`` around the read).
+    A coroutine function stays one (its task's context holds the name). The decorated function
+    keeps its name, signature and docstring (:func:`functools.wraps`).
 
     Examples:
         >>> @boundary("make_rows")
@@ -138,6 +140,15 @@ def boundary(name: str) -> Callable[[_F], _F]:
                     gen.close()  # a consumer that stops early closes the generator it wraps
 
             return steps  # type: ignore[return-value]
+
+        if inspect.iscoroutinefunction(fn):  # stays a coroutine function (TRL awaits those)
+
+            @functools.wraps(fn)
+            async def awaited(*args: Any, **kwargs: Any) -> Any:
+                with speaking_for(name):
+                    return await fn(*args, **kwargs)
+
+            return awaited  # type: ignore[return-value]
 
         @functools.wraps(fn)
         def call(*args: Any, **kwargs: Any) -> Any:
