@@ -146,7 +146,7 @@ def check_buffer_dataset(device: torch.device, root: str) -> str:
     prompts = [f"prompt {i}" for i in range(len(rows))]
     on_device = _buffer(device, ids, mask, prompts)
     on_cpu = _buffer(torch.device("cpu"), ids, mask, prompts)
-    stored = on_device.storage._storage["input_ids"]
+    stored = on_device[:]["input_ids"]
     assert _same_device(stored, device), f"storage on {stored.device}, not {device}"
 
     ds = TorchRLBufferDataset(
@@ -305,16 +305,22 @@ CHECKS = {
 
 
 def versions() -> str:
+    """The versions that decide what runs (the device machine mixes its own with carried ones)."""
     import importlib.metadata as md
 
     names = ["torch", "torchrl", "tensordict", "transformers", "trl", "datasets", "accelerate"]
+    names += ["huggingface_hub", "pyarrow", "fsspec", "tokenizers"]
     found = []
     for name in names:
         try:
             found.append(f"{name} {md.version(name)}")
         except md.PackageNotFoundError:
             found.append(f"{name} missing")
-    return ", ".join(found)
+    from torchrl.data.replay_buffers.samplers import prioritized
+
+    # torchrl's C++ extension is built against one torch; only prioritized sampling needs it
+    loaded = prioritized.SumSegmentTreeFp32 is not None
+    return ", ".join(found) + f"; torchrl C++ extension {'loaded' if loaded else 'not loaded'}"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -342,7 +348,10 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"FAIL  {title} ({time.perf_counter() - start:.1f} s)", flush=True)
                 traceback.print_exc()
                 sys.stderr.flush()
-    print(f"gpu_check_cuda: {len(args.checks) - failures} passed, {failures} failed", flush=True)
+    peak = ""
+    if device.type == "cuda":
+        peak = f"; peak GPU memory {torch.cuda.max_memory_allocated(device) / 2**20:.0f} MiB"
+    print(f"gpu_check_cuda: {len(args.checks) - failures} passed, {failures} failed{peak}")
     return failures
 
 
