@@ -229,7 +229,13 @@ def _grpo(device: torch.device, out_dir: str, *, bf16: bool):
     )
     model = trainer.accelerator.unwrap_model(trainer.model)
     before = [p.detach().clone() for p in model.parameters()]
-    trainer.train()
+    dtypes: set[torch.dtype] = set()  # the logits' dtype in every forward: bf16 under autocast
+    hook = model.lm_head.register_forward_hook(lambda m, a, out: dtypes.add(out.dtype))
+    try:
+        trainer.train()
+    finally:
+        hook.remove()
+    recorder.logit_dtypes = sorted(str(d).split(".")[-1] for d in dtypes)
     param = next(model.parameters())
     assert _same_device(param, device), f"trainer model on {param.device}, not {device}"
     assert trainer.state.global_step == 2, trainer.state.global_step
@@ -249,10 +255,16 @@ def check_grpo(device: torch.device, root: str) -> str:
         )
         if not bf16:  # bf16 autocast samples in bf16: its log-probs differ from fp32 by design
             assert recorder.max_gap < 1e-3, f"rollout log-probs vs own forward: {recorder.max_gap}"
-        steps = ", ".join(f"loss {h['loss']:.4f} reward {h['reward']:.2f}" for h in logs)
+        want = "bfloat16" if bf16 else "float32"  # bf16=True: TRL autocasts every forward
+        assert want in recorder.logit_dtypes, f"no {want} forward: {recorder.logit_dtypes}"
+        steps = ", ".join(
+            f"loss {h['loss']:.4f} grad_norm {h['grad_norm']:.3f} reward {h['reward']:.2f}"
+            for h in logs
+        )
         figures.append(
             f"{name} (args.bf16={trainer.args.bf16}, weights {param.dtype} on {param.device}): "
-            f"{steps}; {recorder.rows} rollouts, log-prob gap {recorder.max_gap:.1e}"
+            f"{steps}; {recorder.rows} rollouts, log-prob gap {recorder.max_gap:.1e}, "
+            f"logits {recorder.logit_dtypes}"
         )
     return "2 steps each; " + "; ".join(figures)
 
