@@ -14,13 +14,13 @@ with its figures; the exit code is the number of failures.
 2. **A replay buffer stored on the GPU.** ``TorchRLBufferDataset`` over a ``LazyTensorStorage``
    on the device: rows cut to their mask, a ``PaddingCollator`` batch, and ``to_hf_dataset()``
    (a host copy) equal to the same rows stored on CPU.
-3. **GRPO on the GPU.** A real ``GRPOTrainer`` with ``rollout_func=as_trl_rollout_func(ChatEnv)``
-   (the trainer's own model generates) trains 2 steps in fp32 (``toy_grpo_args``) and 2 steps
-   with ``bf16=True`` (TRL's default precision), the model on the device; fp32 rollouts' log-probs
-   equal the model's own forward pass.
-4. **Weight push from the GPU.** ``StagingWeightSyncScheme`` pushes a 10M-parameter toy Llama from
+3. **Weight push from the GPU.** ``StagingWeightSyncScheme`` pushes a 10M-parameter toy Llama from
    the device into a CPU copy (the receiver in a thread, as a collector worker's): weights equal
    after each push; GB/s printed.
+4. **GRPO on the GPU.** A real ``GRPOTrainer`` with ``rollout_func=as_trl_rollout_func(ChatEnv)``
+   (the trainer's own model generates) trains 2 steps in fp32 (``toy_grpo_args``) and 2 steps
+   with ``bf16=True`` (TRL's default precision: its forwards give bf16 logits), the model on the
+   device; fp32 rollouts' log-probs equal the model's own forward pass.
 
 Run with ``python benchmarks/gpu_check_cuda.py`` (``--device cpu`` runs the same checks on CPU,
 ``--checks reward grpo`` a subset). See ``docs/distributed.rst``.
@@ -311,8 +311,9 @@ def check_weight_push(device: torch.device, root: str) -> str:
 CHECKS = {
     "reward": ("HFRewardModelWrapper on the device, fp32 and bf16", check_reward_model),
     "buffer": ("TorchRLBufferDataset over a LazyTensorStorage on the device", check_buffer_dataset),
-    "grpo": ("GRPOTrainer + as_trl_rollout_func(ChatEnv), fp32 and bf16", check_grpo),
     "push": ("StagingWeightSyncScheme push from the device into a CPU policy", check_weight_push),
+    # the longest check last: a hang there leaves the others' results in the log
+    "grpo": ("GRPOTrainer + as_trl_rollout_func(ChatEnv), fp32 and bf16", check_grpo),
 }
 
 
