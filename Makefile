@@ -12,7 +12,7 @@ export TRANSFORMERS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 export PYTHONHASHSEED := 0
 
-.PHONY: setup test lint pytest demo docs docs-check bench gpu-check clean
+.PHONY: setup test lint pytest demo docs docs-check bench gpu-check gpu-check-cuda clean
 
 setup: $(STAMP)
 
@@ -59,6 +59,12 @@ bench: setup
 gpu-check: setup
 	$(PY) -m pip install vllm
 	$(PY) benchmarks/gpu_check.py
+
+# `make gpu-check-cuda`: the package itself on one CUDA GPU, without vLLM, in a few minutes. Runs
+# $(PYTHON), which needs a CUDA torch and the hf extra (the set-up venv's torch is the CPU build);
+# GPU_CHECK_ARGS="--device cpu" runs the same checks on CPU. See docs/distributed.rst.
+gpu-check-cuda:
+	$(PYTHON) benchmarks/gpu_check_cuda.py $(GPU_CHECK_ARGS)
 
 clean:
 	rm -rf docs/_build docs/auto_examples docs/generated tutorials/outputs outputs
