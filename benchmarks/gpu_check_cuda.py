@@ -90,7 +90,11 @@ def check_reward_model(device: torch.device, root: str) -> str:
         with torch.inference_mode():  # a caller's inference mode: a normal tensor comes back
             scored = one_call(ragged())
         reward = scored["reward"]  # read outside: stacking lazy rows inside would make a new one
-        assert _same_device(reward, device), f"{dtype}: reward on {reward.device}, not {device}"
+        # the reward joins its rows: CPU rows get a CPU reward, rows on the device a device one
+        assert reward.device.type == "cpu", f"{dtype}: CPU rows' reward on {reward.device}"
+        on_device = one_call(ragged().to(device))["reward"]
+        assert _same_device(on_device, device), f"{dtype}: reward on {on_device.device}"
+        torch.testing.assert_close(on_device.cpu(), reward, atol=0, rtol=0)
         assert reward.shape == (len(rows),) and reward.dtype == torch.float32, (reward.shape, dtype)
         assert not reward.is_inference(), f"{dtype}: an inference tensor was returned"
         bucketed = HFRewardModelWrapper(model, inference_mode=True, max_batch_size=3)

@@ -45,6 +45,16 @@ class TestPaddingCollator:
         ours = PaddingCollator(tok, pad_to_multiple_of=multiple)(rows)
         assert_same_batch(ours, dict(theirs))
 
+    def test_the_batch_stays_on_the_rows_device(self):
+        """Regression (the H200 check): rows from a CUDA storage came back with a CPU attention
+        mask, and a mask of ragged rows could not scatter them. ``meta`` stands in for CUDA here:
+        a CPU-built mask shows on it the same way."""
+        rows = [{"input_ids": torch.arange(n, device="meta")} for n in (3, 5)]
+        out = PaddingCollator(pad_token_id=0)(rows)
+        assert out["input_ids"].device.type == "meta", out["input_ids"].device
+        assert out["attention_mask"].device.type == "meta", out["attention_mask"].device
+        assert out["input_ids"].shape == out["attention_mask"].shape == (2, 5)
+
     def test_python_list_rows_from_hf_datasets(self, tokenizer):
         from transformers import DataCollatorWithPadding
 

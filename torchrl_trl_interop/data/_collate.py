@@ -204,7 +204,7 @@ class PaddingCollator:
     def __call__(self, rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         names = self._check_columns(rows)
         side = self._side()
-        masks: dict[tuple[int, ...], torch.Tensor] = {}  # one position mask per set of lengths
+        masks: dict[tuple, torch.Tensor] = {}  # one position mask per (lengths, device)
         out: dict[str, Any] = {}
         input_lengths = None
         for name in names:
@@ -225,11 +225,11 @@ class PaddingCollator:
             if not token_like and all(t.shape == tensors[0].shape for t in tensors):
                 out[out_name] = torch.stack(tensors)
                 continue
-            key = tuple(lengths)
+            flat = torch.cat(tensors)
+            key = (tuple(lengths), flat.device)  # the rows' device: a CUDA buffer's rows stay there
             real = masks.get(key)
             if real is None:
-                real = masks[key] = self._position_mask(lengths, side)
-            flat = torch.cat(tensors)
+                real = masks[key] = self._position_mask(lengths, side).to(flat.device)
             if token_like:
                 _check_whole(name, flat, lengths)
             if name == "attention_mask" and bool(flat.all()):
