@@ -7,7 +7,7 @@ tokenizer is a toy from :mod:`torchrl_trl_interop.testing`. Each check prints ``
 with its figures; the exit code is the number of failures.
 
 1. **Reward model on the GPU.** ``HFRewardModelWrapper`` over a toy Llama reward model moved to
-   the device, in fp32 and bf16: ``[B]`` float32 rewards on the model's device, no inference
+   the device, in fp32 and bf16: ``[B]`` float32 rewards on their rows' device, no inference
    tensor handed back from a caller's ``torch.inference_mode()``, ragged token rows and
    ``History`` conversations scored, ``max_batch_size`` micro-batches equal to one padded call,
    and the fp32 rewards equal to the same model's on CPU.
