@@ -371,10 +371,10 @@ def split_prompt_completion(
 
 
 def split_completion(
-    messages: Sequence[Message], roles: tuple[str, ...], where: str = ""
+    messages: Sequence[Message], roles: tuple[str, ...], context: str = ""
 ) -> tuple[list[Message], list[Message]]:
     """:func:`split_prompt_completion` of a message list, ``roles`` already checked: the per-row
-    step of a caller that checked its arguments once. ``where`` opens the error (``"rollout 3:
+    step of a caller that checked its arguments once. ``context`` opens the error (``"rollout 3:
     "``), which is signed by the public call being made.
 
     Raises:
@@ -392,7 +392,7 @@ def split_completion(
     if start == len(messages):
         raise ValueError(
             signed(
-                f"{where}the conversation ends with a {messages[-1]['role']!r} turn, not one of "
+                f"{context}the conversation ends with a {messages[-1]['role']!r} turn, not one of "
                 f"completion_roles={roles}, so it holds no completion. Score conversations after "
                 "the policy answered, or widen completion_roles."
             )
