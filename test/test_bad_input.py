@@ -532,6 +532,26 @@ SIGNED = [
         lambda: build_preference_pairs(rewards_td([1.0, 0.0]), history_key=3),
         "build_preference_pairs",
     ),
+    # raised by the conversion the call runs, not by the call itself (was "messages_to_history")
+    (
+        "from_hf-content-None",
+        lambda: replay_buffer_from_hf([{"prompt": [{"role": "user", "content": None}]}]),
+        "replay_buffer_from_hf",
+    ),
+    # a key check of the ground helpers (was unsigned)
+    (
+        "rows_to_tensordict-rename-not-a-key",
+        lambda: rows_to_tensordict([{"a": 1}], rename={"a": 3}),
+        "rows_to_tensordict",
+    ),
+    # the call the user made, not the one it makes (was "TorchRLBufferDataset.set_epoch")
+    (
+        "load_state_dict-negative-epoch",
+        lambda: TorchRLBufferDataset(toy_buffer(4), 2).load_state_dict(
+            {"epoch": -1, "rows": 0, "base": None}
+        ),
+        "TorchRLBufferDataset.load_state_dict",
+    ),
 ]
 
 

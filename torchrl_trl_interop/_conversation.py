@@ -31,7 +31,7 @@ from tensordict import (
 )
 from tensordict.utils import NestedKey
 
-from ._checks import as_names, check_bool
+from ._checks import as_names, boundary, check_bool, signed
 from ._keys import as_nested_key, flatten_nested, get_entry, key_parts
 from ._message_fields import MessageHistory
 from ._tool_calls import has_turn_fields, message_turns, messages_of_turns
@@ -47,7 +47,9 @@ __all__ = [
     "is_conversational",
     "is_message_list",
     "messages_to_history",
+    "read_entry",
     "row_values",
+    "split_completion",
     "split_prompt_completion",
 ]
 
@@ -112,6 +114,7 @@ def _zip_turns(roles: Any, contents: Any, depth: int, keep_system: bool) -> list
     return [_zip_turns(r, c, depth - 1, keep_system) for r, c in zip(roles, contents)]
 
 
+@boundary("history_to_messages")
 def history_to_messages(history: History, *, keep_system: bool = True) -> list:
     """Converts a :class:`~torchrl.data.llm.History` into TRL message lists.
 
@@ -154,10 +157,11 @@ def history_to_messages(history: History, *, keep_system: bool = True) -> list:
 
     if not isinstance(history, History):
         raise TypeError(
-            f"history_to_messages expects a torchrl.data.llm.History, got {type(history).__name__}. "
-            "Build one with History.from_chats(list_of_message_lists) or messages_to_history(...)."
+            "history_to_messages expects a torchrl.data.llm.History, got "
+            f"{type(history).__name__}. Build one with History.from_chats(list_of_message_lists) "
+            "or messages_to_history(...)."
         )
-    check_bool(keep_system, "keep_system", "history_to_messages")
+    check_bool(keep_system, "keep_system")
     if history.ndim == 0:
         raise ValueError(
             "history_to_messages got a History with batch_size=[] (a single message, no turn "
@@ -177,23 +181,28 @@ def messages_of(roles: list, contents: list) -> list:
 def _check_message_list(messages: Any, where: str) -> None:
     if not isinstance(messages, (list, tuple)):
         raise TypeError(
-            f"messages_to_history: {where} should be a list of {{'role', 'content'}} dicts, "
-            f"got {type(messages).__name__}."
+            signed(
+                f"{where} should be a list of {{'role', 'content'}} dicts, got "
+                f"{type(messages).__name__}."
+            )
         )
     for i, message in enumerate(messages):
         if not isinstance(message, dict):
             raise TypeError(
-                f"messages_to_history: {where}[{i}] should be a dict with 'role' and 'content', "
-                f"got {type(message).__name__}: {message!r}."
+                signed(
+                    f"{where}[{i}] should be a dict with 'role' and 'content', got "
+                    f"{type(message).__name__}: {message!r}."
+                )
             )
         for field in ("role", "content"):
             if field == "content" and message.get("content") is None and message.get("tool_calls"):
                 continue  # TRL's tool-calling turn: the calls are its content
             if not isinstance(message.get(field), str):
                 raise ValueError(
-                    f"messages_to_history: {where}[{i}] needs a str {field!r}, got "
-                    f"{message.get(field)!r} (message: {message!r}). Multimodal or tool content "
-                    "must be rendered to text first."
+                    signed(
+                        f"{where}[{i}] needs a str {field!r}, got {message.get(field)!r} (message: "
+                        f"{message!r}). Multimodal or tool content must be rendered to text first."
+                    )
                 )
 
 
@@ -214,16 +223,13 @@ def _parse(messages: Any, depth: int, where: str) -> Any:
         _check_message_list(messages, where)
         if not messages:
             raise ValueError(
-                f"messages_to_history: {where} is an empty conversation; a History needs at least "
-                "one turn."
+                signed(f"{where} is an empty conversation; a History needs at least one turn.")
             )
         if all(len(m) == 2 and "content" in m for m in messages):  # role and content only
             return messages, None, True
         return (messages, *message_turns(messages, where))
     if not isinstance(messages, (list, tuple)) or not messages:
-        raise ValueError(
-            f"messages_to_history: {where} should be a non-empty list of conversations."
-        )
+        raise ValueError(signed(f"{where} should be a non-empty list of conversations."))
     return [_parse(m, depth - 1, f"{where}[{i}]") for i, m in enumerate(messages)]
 
 
@@ -251,6 +257,7 @@ def _construct(parsed: Any, depth: int, cls: type) -> History:
     return lazy_stack([cls(**turn) for turn in turns])
 
 
+@boundary("messages_to_history")
 def messages_to_history(messages: Sequence) -> History:
     """Converts TRL message lists into a :class:`~torchrl.data.llm.History`.
 
@@ -325,6 +332,7 @@ def conversations_to_histories(
         return [_construct(p, 0, cls) for p in parsed], cls is MessageHistory
 
 
+@boundary("split_prompt_completion")
 def split_prompt_completion(
     messages: Sequence[Message], *, completion_roles: Sequence[str] = ("assistant",)
 ) -> tuple[list[Message], list[Message]]:
@@ -359,61 +367,108 @@ def split_prompt_completion(
             "split_prompt_completion expects one conversation (a non-empty list of "
             f"{{'role', 'content'}} dicts), got {type(messages).__name__}: {messages!r:.200}."
         )
-    roles = set(as_names(completion_roles, "completion_roles", "split_prompt_completion"))
+    return split_completion(messages, as_names(completion_roles, "completion_roles"))
+
+
+def split_completion(
+    messages: Sequence[Message], roles: tuple[str, ...], context: str = ""
+) -> tuple[list[Message], list[Message]]:
+    """:func:`split_prompt_completion` of a message list, ``roles`` already checked: the per-row
+    step of a caller that checked its arguments once. ``context`` opens the error (``"rollout 3:
+    "``), which is signed by the public call being made.
+
+    Raises:
+        ValueError: if the conversation does not end with a ``roles`` turn.
+
+    Examples:
+        >>> split_completion([{"role": "user", "content": "Hi"}], ("assistant",), "rollout 0: ")
+        Traceback (most recent call last):
+        ...
+        ValueError: rollout 0: the conversation ends with a 'user' turn, not one of completion_roles=('assistant',), so it holds no completion. Score conversations after the policy answered, or widen completion_roles.
+    """
     start = len(messages)
     while start > 0 and messages[start - 1]["role"] in roles:
         start -= 1
     if start == len(messages):
         raise ValueError(
-            f"split_prompt_completion: the conversation ends with a {messages[-1]['role']!r} turn, "
-            f"not one of completion_roles={tuple(completion_roles)}, so it holds no completion. "
-            "Score conversations after the policy answered, or widen completion_roles."
+            signed(
+                f"{context}the conversation ends with a {messages[-1]['role']!r} turn, not one of "
+                f"completion_roles={roles}, so it holds no completion. Score conversations after "
+                "the policy answered, or widen completion_roles."
+            )
         )
     prompt = [dict(m) for m in messages[:start]]
     completion = [dict(m) for m in messages[start:]]
     return prompt, completion
 
 
-def row_values(td: TensorDictBase, key: NestedKey, arg: str, owner: str) -> list:
-    """One Python value per element of ``td``'s batch, row-major (History -> message lists).
-
-    Works for any batch shape (``[]``, ``[B]``, ``[E, G]``) and ragged lazy stacks.
+def read_entry(
+    td: TensorDictBase,
+    key: NestedKey,
+    arg: str,
+    hint: str = "",
+    where: str = "the input tensordict",
+) -> Any:
+    """:func:`~torchrl_trl_interop._keys.get_entry` (``td.get(key)``, a list of rows for a ragged
+    lazy stack), its error signed by the public call being made.
 
     Raises:
+        KeyError: if ``key`` is absent; the message names ``arg``, ``where`` it was looked for,
+            the keys present, and ``hint`` (what to do) or a default hint.
+    """
+    try:
+        return get_entry(td, key, arg, hint=hint, where=where)
+    except KeyError as err:
+        raise KeyError(signed(err.args[0])) from None
+
+
+def row_values(td: TensorDictBase, key: NestedKey, arg: str, owner: str | None = None) -> list:
+    """One Python value per element of ``td``'s batch, row-major (History -> message lists).
+
+    Works for any batch shape (``[]``, ``[B]``, ``[E, G]``) and ragged lazy stacks. Errors are
+    signed by the public call being made (``owner``, optional, opens them instead).
+
+    Raises:
+        TypeError: if ``key`` is not a key, or the entry is not a History, strings or a tensor.
         KeyError: if ``key`` is absent (``arg`` and the keys present are named).
         ValueError: if the entry's leading shape is not the batch shape.
-        TypeError: if the entry is not a History, strings or a tensor.
 
     Examples:
         >>> import torch
         >>> from tensordict import TensorDict
         >>> td = TensorDict({"x": torch.arange(4).reshape(2, 2)}, batch_size=[2, 2])
-        >>> row_values(td, "x", "x_key", "example")
+        >>> row_values(td, "x", "x_key")
         [0, 1, 2, 3]
     """
     from torchrl.data.llm import History
 
+    def sign(message: str) -> str:
+        return f"{owner}: {message}" if owner else signed(message)
+
+    hint = f"Pass {arg}=... naming where the rollouts hold it."
     try:
         key = as_nested_key(key, arg)
-    except TypeError as err:
-        raise TypeError(f"{owner}: {err}") from None
-    hint = f"Pass {arg}=... naming where the rollouts hold it."
-    value = get_entry(td, key_parts(key), arg, owner, hint)
+        value = get_entry(td, key_parts(key), arg, hint=hint)
+    except (TypeError, KeyError) as err:
+        raise type(err)(sign(err.args[0])) from None
     if isinstance(value, list):  # a ragged lazy stack of tensors: go row by row
         return [v for sub in td.unbind(0) for v in row_values(sub, key, arg, owner)]
     if isinstance(value, History):
         if value.ndim != td.ndim + 1:
             raise ValueError(
-                f"{owner}: {arg}={key!r} holds a History of batch size "
-                f"{tuple(value.batch_size)}; expected the tensordict's {tuple(td.batch_size)} "
-                "plus one turn dimension."
+                sign(
+                    f"{arg}={key!r} holds a History of batch size {tuple(value.batch_size)}; "
+                    f"expected the tensordict's {tuple(td.batch_size)} plus one turn dimension."
+                )
             )
         return flatten_nested(history_to_messages(value), td.ndim)
     if isinstance(value, torch.Tensor):
         if value.shape[: td.ndim] != td.batch_size:
             raise ValueError(
-                f"{owner}: {arg}={key!r} has shape {tuple(value.shape)}; expected leading dims "
-                f"{tuple(td.batch_size)}."
+                sign(
+                    f"{arg}={key!r} has shape {tuple(value.shape)}; expected leading dims "
+                    f"{tuple(td.batch_size)}."
+                )
             )
         return list(value.reshape(td.batch_size.numel(), *value.shape[td.ndim :]).tolist())
     if is_non_tensor(value):
@@ -421,6 +476,8 @@ def row_values(td: TensorDictBase, key: NestedKey, arg: str, owner: str) -> list
             return [value.tolist() if isinstance(value, NonTensorStack) else value.data]
         return flatten_nested(value.tolist(), td.ndim)
     raise TypeError(
-        f"{owner}: {arg}={key!r} holds a {type(value).__name__}; expected a History, strings or "
-        "a tensor."
+        sign(
+            f"{arg}={key!r} holds a {type(value).__name__}; expected a History, strings or a "
+            "tensor."
+        )
     )

@@ -18,17 +18,13 @@ from tensordict.utils import NestedKey, unravel_key
 # (history, reward, done) and ``LLMCollector(track_policy_version=True)`` write; each in
 # tensordict's canonical form (``unravel_key``: a str for one level, a tuple of str for more).
 
-TOKEN_KEY: tuple[str, str] = ("tokens", "full")
-PROMPT_TOKEN_KEY: tuple[str, str] = ("tokens", "prompt")
-RESPONSE_TOKEN_KEY: tuple[str, str] = ("tokens", "response")
+#: Each family's whole sequence, prompt and response: ``(family, "full" | "prompt" | "response")``.
+_PARTS = ("full", "prompt", "response")
+TOKEN_KEY, PROMPT_TOKEN_KEY, RESPONSE_TOKEN_KEY = (("tokens", part) for part in _PARTS)
+TEXT_KEY, PROMPT_TEXT_KEY, RESPONSE_TEXT_KEY = (("text", part) for part in _PARTS)
+HISTORY_KEY, PROMPT_HISTORY_KEY, RESPONSE_HISTORY_KEY = (("history", part) for part in _PARTS)
 ATTENTION_MASK_KEY: tuple[str, str] = ("masks", "all_attention_mask")
 ASSISTANT_MASK_KEY: tuple[str, str] = ("masks", "all_assistant_mask")
-TEXT_KEY: tuple[str, str] = ("text", "full")
-PROMPT_TEXT_KEY: tuple[str, str] = ("text", "prompt")
-RESPONSE_TEXT_KEY: tuple[str, str] = ("text", "response")
-HISTORY_KEY: tuple[str, str] = ("history", "full")
-PROMPT_HISTORY_KEY: tuple[str, str] = ("history", "prompt")
-RESPONSE_HISTORY_KEY: tuple[str, str] = ("history", "response")
 FULL_LOG_PROBS_KEY: tuple[str, str] = ("log_probs", "full")
 RESPONSE_LOG_PROBS_KEY: tuple[str, str] = ("log_probs", "response")
 REWARD_KEY: str = "reward"
@@ -137,11 +133,14 @@ def get_entry(
     td: TensorDictBase,
     key: NestedKey,
     arg: str,
-    owner: str,
+    owner: str | None = None,
     hint: str = "",
     where: str = "the input tensordict",
 ) -> Any:
     """``td.get(key)``, as a list of rows when the entry is a ragged lazy stack.
+
+    ``owner`` (optional) opens the message. This module cannot know the public call being made:
+    :func:`~torchrl_trl_interop._conversation.read_entry` is this read with its error signed.
 
     Raises:
         KeyError: if ``key`` is absent; the message names ``arg``, ``where`` it was looked for,
@@ -149,10 +148,8 @@ def get_entry(
     """
     if key not in td.keys(include_nested=True):
         hint = hint or f"Pass {arg}=... naming the entry that holds it."
-        raise KeyError(
-            f"{owner}: {arg}={unravel_key(key)!r} not found in {where} (found {keys_present(td)}). "
-            f"{hint}"
-        )
+        message = f"{arg}={unravel_key(key)!r} not found in {where} (found {keys_present(td)}). "
+        raise KeyError(f"{owner}: {message}{hint}" if owner else message + hint)
     try:
         return td.get(key)
     except RuntimeError:

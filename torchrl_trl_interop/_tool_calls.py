@@ -22,6 +22,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from ._checks import signed
 from ._message_fields import MessageHistory
 from ._upstream._lazy_rows import holds_field
 
@@ -161,8 +162,10 @@ def message_turns(messages: Sequence[dict[str, Any]], where: str) -> tuple[list[
         if calls:
             if not isinstance(calls, (list, tuple)) or not all(isinstance(c, dict) for c in calls):
                 raise TypeError(
-                    f"messages_to_history: {where}[{i}]['tool_calls'] should be a list of dicts "
-                    f"(TRL's {{'type': 'function', 'function': {{...}}}}), got {calls!r:.200}."
+                    signed(
+                        f"{where}[{i}]['tool_calls'] should be a list of dicts (TRL's {{'type': "
+                        f"'function', 'function': {{...}}}}), got {calls!r:.200}."
+                    )
                 )
             turn["content"] = message.get("content") or ""
             turn["tool_calls"] = [dict(c) for c in calls]
@@ -173,9 +176,11 @@ def message_turns(messages: Sequence[dict[str, Any]], where: str) -> tuple[list[
             name = message.get("name", _ABSENT)
             if expected is not None and name not in (expected, None, _ABSENT):
                 raise ValueError(
-                    f"messages_to_history: {where}[{i}] is a tool turn named {name!r}, but the "
-                    f"call it answers is {expected!r}. A tool turn's name is the name of the "
-                    "call it answers: answer the calls in order, or drop 'name'."
+                    signed(
+                        f"{where}[{i}] is a tool turn named {name!r}, but the call it answers is "
+                        f"{expected!r}. A tool turn's name is the name of the call it answers: "
+                        "answer the calls in order, or drop 'name'."
+                    )
                 )
             # what a plain History gives back: the name of the call it answers, if any
             plain &= name == (_ABSENT if expected is None else expected)

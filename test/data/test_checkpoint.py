@@ -359,6 +359,17 @@ class TestCallbackArguments:
         with pytest.raises(FileNotFoundError, match=r"Resume from '.*checkpoint-2'"):
             BufferCheckpointCallback(toy_buffer(2)).on_train_begin(args, state, None)
 
+    def test_a_resume_error_is_signed_by_the_callback(self, tmp_path):
+        """The trainer calls the callback, which loads the buffer: its error names the callback."""
+        args = type("Args", (), {"output_dir": str(tmp_path), "ignore_data_skip": False})
+        state = type("State", (), {"global_step": 2, "is_world_process_zero": True})
+        (tmp_path / "checkpoint-2").mkdir()
+        save_replay_buffer(toy_buffer(2), tmp_path / "checkpoint-2" / "replay_buffer")
+        callback = BufferCheckpointCallback(toy_buffer(0, storage=LazyTensorStorage(3)))
+        match = r"^BufferCheckpointCallback: the buffer saved at .* max_size 3 here but 2 saved"
+        with pytest.raises(ValueError, match=match):
+            callback.on_train_begin(args, state, None)
+
     @pytest.mark.parametrize(
         ("stateful", "ignore_data_skip", "match"),
         [

@@ -251,7 +251,11 @@ class TestErrors:
     def test_no_completion_turn(self):
         history = messages_to_history([[user("a")], [user("a"), assistant("b")]])
         td = TensorDict({"history": {"full": history}, "reward": torch.zeros(2)}, [2])
-        with pytest.raises(ValueError, match="rollout 0 of rollouts: .* ends with a 'user' turn"):
+        # one name opens the message: the call the user made (not the split it runs per rollout)
+        match = (
+            r"^build_preference_pairs: rollout 0 of rollouts: the conversation ends with a 'user'"
+        )
+        with pytest.raises(ValueError, match=match):
             build_preference_pairs(td)
 
     def test_group_with_different_prompts(self):

@@ -27,6 +27,7 @@ from typing import Any
 
 import torch
 
+from .._checks import signed
 from .._keys import to_python
 from ._columns import DENSE, MESSAGES, RAGGED, TURNS, Column
 
@@ -56,15 +57,17 @@ _ARROW_OF = {
 }
 
 
-def _scalar_type(dtype: torch.dtype, name: str, owner: str) -> Any:
+def _scalar_type(dtype: torch.dtype, name: str) -> Any:
     import pyarrow as pa
 
     arrow = _ARROW_OF.get(dtype)
     if arrow is None:
         raise TypeError(
-            f"{owner}: column {name!r} holds {dtype} values, which Arrow (and so datasets) cannot "
-            "store. Store the real and imaginary parts as two float columns, or leave the column "
-            "out with keys=[...]."
+            signed(
+                f"column {name!r} holds {dtype} values, which Arrow (and so datasets) cannot "
+                "store. Store the real and imaginary parts as two float columns, or leave the "
+                "column out with keys=[...]."
+            )
         )
     return getattr(pa, arrow)()
 
@@ -98,7 +101,7 @@ def _turns_type() -> Any:
     return pa.list_(pa.struct([("role", pa.string()), ("content", pa.string())]))
 
 
-def _unify(types: Sequence[Any], name: str, owner: str, where: str) -> Any:
+def _unify(types: Sequence[Any], name: str, where: str) -> Any:
     """The type pyarrow promotes ``types`` to (``"permissive"``); a :class:`TypeError` naming the
     column if they have none."""
     import pyarrow as pa
@@ -111,24 +114,25 @@ def _unify(types: Sequence[Any], name: str, owner: str, where: str) -> Any:
         return pa.unify_schemas(schemas, promote_options="permissive").field(name).type
     except (pa.ArrowTypeError, pa.ArrowInvalid, pa.ArrowNotImplementedError) as err:
         raise TypeError(
-            f"{owner}: column {name!r} holds values of types {[str(t) for t in distinct]} "
-            f"{where}, and Arrow (so datasets) has no type that holds them all without changing "
-            "values (a bool and a number, a str and a number, a list and a scalar). Store one "
-            "type in every row (e.g. every score as a float), or leave the column out with "
-            "keys=[...]."
+            signed(
+                f"column {name!r} holds values of types {[str(t) for t in distinct]} {where}, and "
+                "Arrow (so datasets) has no type that holds them all without changing values (a "
+                "bool and a number, a str and a number, a list and a scalar). Store one type in "
+                "every row (e.g. every score as a float), or leave the column out with keys=[...]."
+            )
         ) from err
 
 
-def _row_dtype(rows: Sequence[torch.Tensor], name: str, owner: str) -> tuple[torch.dtype, Any]:
+def _row_dtype(rows: Sequence[torch.Tensor], name: str) -> tuple[torch.dtype, Any]:
     """The dtype that holds every row of a ragged column, and its Arrow type."""
     dtypes = list(dict.fromkeys(r.dtype for r in rows))
     ndims = {r.ndim for r in rows}
-    types = [_nest(_scalar_type(d, name, owner), n) for d in dtypes for n in ndims]
-    arrow_type = _unify(types, name, owner, "in different rows")
+    types = [_nest(_scalar_type(d, name), n) for d in dtypes for n in ndims]
+    arrow_type = _unify(types, name, "in different rows")
     return (dtypes[0] if len(dtypes) == 1 else _torch_dtype(_leaf(arrow_type))), arrow_type
 
 
-def _values_array(column: Column, name: str, owner: str) -> Any:
+def _values_array(column: Column, name: str) -> Any:
     """A column of Python values through ``datasets``' typed conversion (what ``from_list`` does)."""
     import pyarrow as pa
     from datasets.arrow_writer import OptimizedTypedSequence
@@ -138,12 +142,14 @@ def _values_array(column: Column, name: str, owner: str) -> Any:
         return pa.array(OptimizedTypedSequence(values, col=name))
     except (pa.ArrowTypeError, pa.ArrowInvalid) as err:
         raise TypeError(
-            f"{owner}: column {name!r} holds values that Arrow (so datasets) cannot give one "
-            f"type ({err}). Store one type in every row, or leave the column out with keys=[...]."
+            signed(
+                f"column {name!r} holds values that Arrow (so datasets) cannot give one type "
+                f"({err}). Store one type in every row, or leave the column out with keys=[...]."
+            )
         ) from err
 
 
-def column_type(column: Column, name: str, owner: str) -> Any:
+def column_type(column: Column, name: str) -> Any:
     """The Arrow type that holds every row of a walked column (see the module docstring).
 
     Raises:
@@ -152,17 +158,17 @@ def column_type(column: Column, name: str, owner: str) -> Any:
     import pyarrow as pa
 
     if column.kind == DENSE:
-        return _nest(_scalar_type(column.data.dtype, name, owner), column.data.ndim - 1)
+        return _nest(_scalar_type(column.data.dtype, name), column.data.ndim - 1)
     if column.kind == RAGGED:
-        return _row_dtype(column.data, name, owner)[1]
+        return _row_dtype(column.data, name)[1]
     if column.kind == TURNS:
         return _turns_type()
     if all(type(v) is str for v in column.data):
         return pa.string()
-    return _values_array(column, name, owner).type
+    return _values_array(column, name).type
 
 
-def declared_schema(columns: Sequence[Column], names: Sequence[str], owner: str) -> Any:
+def declared_schema(columns: Sequence[Column], names: Sequence[str]) -> Any:
     """The ``pyarrow.Schema`` a streaming view declares from a batch, or ``None`` when a message
     column holds tool calls (their arguments have no fixed type: ``datasets`` takes each row as
     it comes)."""
@@ -170,10 +176,10 @@ def declared_schema(columns: Sequence[Column], names: Sequence[str], owner: str)
 
     if any(c.kind == MESSAGES for c in columns):
         return None
-    return pa.schema([(n, column_type(c, n, owner)) for c, n in zip(columns, names)])
+    return pa.schema([(n, column_type(c, n)) for c, n in zip(columns, names)])
 
 
-def unify_schemas(schemas: Sequence[Any], owner: str) -> Any:
+def unify_schemas(schemas: Sequence[Any]) -> Any:
     """One schema for batches read with :func:`arrow_table`: each column's types promoted (see
     the module docstring).
 
@@ -187,7 +193,7 @@ def unify_schemas(schemas: Sequence[Any], owner: str) -> Any:
         return first
     return pa.schema(
         [
-            (n, _unify([s.field(n).type for s in schemas], n, owner, "in different reads"))
+            (n, _unify([s.field(n).type for s in schemas], n, "in different reads"))
             for n in first.names
         ]
     )
@@ -220,11 +226,11 @@ def _packed(column: Column, dtype: torch.dtype) -> tuple[torch.Tensor, list[int]
     return torch.cat(rows).detach().cpu(), [len(r) for r in rows]
 
 
-def _tensor_dtype(column: Column, name: str, owner: str) -> torch.dtype:
+def _tensor_dtype(column: Column, name: str) -> torch.dtype:
     if column.kind == DENSE:
-        _scalar_type(column.data.dtype, name, owner)  # refuses what Arrow cannot store
+        _scalar_type(column.data.dtype, name)  # refuses what Arrow cannot store
         return column.data.dtype
-    return _row_dtype(column.data, name, owner)[0]
+    return _row_dtype(column.data, name)[0]
 
 
 def _split(flat: list, lengths: list[int]) -> list[list]:
@@ -281,39 +287,39 @@ def _only_adds_fields(declared: Any, wider: Any) -> bool:
     return False
 
 
-def _python_values(column: Column, name: str, owner: str, declared: Any) -> list:
+def _python_values(column: Column, name: str, declared: Any) -> list:
     if declared is not None:
-        found = column_type(column, name, owner)
+        found = column_type(column, name)
         if found != declared:
             try:
-                target = _unify([declared, found], "", "", "")
+                target = _unify([declared, found], "", "")
             except TypeError:
                 target = None
             if target is not None and target != declared and _only_adds_fields(declared, target):
                 # fields first met in a later batch (tool calls): every row of the batch gets
                 # them, None where absent, as to_hf_dataset() types the column from all rows
-                return _values_array(column, name, owner).cast(target).to_pylist()
+                return _values_array(column, name).cast(target).to_pylist()
             if target != declared:
                 raise TypeError(
-                    f"{owner}: column {name!r} holds {found} values in this batch, but the view's "
-                    f"features were fixed as {declared} from the first batch of the buffer, and "
-                    "they cannot hold these values without changing them. Use to_hf_dataset() "
-                    "(its types come from every stored row), store one type in every row, or "
-                    "leave the column out with keys=[...]."
+                    signed(
+                        f"column {name!r} holds {found} values in this batch, but the view's "
+                        f"features were fixed as {declared} from the first batch of the buffer, "
+                        "and they cannot hold these values without changing them. Use "
+                        "to_hf_dataset() (its types come from every stored row), store one type "
+                        "in every row, or leave the column out with keys=[...]."
+                    )
                 )
             if column.kind in (DENSE, RAGGED):
                 return _tensor_values(column, _torch_dtype(_leaf(declared)))
-            return _values_array(column, name, owner).cast(declared).to_pylist()
+            return _values_array(column, name).cast(declared).to_pylist()
     if column.kind in (DENSE, RAGGED):
-        return _tensor_values(column, _tensor_dtype(column, name, owner))
+        return _tensor_values(column, _tensor_dtype(column, name))
     if column.kind == TURNS:
         return _turn_values(column)
     return [to_python(v) for v in column.data]
 
 
-def python_columns(
-    columns: Sequence[Column], names: Sequence[str], declared: Any, owner: str
-) -> list[list]:
+def python_columns(columns: Sequence[Column], names: Sequence[str], declared: Any) -> list[list]:
     """Per-row Python values of each column, as ``to_python`` gives them row by row.
 
     ``declared`` (a ``pyarrow.Schema`` from :func:`declared_schema`, or ``None``): a column whose
@@ -331,11 +337,11 @@ def python_columns(
         >>> from torchrl_trl_interop.data._columns import walk_columns
         >>> td = TensorDict({"ids": torch.tensor([[0, 5, 6], [7, 8, 9]]),
         ...                  "mask": torch.tensor([[0, 1, 1], [1, 1, 1]])}, batch_size=[2])
-        >>> python_columns(walk_columns(td, ["ids"], "mask", "example"), ["ids"], None, "example")
+        >>> python_columns(walk_columns(td, ["ids"], "mask"), ["ids"], None)
         [[[5, 6], [7, 8, 9]]]
     """
     return [
-        _python_values(c, n, owner, None if declared is None else declared.field(n).type)
+        _python_values(c, n, None if declared is None else declared.field(n).type)
         for c, n in zip(columns, names)
     ]
 
@@ -343,15 +349,15 @@ def python_columns(
 # -- Arrow arrays --------------------------------------------------------------------------------
 
 
-def _tensor_array(column: Column, name: str, owner: str) -> Any:
+def _tensor_array(column: Column, name: str) -> Any:
     """Values plus offsets: one Arrow list level per dimension of a row."""
     import numpy as np
     import pyarrow as pa
 
-    dtype = _tensor_dtype(column, name, owner)
+    dtype = _tensor_dtype(column, name)
     packed = _packed(column, dtype)
     if packed is None:  # rows of different inner shapes: Arrow lists hold them row by row
-        return pa.array(_tensor_values(column, dtype), type=column_type(column, name, owner))
+        return pa.array(_tensor_values(column, dtype), type=column_type(column, name))
     values, lengths = packed
     if values.dtype == torch.bfloat16:
         values = values.float()  # datasets stores bfloat16 as float32
@@ -387,7 +393,7 @@ def _turns_array(column: Column) -> Any:
     return pa.ListArray.from_arrays(_offsets([len(r) for r in roles]), turns)
 
 
-def arrow_table(columns: Sequence[Column], names: Sequence[str], owner: str) -> Any:
+def arrow_table(columns: Sequence[Column], names: Sequence[str]) -> Any:
     """A ``pyarrow.Table`` of walked columns, each typed from all of its rows.
 
     Tensor columns are built from their values and offsets, History turns from their strings;
@@ -402,9 +408,9 @@ def arrow_table(columns: Sequence[Column], names: Sequence[str], owner: str) -> 
     arrays = []
     for column, name in zip(columns, names):
         if column.kind in (DENSE, RAGGED):
-            arrays.append(_tensor_array(column, name, owner))
+            arrays.append(_tensor_array(column, name))
         elif column.kind == TURNS:
             arrays.append(_turns_array(column))
         else:
-            arrays.append(_values_array(column, name, owner))
+            arrays.append(_values_array(column, name))
     return pa.Table.from_arrays(arrays, names=list(names))

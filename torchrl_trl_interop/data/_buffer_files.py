@@ -34,9 +34,10 @@ from torchrl.data.replay_buffers.checkpointers import (
 )
 from torchrl.data.replay_buffers.storages import TensorStorage
 
+from .._checks import boundary, signed
 from .._keys import _is_leaf
 from .._upstream._buffers import empty_storage, replay_lock, storage_data
-from ._processes import is_remote
+from ._processes import check_replay_buffer, is_remote
 
 __all__ = [
     "check_checkpointable",
@@ -139,19 +140,17 @@ def _file_sizes(root: Path) -> dict[str, int]:
     return dict(sorted(out.items()))
 
 
-def check_checkpointable(replay_buffer: Any, owner: str) -> None:
+def check_checkpointable(replay_buffer: Any) -> None:
     """Raises a clear error for a buffer these functions cannot save faithfully."""
     if is_remote(replay_buffer):
         raise TypeError(
-            f"{owner}: a {type(replay_buffer).__name__} lives in a Ray actor, which writes its "
-            "checkpoint on its own machine. Save it there with replay_buffer.dumps(path) (and "
-            ".loads(path) on resume) from a callback of your own."
+            signed(
+                f"a {type(replay_buffer).__name__} lives in a Ray actor, which writes its "
+                "checkpoint on its own machine. Save it there with replay_buffer.dumps(path) (and "
+                ".loads(path) on resume) from a callback of your own."
+            )
         )
-    if not isinstance(replay_buffer, ReplayBuffer):
-        raise TypeError(
-            f"{owner}: replay_buffer must be a torchrl ReplayBuffer, got "
-            f"{type(replay_buffer).__name__}."
-        )
+    check_replay_buffer(replay_buffer)
 
 
 def _fsync_tree(root: Path) -> None:
@@ -179,26 +178,33 @@ def _check_replaceable(path: Path) -> None:
     """Refuses a ``path`` that holds something else than a buffer this module saved."""
     if path.is_symlink():
         raise FileExistsError(
-            f"save_replay_buffer: {str(path)!r} is a symbolic link; a save replaces only a "
-            "directory written by save_replay_buffer, so it is left alone. Pass another path."
+            signed(
+                f"{str(path)!r} is a symbolic link; a save replaces only a directory written by "
+                "save_replay_buffer, so it is left alone. Pass another path."
+            )
         )
     if not path.exists():
         return
     if not path.is_dir():
         raise NotADirectoryError(
-            f"save_replay_buffer: {str(path)!r} exists and is not a directory (a file of yours?); "
-            "a save replaces only a directory written by save_replay_buffer, so it is left "
-            "alone. Pass another path, or remove it first."
+            signed(
+                f"{str(path)!r} exists and is not a directory (a file of yours?); a save replaces "
+                "only a directory written by save_replay_buffer, so it is left alone. Pass "
+                "another path, or remove it first."
+            )
         )
     entries = set(os.listdir(path))
     if entries and (_FORMAT_FILE not in entries or not entries <= _SAVED_ENTRIES):
         raise FileExistsError(
-            f"save_replay_buffer: {str(path)!r} is a directory holding {sorted(entries)[:8]}, not "
-            f"a replay buffer saved by save_replay_buffer (which holds {sorted(_SAVED_ENTRIES)}); "
-            "it is left alone. Pass another path, or empty it first."
+            signed(
+                f"{str(path)!r} is a directory holding {sorted(entries)[:8]}, not a replay buffer "
+                f"saved by save_replay_buffer (which holds {sorted(_SAVED_ENTRIES)}); it is left "
+                "alone. Pass another path, or empty it first."
+            )
         )
 
 
+@boundary("save_replay_buffer")
 def save_replay_buffer(replay_buffer: ReplayBuffer, path: str | os.PathLike) -> Path:
     """Saves ``replay_buffer`` at ``path``, atomically: ``path`` then holds all of it or is unchanged.
 
@@ -224,7 +230,7 @@ def save_replay_buffer(replay_buffer: ReplayBuffer, path: str | os.PathLike) -> 
         >>> restored[:]["x"].tolist()
         [0, 1, 2, 3, 4]
     """
-    check_checkpointable(replay_buffer, "save_replay_buffer")
+    check_checkpointable(replay_buffer)
     path = Path(path)
     _check_replaceable(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -263,8 +269,7 @@ _RESUME_EARLIER = (
 
 def _damaged(path: Path, what: str) -> ValueError:
     return ValueError(
-        f"load_replay_buffer: the replay buffer saved at {str(path)!r} is damaged: {what}. "
-        f"{_RESUME_EARLIER}"
+        signed(f"the replay buffer saved at {str(path)!r} is damaged: {what}. {_RESUME_EARLIER}")
     )
 
 
@@ -278,9 +283,11 @@ def _parse_format(path: Path) -> dict[str, Any]:
     file = path / _FORMAT_FILE
     if not file.is_file():
         raise FileNotFoundError(
-            f"load_replay_buffer: no saved replay buffer at {str(path)!r} (expected the "
-            f"directory written by save_replay_buffer, with a {_FORMAT_FILE!r} file). A save "
-            f"interrupted by a crash leaves nothing there. {_RESUME_EARLIER}"
+            signed(
+                f"no saved replay buffer at {str(path)!r} (expected the directory written by "
+                f"save_replay_buffer, with a {_FORMAT_FILE!r} file). A save interrupted by a crash "
+                f"leaves nothing there. {_RESUME_EARLIER}"
+            )
         )
     try:
         saved = json.loads(file.read_text())
@@ -310,9 +317,11 @@ def _check_saved(path: Path, saved: dict[str, Any]) -> None:
         listed = path / name
         if not listed.is_file():
             raise FileNotFoundError(
-                f"load_replay_buffer: the replay buffer saved at {str(path)!r} is damaged: its "
-                f"file {name!r} is missing ({_FORMAT_FILE} lists the {len(files)} files it was "
-                f"saved with). {_RESUME_EARLIER}"
+                signed(
+                    f"the replay buffer saved at {str(path)!r} is damaged: its file {name!r} is "
+                    f"missing ({_FORMAT_FILE} lists the {len(files)} files it was saved with). "
+                    f"{_RESUME_EARLIER}"
+                )
             )
         if listed.stat().st_size != size:
             raise _damaged(
@@ -332,9 +341,11 @@ def _read_format(path: str | os.PathLike) -> dict[str, Any]:
     saved = _parse_format(path)
     if saved["version"] > _FORMAT_VERSION:
         raise ValueError(
-            f"load_replay_buffer: the replay buffer at {str(path)!r} was saved in format version "
-            f"{saved['version']}, by a newer torchrl-trl-interop; this one reads versions 1 to "
-            f"{_FORMAT_VERSION}. Upgrade torchrl-trl-interop to load it."
+            signed(
+                f"the replay buffer at {str(path)!r} was saved in format version "
+                f"{saved['version']}, by a newer torchrl-trl-interop; this one reads versions 1 to "
+                f"{_FORMAT_VERSION}. Upgrade torchrl-trl-interop to load it."
+            )
         )
     _check_saved(path, saved)
     return saved
@@ -360,12 +371,15 @@ def _check_built_alike(replay_buffer: ReplayBuffer, saved: dict[str, Any], path:
     if differing:
         diffs = ", ".join(f"{key} {here[key]!r} here but {saved[key]!r} saved" for key in differing)
         raise ValueError(
-            f"load_replay_buffer: the buffer saved at {str(path)!r} was built as "
-            f"{_describe(saved)}; replay_buffer differs: {diffs}. Build the buffer to load into "
-            "the same way (storage type and max_size, sampler, writer)."
+            signed(
+                f"the buffer saved at {str(path)!r} was built as {_describe(saved)}; replay_buffer "
+                f"differs: {diffs}. Build the buffer to load into the same way (storage type and "
+                "max_size, sampler, writer)."
+            )
         )
 
 
+@boundary("load_replay_buffer")
 def load_replay_buffer(replay_buffer: ReplayBuffer, path: str | os.PathLike) -> None:
     """Loads a buffer saved by :func:`save_replay_buffer` into ``replay_buffer``, replacing its content.
 
@@ -377,7 +391,7 @@ def load_replay_buffer(replay_buffer: ReplayBuffer, path: str | os.PathLike) -> 
             size) or of a newer format version, if ``replay_buffer`` is built differently from
             the saved buffer (the message lists the differences), or if torchrl fails to load it.
     """
-    check_checkpointable(replay_buffer, "load_replay_buffer")
+    check_checkpointable(replay_buffer)
     path = Path(path)
     saved = _read_format(path)
     if "buffer" in saved:
@@ -388,10 +402,12 @@ def load_replay_buffer(replay_buffer: ReplayBuffer, path: str | os.PathLike) -> 
         except Exception as err:
             built = f" (saved as {_describe(saved['buffer'])})" if "buffer" in saved else ""
             raise ValueError(
-                f"load_replay_buffer: could not load the buffer saved at {str(path)!r}{built} "
-                f"into this {type(replay_buffer).__name__} over {_describe(_built(replay_buffer))}"
-                f": {type(err).__name__}: {err}. The buffer must be built like the saved one; "
-                "replay_buffer may now hold part of the save: build it afresh before retrying."
+                signed(
+                    f"could not load the buffer saved at {str(path)!r}{built} into this "
+                    f"{type(replay_buffer).__name__} over {_describe(_built(replay_buffer))}: "
+                    f"{type(err).__name__}: {err}. The buffer must be built like the saved one; "
+                    "replay_buffer may now hold part of the save: build it afresh before retrying."
+                )
             ) from err
     writer = replay_buffer.writer
     if hasattr(writer, "_commit_log"):  # CommittedWriter: publish the restored length

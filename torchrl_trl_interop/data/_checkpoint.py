@@ -19,6 +19,7 @@ from typing import Any
 import torch
 from torchrl.data import ReplayBuffer
 
+from .._checks import boundary, check_bool, signed
 from .._upstream._buffers import buffer_writer, write_counters
 from ._buffer_files import check_checkpointable, is_complete, load_replay_buffer, save_replay_buffer
 
@@ -117,6 +118,7 @@ class BufferCheckpointCallback(TrainerCallback):
         ``trainer.train(resume_from_checkpoint=last_complete_checkpoint(output_dir))``.
     """
 
+    @boundary("BufferCheckpointCallback")
     def __init__(
         self,
         replay_buffer: ReplayBuffer,
@@ -125,20 +127,15 @@ class BufferCheckpointCallback(TrainerCallback):
         resume_from_checkpoint: str | os.PathLike | None = None,
         save_dataloader: bool = True,
     ) -> None:
-        check_checkpointable(replay_buffer, "BufferCheckpointCallback")
+        check_checkpointable(replay_buffer)
         if not isinstance(dirname, str) or not dirname or os.sep in dirname:
             raise ValueError(
-                f"BufferCheckpointCallback: dirname must be a non-empty directory name, got "
-                f"dirname={dirname!r}."
-            )
-        if not isinstance(save_dataloader, bool):
-            raise TypeError(
-                f"BufferCheckpointCallback: save_dataloader must be a bool, got {save_dataloader!r}."
+                signed(f"dirname must be a non-empty directory name, got dirname={dirname!r}.")
             )
         self.replay_buffer = replay_buffer
         self.dirname = dirname
         self.resume_from_checkpoint = resume_from_checkpoint
-        self.save_dataloader = save_dataloader
+        self.save_dataloader = check_bool(save_dataloader, "save_dataloader")
         self._saved_step: int | None = None
         self._saved_rows: tuple = ()
 
@@ -189,14 +186,17 @@ class BufferCheckpointCallback(TrainerCallback):
             os.fsync(handle.fileno())
         os.replace(tmp, file)
 
+    @boundary("BufferCheckpointCallback")
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if control.should_save:  # the trainer saves right after this event
             self._save(args, state, kwargs.get("train_dataloader"))
 
+    @boundary("BufferCheckpointCallback")
     def on_epoch_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if control.should_save:
             self._save(args, state, kwargs.get("train_dataloader"))
 
+    @boundary("BufferCheckpointCallback")
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if self._saved_step != state.global_step:  # a save not announced above
             self._save(args, state, kwargs.get("train_dataloader"))
@@ -213,6 +213,7 @@ class BufferCheckpointCallback(TrainerCallback):
 
     # -- resuming ----------------------------------------------------------------------------
 
+    @boundary("BufferCheckpointCallback")
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self._saved_step = None
         if state.global_step == 0:
@@ -222,11 +223,13 @@ class BufferCheckpointCallback(TrainerCallback):
         if not is_complete(path):
             complete = last_complete_checkpoint(checkpoint.parent, self.dirname)
             raise FileNotFoundError(
-                f"BufferCheckpointCallback: resuming at step {state.global_step}, but "
-                f"{str(checkpoint)!r} holds no complete replay buffer (its save was interrupted, "
-                f"or it was written without this callback). Resume from "
-                f"{complete!r} instead (last_complete_checkpoint(output_dir)), or pass "
-                "resume_from_checkpoint= to the callback if the checkpoint is elsewhere."
+                signed(
+                    f"resuming at step {state.global_step}, but {str(checkpoint)!r} holds no "
+                    "complete replay buffer (its save was interrupted, or it was written without "
+                    f"this callback). Resume from {complete!r} instead "
+                    "(last_complete_checkpoint(output_dir)), or pass resume_from_checkpoint= to "
+                    "the callback if the checkpoint is elsewhere."
+                )
             )
         load_replay_buffer(self.replay_buffer, path)
         loader = kwargs.get("train_dataloader")
@@ -242,19 +245,22 @@ class BufferCheckpointCallback(TrainerCallback):
             _resume_dataloader(loader, saved["state"], saved["epoch"])
         elif stateful and not args.ignore_data_skip:
             warnings.warn(
-                "BufferCheckpointCallback: the DataLoader is stateful but ignore_data_skip=False, "
-                "so the trainer resumes by skipping batches, which repeats and loses rows for a "
-                "dataset without a length. Set ignore_data_skip=True to resume from the saved "
-                "DataLoader state (docs/scale.rst, 'Resuming').",
+                signed(
+                    "the DataLoader is stateful but ignore_data_skip=False, so the trainer "
+                    "resumes by skipping batches, which repeats and loses rows for a dataset "
+                    "without a length. Set ignore_data_skip=True to resume from the saved "
+                    "DataLoader state (docs/scale.rst, 'Resuming')."
+                ),
                 stacklevel=2,
             )
         elif args.ignore_data_skip:
             why = "no DataLoader state was saved" if stateful else "the DataLoader is not stateful"
             warnings.warn(
-                f"BufferCheckpointCallback: ignore_data_skip=True but {why}: the data restarts "
-                "from the beginning of an epoch. Set "
-                "trainer.accelerator.dataloader_config.use_stateful_dataloader = True before "
-                "training (docs/scale.rst, 'Resuming').",
+                signed(
+                    f"ignore_data_skip=True but {why}: the data restarts from the beginning of an "
+                    "epoch. Set trainer.accelerator.dataloader_config.use_stateful_dataloader = "
+                    "True before training (docs/scale.rst, 'Resuming')."
+                ),
                 stacklevel=2,
             )
 

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from .._checks import as_mapping, check_bool, check_positive_int, check_tokenizer
+from .._checks import as_mapping, boundary, check_bool, check_positive_int, check_tokenizer, signed
 from .._padding import position_mask
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -44,10 +44,12 @@ def _column_tensors(name: str, values: list) -> list[torch.Tensor]:
         row = next(i for i, v in enumerate(values) if not _converts(v))
         value = values[row]
         raise ValueError(
-            f"PaddingCollator: column {name!r} cannot be made a tensor: row {row} holds "
-            f"{value!r:.80} of type {type(value).__name__} ({err}). Columns other than strings "
-            "and message lists must hold numbers or (nested) lists of numbers in every row: fill "
-            "or cast it first (e.g. dataset.map), or drop it (dataset.remove_columns)."
+            signed(
+                f"column {name!r} cannot be made a tensor: row {row} holds {value!r:.80} of type "
+                f"{type(value).__name__} ({err}). Columns other than strings and message lists "
+                "must hold numbers or (nested) lists of numbers in every row: fill or cast it "
+                "first (e.g. dataset.map), or drop it (dataset.remove_columns)."
+            )
         ) from err
 
 
@@ -60,10 +62,12 @@ def _check_whole(name: str, flat: torch.Tensor, lengths: list[int]) -> None:
         position = int(changed.reshape(len(flat), -1).any(1).nonzero()[0])
         row = int(torch.searchsorted(torch.tensor(lengths).cumsum(0), position, right=True))
         raise ValueError(
-            f"PaddingCollator: column {name!r} holds token ids or mask values, but row {row} "
-            f"holds {flat[position].tolist()!r} ({flat.dtype}), which is not a whole number: "
-            "cast to int64 it would change. Pass integer token ids (as the tokenizer returns "
-            "them); DataCollatorWithPadding refuses float lists too."
+            signed(
+                f"column {name!r} holds token ids or mask values, but row {row} holds "
+                f"{flat[position].tolist()!r} ({flat.dtype}), which is not a whole number: cast to "
+                "int64 it would change. Pass integer token ids (as the tokenizer returns them); "
+                "DataCollatorWithPadding refuses float lists too."
+            )
         )
 
 
@@ -117,6 +121,7 @@ class PaddingCollator:
         ['a', 'b']
     """
 
+    @boundary("PaddingCollator")
     def __init__(
         self,
         tokenizer: PreTrainedTokenizerBase | None = None,
@@ -127,13 +132,15 @@ class PaddingCollator:
         pad_values: Mapping[str, float | int | bool] | None = None,
         return_attention_mask: bool = True,
     ) -> None:
-        check_tokenizer(tokenizer, "tokenizer", "PaddingCollator")
+        check_tokenizer(tokenizer, "tokenizer")
         if pad_token_id is not None and (
             isinstance(pad_token_id, bool) or not isinstance(pad_token_id, int)
         ):
             raise TypeError(
-                f"PaddingCollator: pad_token_id must be an int, got {pad_token_id!r} of type "
-                f"{type(pad_token_id).__name__}."
+                signed(
+                    f"pad_token_id must be an int, got {pad_token_id!r} of type "
+                    f"{type(pad_token_id).__name__}."
+                )
             )
         if tokenizer is None and pad_token_id is None:
             raise ValueError(
@@ -142,24 +149,22 @@ class PaddingCollator:
             )
         if padding_side is not None and padding_side not in ("left", "right"):
             raise ValueError(f"padding_side must be 'left' or 'right', got {padding_side!r}.")
-        check_positive_int(
-            pad_to_multiple_of, "pad_to_multiple_of", "PaddingCollator", allow_none=True
-        )
+        check_positive_int(pad_to_multiple_of, "pad_to_multiple_of", allow_none=True)
         self.tokenizer = tokenizer
         self.pad_token_id = pad_token_id
         self.padding_side = padding_side
         self.pad_to_multiple_of = pad_to_multiple_of
-        self.pad_values = as_mapping(pad_values, "pad_values", "{column: value}", "PaddingCollator")
-        self.return_attention_mask = check_bool(
-            return_attention_mask, "return_attention_mask", "PaddingCollator"
-        )
+        self.pad_values = as_mapping(pad_values, "pad_values", "{column: value}")
+        self.return_attention_mask = check_bool(return_attention_mask, "return_attention_mask")
 
     def _pad_id(self) -> int:
         pad = self.pad_token_id if self.pad_token_id is not None else self.tokenizer.pad_token_id
         if pad is None:
             raise ValueError(
-                "PaddingCollator: the tokenizer has no pad token (pad_token_id is None). Set "
-                "tokenizer.pad_token = tokenizer.eos_token, or pass pad_token_id=..."
+                signed(
+                    "the tokenizer has no pad token (pad_token_id is None). Set "
+                    "tokenizer.pad_token = tokenizer.eos_token, or pass pad_token_id=..."
+                )
             )
         return pad
 
@@ -196,11 +201,14 @@ class PaddingCollator:
             if row.keys() != first_keys:
                 differing = sorted(set(names) ^ set(row.keys()))
                 raise ValueError(
-                    f"PaddingCollator: row {i} has columns {sorted(row.keys())} but row 0 has "
-                    f"{sorted(names)} (differing: {differing}). Every row needs the same columns."
+                    signed(
+                        f"row {i} has columns {sorted(row.keys())} but row 0 has {sorted(names)} "
+                        f"(differing: {differing}). Every row needs the same columns."
+                    )
                 )
         return names
 
+    @boundary("PaddingCollator")
     def __call__(self, rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         names = self._check_columns(rows)
         side = self._side()
@@ -254,6 +262,7 @@ class PaddingCollator:
 
     def __repr__(self) -> str:
         return (
-            f"{type(self).__name__}(pad_token_id={self.pad_token_id}, padding_side={self.padding_side}, "
-            f"pad_to_multiple_of={self.pad_to_multiple_of}, pad_values={self.pad_values})"
+            f"{type(self).__name__}(pad_token_id={self.pad_token_id}, "
+            f"padding_side={self.padding_side}, pad_to_multiple_of={self.pad_to_multiple_of}, "
+            f"pad_values={self.pad_values})"
         )

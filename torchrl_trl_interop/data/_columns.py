@@ -24,7 +24,7 @@ from tensordict import (
 )
 from tensordict.utils import NestedKey
 
-from .._checks import as_device, check_tensordict
+from .._checks import as_device, boundary, check_tensordict, signed
 from .._conversation import history_to_messages, messages_of
 from .._keys import key_parts, keys_present
 from .._padding import Spans, mask_spans, trim_row
@@ -168,26 +168,28 @@ def _unwrap(value: Any) -> Any:
     return value
 
 
-def _value_rows(key: NestedKey, value: Any, batch: int, owner: str) -> list:
+def _value_rows(key: NestedKey, value: Any, batch: int) -> list:
     rows = value.tolist() if is_non_tensor(value) else value
     if not isinstance(rows, list) or len(rows) != batch:
         raise TypeError(
-            f"{owner}: key {key!r} holds a {type(value).__name__} that cannot be split into "
-            f"{batch} rows. Store tensors, strings (NonTensorData/NonTensorStack) or History, or "
-            "leave the key out with keys=[...]."
+            signed(
+                f"key {key!r} holds a {type(value).__name__} that cannot be split into {batch} "
+                "rows. Store tensors, strings (NonTensorData/NonTensorStack) or History, or leave "
+                "the key out with keys=[...]."
+            )
         )
     return _unwrap(rows)
 
 
-def _column(
-    batch: TensorDictBase, key: NestedKey, bounds: Any, masks: list | None, owner: str
-) -> Column:
+def _column(batch: TensorDictBase, key: NestedKey, bounds: Any, masks: list | None) -> Column:
     first, lazy = probe(batch, key)
     if first is None:
         raise KeyError(
-            f"{owner}: key {key!r} is not in this batch of the replay buffer (found "
-            f"{keys_present(batch)}); do all rows hold the same keys? Leave it out with "
-            "keys=[...], or write it into every row."
+            signed(
+                f"key {key!r} is not in this batch of the replay buffer (found "
+                f"{keys_present(batch)}); do all rows hold the same keys? Leave it out with "
+                "keys=[...], or write it into every row."
+            )
         )
     if lazy and isinstance(first, torch.Tensor):
         rows = _ragged_rows(batch, key)
@@ -205,14 +207,13 @@ def _column(
     strings = _stacked_strings(value)
     if strings is not None:
         return Column(key, VALUES, strings)
-    return Column(key, VALUES, _value_rows(key, value, batch.batch_size[0], owner))
+    return Column(key, VALUES, _value_rows(key, value, batch.batch_size[0]))
 
 
 def walk_columns(
     batch: TensorDictBase,
     columns: Sequence[NestedKey],
     attention_mask_key: NestedKey | None,
-    owner: str,
 ) -> list[Column]:
     """The columns ``columns`` of a ``[B]`` batch (as :func:`select_columns` gives them), each
     classified once and cut to ``attention_mask_key``'s attended span.
@@ -226,15 +227,16 @@ def walk_columns(
         >>> from tensordict import TensorDict
         >>> td = TensorDict({"ids": torch.tensor([[0, 5, 6], [7, 8, 9]]),
         ...                  "mask": torch.tensor([[0, 1, 1], [1, 1, 1]])}, batch_size=[2])
-        >>> column = walk_columns(td, ["ids"], "mask", "example")[0]
+        >>> column = walk_columns(td, ["ids"], "mask")[0]
         >>> column.kind, column.rows()
         ('dense', [tensor([5, 6]), tensor([7, 8, 9])])
     """
     with set_list_to_stack(True):  # reading History needs it; scoped to the call
         bounds, masks = _mask_rows(batch, attention_mask_key)  # the mask first: it cuts the rest
-        return [_column(batch, key, bounds, masks, owner) for key in columns]
+        return [_column(batch, key, bounds, masks) for key in columns]
 
 
+@boundary("split_columns")
 def split_columns(
     batch: TensorDictBase,
     *,
@@ -275,15 +277,14 @@ def split_columns(
         >>> split_columns(td, keys=["ids"], attention_mask_key="mask")
         {('ids',): [tensor([5, 6]), tensor([7, 8, 9])]}
     """
-    owner = "split_columns"
-    check_tensordict(batch, "batch", owner)
-    device = as_device(device, "device", owner)
-    keys = None if keys is None else as_column_keys(keys, "keys", owner)
+    check_tensordict(batch, "batch")
+    device = as_device(device, "device")
+    keys = None if keys is None else as_column_keys(keys, "keys")
     mask_key = None
     if attention_mask_key is not None:
-        mask_key = as_column_key(attention_mask_key, "attention_mask_key", owner)
-        check_mask_column(batch, mask_key, owner)
-    columns = walk_columns(batch, select_columns(batch, keys, owner), mask_key, owner)
+        mask_key = as_column_key(attention_mask_key, "attention_mask_key")
+        check_mask_column(batch, mask_key)
+    columns = walk_columns(batch, select_columns(batch, keys), mask_key)
     return {key_parts(c.key): c.rows(device) for c in columns}
 
 

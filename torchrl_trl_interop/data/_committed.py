@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from .._checks import signed
 from .._upstream._committed_writer import CommittedWriter
 
 __all__ = ["CommittedWriter", "committed_length", "read_committed", "read_committed_rows"]
@@ -83,9 +84,10 @@ def read_committed_rows(
                     return batch
         if time.monotonic() > deadline:
             raise TimeoutError(
-                f"read_committed_rows: no consistent read within {timeout} s (sequence "
-                f"{int(log[0])}, committed length {int(log[1])}). Is the writer stuck, or the "
-                "buffer empty?"
+                signed(
+                    f"no consistent read within {timeout} s (sequence {int(log[0])}, committed "
+                    f"length {int(log[1])}). Is the writer stuck, or the buffer empty?"
+                )
             )
         time.sleep(0.0005)
 
@@ -128,7 +130,7 @@ def read_committed(
     while int(log[1]) == 0:
         if time.monotonic() > deadline:
             raise TimeoutError(
-                f"read_committed: the buffer stayed empty for {timeout} s; is the writer running?"
+                signed(f"the buffer stayed empty for {timeout} s; is the writer running?")
             )
         time.sleep(0.001)
     return read_committed_rows(replay_buffer, draw, timeout=max(deadline - time.monotonic(), 0.0))

@@ -4,7 +4,9 @@ Configuration, then iteration: every view (the torch ``IterableDataset``, :meth:
 the Hugging Face views) reads batches from the buffer and walks each one into columns once
 (``_reader.BufferReader``); who reads which rows is decided by ``_sharding`` and ``_epochs``,
 and reads from other processes are checked by ``_processes``. Errors are signed by the public
-call that was made (``TorchRLBufferDataset``, ``TorchRLBufferDataset.to_hf_dataset``, ...).
+call that was made (``TorchRLBufferDataset``, ``TorchRLBufferDataset.to_hf_dataset``, ...): each
+method is a ``_checks.boundary``, and the rows of a view are read under the name of the call that
+made it (``_reader.View``), batch by batch.
 """
 
 from __future__ import annotations
@@ -18,10 +20,10 @@ import torch
 from tensordict.utils import NestedKey
 from torchrl.data import ReplayBuffer
 
-from .._checks import as_device, check_positive_int, require
+from .._checks import as_device, boundary, check_positive_int, require
 from .._keys import key_to_str
 from ._epochs import PassCounter, slot_pass
-from ._processes import check_buffer, check_remote_seed, is_remote
+from ._processes import check_buffer, check_picklable_for_workers, check_remote_seed, is_remote
 from ._reader import BufferReader, View
 from ._selection import Selection
 from ._sharding import ReadMode, ShardInfo, distributed_rank, shard_info
@@ -119,6 +121,7 @@ class TorchRLBufferDataset(torch.utils.data.IterableDataset):
         ['p3', 'p5']
     """
 
+    @boundary("TorchRLBufferDataset")
     def __init__(
         self,
         replay_buffer: ReplayBuffer,
@@ -135,17 +138,16 @@ class TorchRLBufferDataset(torch.utils.data.IterableDataset):
         seed: int | None = None,
         split_by_rank: bool | None = None,
     ) -> None:
-        owner = "TorchRLBufferDataset"
-        check_buffer(replay_buffer, owner)
-        check_positive_int(batch_size, "batch_size", owner)
+        check_buffer(replay_buffer)
+        check_positive_int(batch_size, "batch_size")
         # ``epoch`` is the flag; ``self._passes`` counts the epochs
         self._mode = ReadMode(num_batches, epoch, shuffle, seed, split_by_rank)
-        check_remote_seed(replay_buffer, self._mode, owner)
+        check_remote_seed(replay_buffer, self._mode)
         self._passes = PassCounter()  # the epoch counter, the pass in progress
         # (rank, world size) decided by the process that started this DataLoader worker.
         self._parent_rank: tuple[int, int] | None = None
         selection = Selection.from_args(keys, rename, attention_mask_key, sep)
-        device = as_device(device, "device", owner)
+        device = as_device(device, "device")
         self._reader = BufferReader(replay_buffer, batch_size, selection=selection, device=device)
         if len(replay_buffer) > 0:
             self._reader.schema()
@@ -168,12 +170,14 @@ class TorchRLBufferDataset(torch.utils.data.IterableDataset):
         return self._mode.num_batches
 
     @property
+    @boundary("TorchRLBufferDataset")
     def column_names(self) -> list[str]:
         """Output names of the yielded columns (needs a non-empty buffer)."""
         return list(self._reader.schema().names)
 
     # -- who reads what ------------------------------------------------------------------------
 
+    @boundary("TorchRLBufferDataset.set_epoch")
     def set_epoch(self, epoch: int) -> None:
         """Sets the epoch that orders the next pass (epoch mode) and seeds its streams (``seed=``).
 
@@ -218,6 +222,7 @@ class TorchRLBufferDataset(torch.utils.data.IterableDataset):
         """
         return self._passes.state_dict()
 
+    @boundary("TorchRLBufferDataset.load_state_dict")
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Restores a :meth:`state_dict`: the next pass resumes that epoch after its rows.
 
@@ -250,27 +255,35 @@ class TorchRLBufferDataset(torch.utils.data.IterableDataset):
             chunk_size (int, optional): rows read per storage access; defaults to
                 ``max(batch_size, 1024)``.
         """
-        owner = "TorchRLBufferDataset.iter_storage"
-        view = View(owner)
-        for batch in self._reader.storage_batches(self._chunk_size(chunk_size, 1024, owner), owner):
-            yield from self._reader.rows(batch, view)
+        for rows in self._storage_reads(chunk_size):
+            yield from rows
 
-    def _chunk_size(self, chunk_size: int | None, default: int, owner: str) -> int:
-        check_positive_int(chunk_size, "chunk_size", owner, allow_none=True)
+    @boundary("TorchRLBufferDataset.iter_storage")
+    def _storage_reads(self, chunk_size: int | None) -> Iterator[list[dict[str, Any]]]:
+        """:meth:`iter_storage`'s reads, one list of rows each: signed read by read, not per row."""
+        for batch in self._reader.storage_batches(self._chunk_size(chunk_size, 1024)):
+            yield self._reader.rows(batch)
+
+    def _chunk_size(self, chunk_size: int | None, default: int) -> int:
+        check_positive_int(chunk_size, "chunk_size", allow_none=True)
         return chunk_size or max(self._reader.batch_size, default)
 
+    @boundary("TorchRLBufferDataset")
     def __getstate__(self) -> dict[str, Any]:
         from multiprocessing.context import get_spawning_popen
 
         state = self.__dict__.copy()
         if get_spawning_popen() is not None:
-            # A DataLoader worker has no process group of its own: it splits by the rank
-            # decided here. (The reader makes its buffer safe to send.)
+            # Sent to a DataLoader worker: one that can read the buffer. It has no process group
+            # of its own: it splits by the rank decided here. (The reader makes its buffer safe
+            # to send.)
+            check_picklable_for_workers(self.replay_buffer)
             state["_parent_rank"] = distributed_rank(self._mode.split_by_rank)
         return state
 
     # -- Hugging Face views --------------------------------------------------------------------
 
+    @boundary("TorchRLBufferDataset.hf_features")
     def hf_features(self) -> datasets.Features | None:
         """The ``datasets.Features`` of the first ``batch_size`` stored rows: what
         :meth:`as_hf_dataset` declares (``docs/overview.rst``, "Types in the Hugging Face views").
@@ -279,12 +292,12 @@ class TorchRLBufferDataset(torch.utils.data.IterableDataset):
             TypeError: if a column holds values Arrow cannot store (complex numbers) or rows with
                 no common type (a bool and a number); the column is named.
         """
-        owner = "TorchRLBufferDataset.hf_features"
-        require("datasets", owner)
+        require("datasets", "TorchRLBufferDataset.hf_features")
         from ._hf_views import features_of
 
-        return features_of(self._reader.declared_schema(owner))
+        return features_of(self._reader.declared_schema())
 
+    @boundary("TorchRLBufferDataset.as_hf_dataset")
     def as_hf_dataset(self, *, num_shards: int | None = None) -> datasets.IterableDataset:
         """Returns a streaming :class:`datasets.IterableDataset` over this buffer.
 
@@ -311,14 +324,11 @@ class TorchRLBufferDataset(torch.utils.data.IterableDataset):
             TypeError: while iterating, if a row does not fit the declared features.
 
         Examples:
-            >>> import torch
-            >>> from tensordict import TensorDict
-            >>> from torchrl.data import LazyTensorStorage, ReplayBuffer
-            >>> rb = ReplayBuffer(storage=LazyTensorStorage(10))
-            >>> _ = rb.extend(TensorDict({"x": torch.arange(4.0)}, batch_size=[4]))
+            >>> from torchrl_trl_interop.testing import toy_buffer
+            >>> rb = toy_buffer(4)  # a LazyTensorStorage holding x = 0, 1, 2, 3
             >>> hf = TorchRLBufferDataset(rb, batch_size=2).as_hf_dataset()
             >>> hf.features["x"]
-            Value('float32')
+            Value('int64')
             >>> len(list(hf))
             2
 
@@ -327,20 +337,21 @@ class TorchRLBufferDataset(torch.utils.data.IterableDataset):
             >>> from datasets.distributed import split_dataset_by_node
             >>> hf = TorchRLBufferDataset(rb, batch_size=2, epoch=True).as_hf_dataset(num_shards=4)
             >>> [sorted(r["x"] for r in split_dataset_by_node(hf, rank=k, world_size=2)) for k in (0, 1)]
-            [[0.0, 1.0], [2.0, 3.0]]
+            [[0, 1], [2, 3]]
         """
-        owner = "TorchRLBufferDataset.as_hf_dataset"
-        require("datasets", owner)
+        call = "TorchRLBufferDataset.as_hf_dataset"
+        require("datasets", call)
         from ._hf_views import features_of, iterable_view
 
         if num_shards is None:
             num_shards = DEFAULT_HF_EPOCH_SHARDS if self._mode.epoch else 1
-        check_positive_int(num_shards, "num_shards", owner)
-        declared = self._reader.declared_schema(owner) if len(self._reader) > 0 else None
-        view = View(owner, python=True, declared=declared)  # rows typed as declared
+        check_positive_int(num_shards, "num_shards")
+        declared = self._reader.declared_schema() if len(self._reader) > 0 else None
+        view = View(call, python=True, declared=declared)  # its rows typed as declared, signed
         read = functools.partial(self._iter_hf_slots, view=view)
         return iterable_view(read, num_shards, features_of(declared))
 
+    @boundary("TorchRLBufferDataset.to_hf_dataset")
     def to_hf_dataset(
         self, *, chunk_size: int | None = None, cache_file: str | os.PathLike | None = None
     ) -> datasets.Dataset:
@@ -377,14 +388,13 @@ class TorchRLBufferDataset(torch.utils.data.IterableDataset):
             >>> ds["ids"][:], ds["score"][:]
             ([[0], [0, 1, 2]], [1.0, 0.5])
         """
-        owner = "TorchRLBufferDataset.to_hf_dataset"
-        require("datasets", owner)
+        require("datasets", "TorchRLBufferDataset.to_hf_dataset")
         from ._hf_views import table_view
 
-        chunk_size = self._chunk_size(chunk_size, 4096, owner)
-        batches = self._reader.storage_batches(chunk_size, owner)
-        tables = (self._reader.arrow_table(batch, owner) for batch in batches)
-        return table_view(tables, owner, cache_file)
+        chunk_size = self._chunk_size(chunk_size, 4096)
+        batches = self._reader.storage_batches(chunk_size)
+        tables = (self._reader.arrow_table(batch) for batch in batches)
+        return table_view(tables, cache_file)
 
     def __repr__(self) -> str:
         selection = self._reader.selection

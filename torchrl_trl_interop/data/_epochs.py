@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from .._checks import signed, speaking_for
 from ._processes import (
     check_reader,
     check_sample_size,
@@ -70,7 +71,7 @@ def read_pass(
         copies (int): readers holding their own copy of the buffer's sampler.
         base (int or None): base seed of sampled streams (see :func:`stream_base`).
         skip (int): rows already yielded by an earlier, interrupted run of this pass.
-        view (View): the public call reading (it signs errors) and the rows' form.
+        view (View): the public call that made the view (it signs errors) and the rows' form.
 
     Examples:
         >>> from torchrl_trl_interop.data._reader import BufferReader
@@ -80,30 +81,31 @@ def read_pass(
         >>> [int(r["x"]) for r in rows]
         [3, 5]
     """
-    owner = view.owner
-    reader.check_not_empty(owner)
     rb = reader.replay_buffer
-    committed = check_reader(
-        rb,
-        in_worker=info.in_worker,
-        streaming=mode.streaming,
-        sampling=not mode.epoch,
-        columns=reader.known_columns,
-        sep=reader.selection.sep,
-        owner=owner,
-    )
-    if mode.epoch:
-        since = write_mark(rb)  # before the length: a write in between is seen
-        n = reader.length(committed)
-        indices = shard_indices(
-            n, slots, num_slots, shuffle=mode.shuffle, seed=mode.seed_or_default, epoch=epoch
+    remote = is_remote(rb)
+    with speaking_for(view.call):  # the checks, before the first read (never across a yield)
+        reader.check_not_empty()
+        committed = check_reader(
+            rb,
+            in_worker=info.in_worker,
+            streaming=mode.streaming,
+            sampling=not mode.epoch,
+            columns=reader.known_columns,
+            sep=reader.selection.sep,
         )
+        if mode.epoch:
+            since = write_mark(rb)  # before the length: a write in between is seen
+            n = reader.length(committed)
+            indices = shard_indices(
+                n, slots, num_slots, shuffle=mode.shuffle, seed=mode.seed_or_default, epoch=epoch
+            )
+        else:
+            check_sample_size(rb, reader.batch_size)
+            if not remote:
+                check_sampler_copies(rb, copies)
+    if mode.epoch:
         yield from reader.epoch_rows(indices[skip:], committed, since=since, view=view)
         return
-    check_sample_size(rb, reader.batch_size, owner)
-    remote = is_remote(rb)
-    if not remote:
-        check_sampler_copies(rb, copies, owner)
 
     def generator(slot: int) -> torch.Generator | None:
         if base is None or remote:
@@ -167,9 +169,7 @@ class PassCounter:
 
     def set_epoch(self, epoch: int) -> None:
         if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
-            raise ValueError(
-                f"TorchRLBufferDataset.set_epoch: expected an int >= 0, got {epoch!r}."
-            )
+            raise ValueError(signed(f"expected an int >= 0, got {epoch!r}."))
         self.epoch = epoch
 
     def state_dict(self) -> dict[str, Any]:
@@ -180,9 +180,10 @@ class PassCounter:
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         if not isinstance(state_dict, dict) or not {"epoch", "rows", "base"} <= set(state_dict):
             raise ValueError(
-                "TorchRLBufferDataset.load_state_dict: expected the dict returned by "
-                f"TorchRLBufferDataset.state_dict() (keys 'epoch', 'rows', 'base'), got "
-                f"{state_dict!r:.200}."
+                signed(
+                    "expected the dict returned by TorchRLBufferDataset.state_dict() (keys "
+                    f"'epoch', 'rows', 'base'), got {state_dict!r:.200}."
+                )
             )
         self.set_epoch(int(state_dict["epoch"]))
         self._resume = dict(state_dict)

@@ -15,8 +15,9 @@ from typing import TYPE_CHECKING, Any
 from tensordict.utils import NestedKey
 from torchrl.data import LazyStackStorage, ReplayBuffer
 
-from .._checks import as_mapping, as_names, check_positive_int
+from .._checks import as_mapping, as_names, boundary, check_positive_int, signed
 from .._keys import format_keys
+from ._processes import check_replay_buffer
 from ._rows import extend_with_rows
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -38,6 +39,7 @@ def _column_names(dataset: Any) -> list[str] | None:
     return list(names) if names is not None else None
 
 
+@boundary("replay_buffer_from_hf")
 def replay_buffer_from_hf(
     dataset: datasets.Dataset | datasets.IterableDataset | Iterable[dict[str, Any]],
     *,
@@ -129,36 +131,37 @@ def replay_buffer_from_hf(
         >>> TorchRLBufferDataset(rb, batch_size=2).to_hf_dataset().to_list() == data.to_list()
         True
     """
-    owner = "replay_buffer_from_hf"
     if (
         dataset is None
         or isinstance(dataset, (str, bytes, Mapping))
         or not isinstance(dataset, Iterable)
     ):
         raise TypeError(
-            f"{owner}: dataset must be a datasets.Dataset, a datasets.IterableDataset or an "
-            f"iterable of dict rows, got {type(dataset).__name__}."
+            signed(
+                "dataset must be a datasets.Dataset, a datasets.IterableDataset or an iterable of "
+                f"dict rows, got {type(dataset).__name__}."
+            )
         )
-    check_positive_int(max_rows, "max_rows", owner, allow_none=True)
-    check_positive_int(chunk_size, "chunk_size", owner)
-    check_positive_int(batch_size, "batch_size", owner, allow_none=True)
-    columns = None if columns is None else list(as_names(columns, "columns", owner))
-    rename = None if rename is None else as_mapping(rename, "rename", "{column: key}", owner)
+    check_positive_int(max_rows, "max_rows", allow_none=True)
+    check_positive_int(chunk_size, "chunk_size")
+    check_positive_int(batch_size, "batch_size", allow_none=True)
+    columns = None if columns is None else list(as_names(columns, "columns"))
+    rename = None if rename is None else as_mapping(rename, "rename", "{column: key}")
     if storage is not None and not callable(getattr(storage, "set", None)):
         raise TypeError(
-            f"{owner}: storage must be a torchrl Storage (e.g. LazyStackStorage(n)), got "
-            f"{type(storage).__name__}."
+            signed(
+                "storage must be a torchrl Storage (e.g. LazyStackStorage(n)), got "
+                f"{type(storage).__name__}."
+            )
         )
     if replay_buffer is not None:
-        if not isinstance(replay_buffer, ReplayBuffer):
-            raise TypeError(
-                "replay_buffer_from_hf: replay_buffer must be a torchrl ReplayBuffer, got "
-                f"{type(replay_buffer).__name__}."
-            )
+        check_replay_buffer(replay_buffer)
         if storage is not None or batch_size is not None:
             raise ValueError(
-                "replay_buffer_from_hf: storage= and batch_size= configure a new buffer and "
-                "cannot be combined with replay_buffer=; configure the buffer you pass instead."
+                signed(
+                    "storage= and batch_size= configure a new buffer and cannot be combined with "
+                    "replay_buffer=; configure the buffer you pass instead."
+                )
             )
     names = _column_names(dataset)
     for arg, wanted in (("columns", columns), ("rename", rename)):
@@ -166,15 +169,15 @@ def replay_buffer_from_hf(
             missing = sorted(set(wanted) - set(names))
             if missing:
                 raise KeyError(
-                    f"replay_buffer_from_hf: {arg}= names {missing}, which the dataset does not "
-                    f"have (columns: {format_keys(names)})."
+                    signed(
+                        f"{arg}= names {missing}, which the dataset does not have (columns: "
+                        f"{format_keys(names)})."
+                    )
                 )
     if columns is not None and rename is not None:
         dropped = sorted(set(rename) - set(columns))
         if dropped:
-            raise KeyError(
-                f"replay_buffer_from_hf: rename= names {dropped}, which columns= leaves out."
-            )
+            raise KeyError(signed(f"rename= names {dropped}, which columns= leaves out."))
 
     rows: Iterable[dict[str, Any]] = iter(dataset)
     if max_rows is not None:
@@ -188,7 +191,7 @@ def replay_buffer_from_hf(
             num_rows = len(rows)
             rows = iter(rows)
         if num_rows == 0:
-            raise ValueError("replay_buffer_from_hf: the dataset has no rows; nothing to store.")
+            raise ValueError(signed("the dataset has no rows; nothing to store."))
         if storage is None:
             storage = LazyStackStorage(max_size=num_rows)
         replay_buffer = ReplayBuffer(storage=storage, batch_size=batch_size)
@@ -202,10 +205,12 @@ def replay_buffer_from_hf(
         if num_rows > capacity:
             count = f"more than {capacity}" if streamed else str(num_rows)
             raise ValueError(
-                f"{owner}: the dataset has {count} rows but the buffer's "
-                f"{type(replay_buffer.storage).__name__} holds {capacity} (max_size); writing "
-                "them would overwrite the first rows with the last ones. Give the storage room for every row, or pass max_rows=... to write "
-                "only the first ones."
+                signed(
+                    f"the dataset has {count} rows but the buffer's "
+                    f"{type(replay_buffer.storage).__name__} holds {capacity} (max_size); writing "
+                    "them would overwrite the first rows with the last ones. Give the storage "
+                    "room for every row, or pass max_rows=... to write only the first ones."
+                )
             )
 
     kinds: dict[str, Any] | None = None
@@ -218,21 +223,25 @@ def replay_buffer_from_hf(
         for i, row in enumerate(chunk):
             if not isinstance(row, Mapping):
                 raise TypeError(
-                    f"replay_buffer_from_hf: row {written + i} is a {type(row).__name__}; expected "
-                    "dict rows (a datasets.Dataset / IterableDataset or an iterable of dicts)."
+                    signed(
+                        f"row {written + i} is a {type(row).__name__}; expected dict rows (a "
+                        "datasets.Dataset / IterableDataset or an iterable of dicts)."
+                    )
                 )
         if columns is not None:
             try:
                 chunk = [{c: row[c] for c in columns} for row in chunk]
             except KeyError as err:
                 raise KeyError(
-                    f"replay_buffer_from_hf: column {err.args[0]!r} from columns= is missing in "
-                    f"the rows (row columns: {format_keys(chunk[0])})."
+                    signed(
+                        f"column {err.args[0]!r} from columns= is missing in the rows (row "
+                        f"columns: {format_keys(chunk[0])})."
+                    )
                 ) from err
         else:
             chunk = [dict(row) for row in chunk]
         kinds = extend_with_rows(replay_buffer, chunk, rename=dict(rename or {}), kinds=kinds)
         written += len(chunk)
     if written == 0:
-        raise ValueError("replay_buffer_from_hf: the dataset has no rows; nothing to store.")
+        raise ValueError(signed("the dataset has no rows; nothing to store."))
     return replay_buffer

@@ -150,9 +150,7 @@ def iterable_view(read: SlotReader, num_slots: int, features: Features | None) -
     return IterableDataset(ex_iterable, info=DatasetInfo(features=features))
 
 
-def table_view(
-    tables: Iterator[pa.Table], owner: str, cache_file: str | os.PathLike | None = None
-) -> Dataset:
+def table_view(tables: Iterator[pa.Table], cache_file: str | os.PathLike | None = None) -> Dataset:
     """A map-style :class:`datasets.Dataset` from ``pyarrow`` tables, one per read of the buffer.
 
     Each table is typed from its own rows; the dataset's features hold every table (types
@@ -169,7 +167,7 @@ def table_view(
     """
     if cache_file is None:
         parts = list(tables)
-        features = features_of(unify_schemas([t.schema for t in parts], owner))
+        features = features_of(unify_schemas([t.schema for t in parts]))
         schema = features.arrow_schema
         table = pa.concat_tables([t.cast(schema) for t in parts])
         # no content hash: an in-memory dataset gets no cache files, so its fingerprint only
@@ -184,7 +182,7 @@ def table_view(
                 schema = table.schema
                 writer = ArrowWriter(path=path, features=features_of(schema))
             elif table.schema != schema:
-                wider = unify_schemas([schema, table.schema], owner)
+                wider = unify_schemas([schema, table.schema])
                 if wider != schema:
                     writer, schema = _rewrite(path, writer, wider), wider
             writer.write_table(table.cast(writer.schema))

@@ -16,13 +16,12 @@ from tensordict import TensorDictBase, set_list_to_stack
 from tensordict.utils import NestedKey
 from torchrl.data import LazyStackStorage, ReplayBuffer
 
-from .._checks import as_names, check_real
-from .._conversation import row_values, split_prompt_completion
-from .._keys import HISTORY_KEY, REWARD_KEY, get_entry, key_parts
+from .._checks import as_names, boundary, check_real, signed
+from .._conversation import read_entry, row_values, split_completion
+from .._keys import HISTORY_KEY, REWARD_KEY, key_parts
+from ._processes import check_replay_buffer
 from ._rows import extend_with_rows
 from ._selection import as_column_key
-
-_OWNER = "build_preference_pairs"
 
 __all__ = ["build_preference_pairs"]
 
@@ -40,13 +39,15 @@ def _read_messages(td: TensorDictBase, key: NestedKey, where: str) -> list:
     from torchrl.data.llm import History
 
     hint = "Pass history_key=... (TorchRL's LLM wrappers write ('history', 'full'))."
-    history = get_entry(td, key_parts(key), "history_key", _OWNER, hint, where)
+    history = read_entry(td, key_parts(key), "history_key", hint, where)
     if not isinstance(history, History):
         raise TypeError(
-            f"{_OWNER}: {where}[{key!r}] is a {type(history).__name__}, expected a "
-            "torchrl.data.llm.History (one conversation per rollout)."
+            signed(
+                f"{where}[{key!r}] is a {type(history).__name__}, expected a "
+                "torchrl.data.llm.History (one conversation per rollout)."
+            )
         )
-    return row_values(td, key, "history_key", _OWNER)
+    return row_values(td, key, "history_key")
 
 
 def _read_rewards(td: TensorDictBase, key: NestedKey, where: str) -> list[float]:
@@ -54,34 +55,38 @@ def _read_rewards(td: TensorDictBase, key: NestedKey, where: str) -> list[float]
         "Score the rollouts first (e.g. with HFRewardModelWrapper or TRLRewardFuncWrapper) or "
         "pass reward_key=...."
     )
-    reward = get_entry(td, key_parts(key), "reward_key", _OWNER, hint, where)
+    reward = read_entry(td, key_parts(key), "reward_key", hint, where)
     if not isinstance(reward, torch.Tensor):
         raise TypeError(
-            f"{_OWNER}: {where}[{key!r}] is a {type(reward).__name__}, expected a "
-            "float tensor with one reward per rollout."
+            signed(
+                f"{where}[{key!r}] is a {type(reward).__name__}, expected a float tensor with one "
+                "reward per rollout."
+            )
         )
     if reward.shape[: td.ndim] != td.batch_size or reward[(0,) * td.ndim].numel() != 1:
         raise ValueError(
-            f"{_OWNER}: {where}[{key!r}] has shape {tuple(reward.shape)}; expected "
-            f"one reward per rollout, shape {tuple(td.batch_size)} (trailing 1s allowed)."
+            signed(
+                f"{where}[{key!r}] has shape {tuple(reward.shape)}; expected one reward per "
+                f"rollout, shape {tuple(td.batch_size)} (trailing 1s allowed)."
+            )
         )
     values = reward.reshape(-1).double()
     infinite = values.isinf().nonzero().flatten()
     if infinite.numel():
         raise ValueError(
-            f"{_OWNER}: {where}[{key!r}] holds {infinite.numel()} infinite "
-            f"reward(s) (flattened indices {infinite[:8].tolist()}), which would give pairs of "
-            "infinite margin. Fix the scorer (HFRewardModelWrapper raises on them by default), "
-            "or write NaN for rollouts that should be left out."
+            signed(
+                f"{where}[{key!r}] holds {infinite.numel()} infinite reward(s) (flattened indices "
+                f"{infinite[:8].tolist()}), which would give pairs of infinite margin. Fix the "
+                "scorer (HFRewardModelWrapper raises on them by default), or write NaN for "
+                "rollouts that should be left out."
+            )
         )
     return values.tolist()
 
 
 def _read_group_ids(td: TensorDictBase, key: NestedKey, where: str) -> list[Hashable]:
-    get_entry(
-        td, key_parts(key), "group_key", _OWNER, "Pass group_key=... naming the group ids.", where
-    )
-    return [_hashable(v) for v in row_values(td, key, "group_key", _OWNER)]
+    read_entry(td, key_parts(key), "group_key", "Pass group_key=... naming the group ids.", where)
+    return [_hashable(v) for v in row_values(td, key, "group_key")]
 
 
 def _as_list(rollouts: Any) -> list[TensorDictBase]:
@@ -94,8 +99,10 @@ def _as_list(rollouts: Any) -> list[TensorDictBase]:
     if isinstance(rollouts, Sequence) and all(isinstance(td, TensorDictBase) for td in rollouts):
         return list(rollouts)
     raise TypeError(
-        "build_preference_pairs: rollouts must be a TensorDict, a list of TensorDicts (e.g. the "
-        f"batches an LLMCollector yielded) or a ReplayBuffer of rollouts, got {type(rollouts).__name__}."
+        signed(
+            "rollouts must be a TensorDict, a list of TensorDicts (e.g. the batches an "
+            f"LLMCollector yielded) or a ReplayBuffer of rollouts, got {type(rollouts).__name__}."
+        )
     )
 
 
@@ -106,7 +113,7 @@ def _group_rollouts(
     history_key: NestedKey,
     reward_key: NestedKey,
     group_key: NestedKey | None,
-    completion_roles: Sequence[str],
+    completion_roles: tuple[str, ...],
 ) -> dict[Hashable, list[tuple[list, list, float]]]:
     """Groups ``(prompt, completion, reward)`` records by group id, in rollout order."""
     groups: dict[Hashable, list[tuple[list, list, float]]] = {}
@@ -114,8 +121,10 @@ def _group_rollouts(
         where = "rollouts" if single else f"rollouts[{t}]"
         if td.ndim == 0:
             raise ValueError(
-                f"build_preference_pairs: {where} has batch_size=[] (a single rollout); pairs need "
-                "several completions per prompt, e.g. batch size [N] or [prompts, completions]."
+                signed(
+                    f"{where} has batch_size=[] (a single rollout); pairs need several completions "
+                    "per prompt, e.g. batch size [N] or [prompts, completions]."
+                )
             )
         messages = _read_messages(td, history_key, where)
         rewards = _read_rewards(td, reward_key, where)
@@ -127,27 +136,26 @@ def _group_rollouts(
         else:
             ids = [None] * len(messages)  # grouped by prompt below
         for i, (conversation, reward, gid) in enumerate(zip(messages, rewards, ids)):
-            try:
-                prompt, completion = split_prompt_completion(
-                    conversation, completion_roles=completion_roles
-                )
-            except ValueError as err:
-                raise ValueError(f"build_preference_pairs: rollout {i} of {where}: {err}") from err
+            prompt, completion = split_completion(
+                conversation, completion_roles, f"rollout {i} of {where}: "
+            )
             if gid is None:
                 gid = ("prompt", _hashable(prompt))
             group = groups.setdefault(gid, [])
             if group and group[0][0] != prompt:
                 raise ValueError(
-                    f"build_preference_pairs: rollout {i} of {where} is in the same group as "
-                    f"earlier rollouts but has a different prompt ({prompt!r:.120} vs "
-                    f"{group[0][0]!r:.120}). Group by prompt (group_key=None on [N] rollouts) "
-                    "or fix group_key."
+                    signed(
+                        f"rollout {i} of {where} is in the same group as earlier rollouts but has "
+                        f"a different prompt ({prompt!r:.120} vs {group[0][0]!r:.120}). Group by "
+                        "prompt (group_key=None on [N] rollouts) or fix group_key."
+                    )
                 )
             group.append((prompt, completion, reward))
 
     return groups
 
 
+@boundary("build_preference_pairs")
 def build_preference_pairs(
     rollouts: TensorDictBase | Sequence[TensorDictBase] | ReplayBuffer,
     *,
@@ -258,26 +266,21 @@ def build_preference_pairs(
         >>> row["chosen"], row["rejected"]
         ([{'role': 'assistant', 'content': '4'}], [{'role': 'assistant', 'content': '5'}])
     """
-    min_margin = check_real(min_margin, "min_margin", _OWNER, finite=False)
+    min_margin = check_real(min_margin, "min_margin", finite=False)
     if math.isnan(min_margin) or min_margin < 0:
-        raise ValueError(
-            f"build_preference_pairs: min_margin must be a float >= 0, got {min_margin!r}."
-        )
-    if replay_buffer is not None and not isinstance(replay_buffer, ReplayBuffer):
-        raise TypeError(
-            "build_preference_pairs: replay_buffer must be a torchrl ReplayBuffer, got "
-            f"{type(replay_buffer).__name__}."
-        )
-    completion_roles = as_names(completion_roles, "completion_roles", _OWNER)
-    history_key = as_column_key(history_key, "history_key", _OWNER)
-    reward_key = as_column_key(reward_key, "reward_key", _OWNER)
-    group_key = None if group_key is None else as_column_key(group_key, "group_key", _OWNER)
-    rename = {"chosen": as_column_key(chosen_key, "chosen_key", _OWNER)}
-    rename["rejected"] = as_column_key(rejected_key, "rejected_key", _OWNER)
+        raise ValueError(signed(f"min_margin must be a float >= 0, got {min_margin!r}."))
+    if replay_buffer is not None:
+        check_replay_buffer(replay_buffer)
+    completion_roles = as_names(completion_roles, "completion_roles")
+    history_key = as_column_key(history_key, "history_key")
+    reward_key = as_column_key(reward_key, "reward_key")
+    group_key = None if group_key is None else as_column_key(group_key, "group_key")
+    rename = {"chosen": as_column_key(chosen_key, "chosen_key")}
+    rename["rejected"] = as_column_key(rejected_key, "rejected_key")
     if prompt_key is not None:
-        rename["prompt"] = as_column_key(prompt_key, "prompt_key", _OWNER)
+        rename["prompt"] = as_column_key(prompt_key, "prompt_key")
     if margin_key is not None:
-        rename["margin"] = as_column_key(margin_key, "margin_key", _OWNER)
+        rename["margin"] = as_column_key(margin_key, "margin_key")
 
     # 1. Flat records (group id, prompt, completion, reward), in rollout order.
     with set_list_to_stack(True):  # reading History needs it; scoped, never global
@@ -304,16 +307,20 @@ def build_preference_pairs(
             continue
         if margin_key is not None and not math.isfinite(margin):
             raise ValueError(
-                f"build_preference_pairs: the rewards {best_reward!r} and {worst_reward!r} of the "
-                f"completions of prompt {prompt!r:.120} are too far apart: their gap overflows "
-                "float64, so the pair's margin would be infinite, which RewardTrainer trains on. "
-                "Rescale the rewards, or pass margin_key=None to write no margin."
+                signed(
+                    f"the rewards {best_reward!r} and {worst_reward!r} of the completions of "
+                    f"prompt {prompt!r:.120} are too far apart: their gap overflows float64, so "
+                    "the pair's margin would be infinite, which RewardTrainer trains on. Rescale "
+                    "the rewards, or pass margin_key=None to write no margin."
+                )
             )
         if prompt_key is not None and not prompt:
             raise ValueError(
-                "build_preference_pairs: a rollout has no prompt turns (the conversation is only "
-                f"{tuple(completion_roles)} turns), so the prompt column would be empty. Pass "
-                "prompt_key=None to write full conversations (TRL's implicit-prompt format)."
+                signed(
+                    f"a rollout has no prompt turns (the conversation is only {completion_roles} "
+                    "turns), so the prompt column would be empty. Pass prompt_key=None to write "
+                    "full conversations (TRL's implicit-prompt format)."
+                )
             )
         row: dict[str, Any] = {}
         if prompt_key is not None:

@@ -24,6 +24,7 @@ from torchrl.data import (
     SamplerWithoutReplacement,
 )
 
+from .._checks import signed
 from .._keys import key_to_str
 from .._upstream._buffers import buffer_generator, generator_of, storage_data, write_counters
 from .._upstream._direct import direct_sample
@@ -33,6 +34,7 @@ from ._selection import column_keys, non_tensor_columns
 __all__ = [
     "check_buffer",
     "check_remote_seed",
+    "check_replay_buffer",
     "check_sample_size",
     "check_overwrites",
     "check_picklable_for_workers",
@@ -136,24 +138,28 @@ def check_picklable_for_workers(replay_buffer: Any) -> None:
     """Raises if ``replay_buffer`` cannot be read from spawned DataLoader worker processes."""
     if is_remote(replay_buffer):
         raise RuntimeError(
-            f"TorchRLBufferDataset: a {type(replay_buffer).__name__} cannot be read from "
-            "DataLoader worker processes (they are not Ray workers; every read is a call to the "
-            "buffer's actor anyway, so workers would add nothing). Use num_workers=0 "
-            "(dataloader_num_workers=0 in a Trainer)."
+            signed(
+                f"a {type(replay_buffer).__name__} cannot be read from DataLoader worker processes "
+                "(they are not Ray workers; every read is a call to the buffer's actor anyway, so "
+                "workers would add nothing). Use num_workers=0 (dataloader_num_workers=0 in a "
+                "Trainer)."
+            )
         )
     storage = replay_buffer.storage
     if isinstance(storage, ListStorage):
         raise RuntimeError(
-            f"TorchRLBufferDataset: a {type(storage).__name__} cannot be sent to DataLoader "
-            "worker processes (torchrl sets the 'spawn' start method, and list storages "
-            "cannot be shared). Use num_workers=0, or store the rows in a LazyTensorStorage "
-            "(shared memory; add writer=torchrl_trl_interop.CommittedWriter() if it is "
-            "extended while workers read; strings and History need num_workers=0)."
+            signed(
+                f"a {type(storage).__name__} cannot be sent to DataLoader worker processes "
+                "(torchrl sets the 'spawn' start method, and list storages cannot be shared). Use "
+                "num_workers=0, or store the rows in a LazyTensorStorage (shared memory; add "
+                "writer=torchrl_trl_interop.CommittedWriter() if it is extended while workers "
+                "read; strings and History need num_workers=0)."
+            )
         )
 
 
 def check_storage_columns(
-    replay_buffer: Any, batch: TensorDictBase, columns: Sequence[NestedKey], sep: str, owner: str
+    replay_buffer: Any, batch: TensorDictBase, columns: Sequence[NestedKey], sep: str
 ) -> None:
     """Refuses per-row strings/History from a ``LazyMemmapStorage`` (it keeps one per key)."""
     if is_remote(replay_buffer) or not isinstance(replay_buffer.storage, LazyMemmapStorage):
@@ -161,22 +167,26 @@ def check_storage_columns(
     strings = non_tensor_columns(batch, columns)
     if strings:
         raise ValueError(
-            f"{owner}: the buffer uses LazyMemmapStorage, which keeps a single "
-            "value per non-tensor key instead of one per row, so the strings/History under "
-            f"{[key_to_str(k, sep) for k in strings]} would come back wrong. Store them "
-            "in LazyTensorStorage, LazyStackStorage or ListStorage, or leave them out with "
-            "keys=[...]."
+            signed(
+                "the buffer uses LazyMemmapStorage, which keeps a single value per non-tensor key "
+                "instead of one per row, so the strings/History under "
+                f"{[key_to_str(k, sep) for k in strings]} would come back wrong. Store them in "
+                "LazyTensorStorage, LazyStackStorage or ListStorage, or leave them out with "
+                "keys=[...]."
+            )
         )
 
 
-def check_sampler_copies(replay_buffer: Any, copies: int, owner: str) -> None:
+def check_sampler_copies(replay_buffer: Any, copies: int) -> None:
     """Refuses a ``SamplerWithoutReplacement`` copied into several readers."""
     if copies > 1 and isinstance(replay_buffer.sampler, SamplerWithoutReplacement):
         raise RuntimeError(
-            f"{owner}: the buffer samples without replacement, but "
-            f"{copies} readers (DataLoader workers x ranks) each hold their own sampler "
-            "copy, so every reader would yield the whole epoch. Pass epoch=True (every "
-            "stored row exactly once, split across readers) or use num_workers=0."
+            signed(
+                f"the buffer samples without replacement, but {copies} readers (DataLoader workers "
+                "x ranks) each hold their own sampler copy, so every reader would yield the whole "
+                "epoch. Pass epoch=True (every stored row exactly once, split across readers) or "
+                "use num_workers=0."
+            )
         )
 
 
@@ -188,7 +198,6 @@ def check_reader(
     sampling: bool,
     columns: Sequence[NestedKey] | None,
     sep: str,
-    owner: str,
 ) -> bool:
     """Refuses reads that would yield stale or half-written rows; ``True``: use the seqlock.
 
@@ -202,30 +211,35 @@ def check_reader(
     if isinstance(storage, ListStorage):
         if streaming:
             raise RuntimeError(
-                f"{owner}: an online stream (num_batches=None) from a "
-                f"{type(storage).__name__} in a DataLoader worker reads a private copy of the "
-                "buffer taken when the worker started: rows written later are never seen. "
-                "Use num_workers=0, or a LazyTensorStorage with "
-                "writer=torchrl_trl_interop.CommittedWriter()."
+                signed(
+                    f"an online stream (num_batches=None) from a {type(storage).__name__} in a "
+                    "DataLoader worker reads a private copy of the buffer taken when the worker "
+                    "started: rows written later are never seen. Use num_workers=0, or a "
+                    "LazyTensorStorage with writer=torchrl_trl_interop.CommittedWriter()."
+                )
             )
         return False
     committed = isinstance(replay_buffer.writer, CommittedWriter)
     if streaming and not committed:
         raise RuntimeError(
-            f"{owner}: streaming (num_batches=None) into DataLoader workers while "
-            "the buffer is being extended needs to know which rows are fully written: "
-            "torchrl's storages publish the new length before writing the rows, so workers "
-            "would read unwritten rows. Build the buffer with "
-            "writer=torchrl_trl_interop.CommittedWriter(), or use num_workers=0."
+            signed(
+                "streaming (num_batches=None) into DataLoader workers while the buffer is being "
+                "extended needs to know which rows are fully written: torchrl's storages publish "
+                "the new length before writing the rows, so workers would read unwritten rows. "
+                "Build the buffer with writer=torchrl_trl_interop.CommittedWriter(), or use "
+                "num_workers=0."
+            )
         )
     if not committed:
         return False  # a finite read of a buffer nobody writes to: the copy is exact
     if sampling and type(replay_buffer.sampler) is not RandomSampler:
         raise RuntimeError(
-            f"{owner}: DataLoader workers read a CommittedWriter buffer by "
-            "sampling committed rows uniformly, but the buffer uses "
-            f"{type(replay_buffer.sampler).__name__}, whose state lives in the main process. Use "
-            "RandomSampler (the default), epoch=True, or num_workers=0."
+            signed(
+                "DataLoader workers read a CommittedWriter buffer by sampling committed rows "
+                f"uniformly, but the buffer uses {type(replay_buffer.sampler).__name__}, whose "
+                "state lives in the main process. Use RandomSampler (the default), epoch=True, or "
+                "num_workers=0."
+            )
         )
     stored = storage_data(storage)
     if isinstance(stored, TensorDictBase):
@@ -234,24 +248,28 @@ def check_reader(
         )
         if not shared:
             raise RuntimeError(
-                f"{owner}: the storage is not in shared memory in this worker (a "
-                "'fork' DataLoader gets a private copy), so new rows would never arrive. Use "
-                "the 'spawn' start method (torchrl's default) or call "
-                "replay_buffer.storage._storage.share_memory_() before starting the workers."
+                signed(
+                    "the storage is not in shared memory in this worker (a 'fork' DataLoader gets "
+                    "a private copy), so new rows would never arrive. Use the 'spawn' start "
+                    "method (torchrl's default) or call "
+                    "replay_buffer.storage._storage.share_memory_() before starting the workers."
+                )
             )
         columns = columns if columns is not None else column_keys(stored)
         strings = [key_to_str(k, sep) for k in non_tensor_columns(stored, columns)]
         if strings:
             raise RuntimeError(
-                f"{owner}: the columns {strings} hold strings/History, which live "
-                "in the writer's process and reach DataLoader workers only as a copy taken "
-                "when they started: rows written later would come with stale strings. Read "
-                "them with num_workers=0, or leave them out with keys=[...]."
+                signed(
+                    f"the columns {strings} hold strings/History, which live in the writer's "
+                    "process and reach DataLoader workers only as a copy taken when they started: "
+                    "rows written later would come with stale strings. Read them with "
+                    "num_workers=0, or leave them out with keys=[...]."
+                )
             )
     return True
 
 
-def check_buffer(replay_buffer: Any, owner: str) -> None:
+def check_buffer(replay_buffer: Any) -> None:
     """Refuses anything but a torchrl buffer (or a Ray buffer's client) with one batch dimension.
 
     Storages with more than one (``LazyTensorStorage(n, ndim=2)``) are refused:
@@ -262,30 +280,55 @@ def check_buffer(replay_buffer: Any, owner: str) -> None:
     remote = is_remote(replay_buffer)
     if not isinstance(replay_buffer, ReplayBuffer) and not remote:
         raise TypeError(
-            f"{owner}: replay_buffer must be a torchrl ReplayBuffer (ReplayBuffer, "
-            f"TensorDictReplayBuffer, RayReplayBuffer, ...), got {type(replay_buffer).__name__}."
+            signed(
+                "replay_buffer must be a torchrl ReplayBuffer (ReplayBuffer, "
+                "TensorDictReplayBuffer, RayReplayBuffer, ...), got "
+                f"{type(replay_buffer).__name__}."
+            )
         )
     ndim = 1 if remote else getattr(replay_buffer.storage, "ndim", 1)
     if ndim != 1:
         raise ValueError(
-            f"{owner}: the buffer's {type(replay_buffer.storage).__name__} has "
-            f"ndim={ndim}; the dataset reads storages with one batch dimension (ndim=1), one row "
-            "per stored element. Store the rows flat: extend a storage built with ndim=1 with "
-            "data.reshape(-1) (e.g. [time, envs] -> [time * envs])."
+            signed(
+                f"the buffer's {type(replay_buffer.storage).__name__} has ndim={ndim}; the dataset "
+                "reads storages with one batch dimension (ndim=1), one row per stored element. "
+                "Store the rows flat: extend a storage built with ndim=1 with data.reshape(-1) "
+                "(e.g. [time, envs] -> [time * envs])."
+            )
         )
 
 
-def check_remote_seed(replay_buffer: Any, mode: Any, owner: str) -> None:
+def check_replay_buffer(replay_buffer: Any) -> None:
+    """Raises a :class:`TypeError` unless ``replay_buffer`` is a torchrl ``ReplayBuffer`` (one to
+    write rows into or to save).
+
+    Examples:
+        >>> check_replay_buffer([1, 2])
+        Traceback (most recent call last):
+        ...
+        TypeError: replay_buffer must be a torchrl ReplayBuffer, got list.
+    """
+    if not isinstance(replay_buffer, ReplayBuffer):
+        raise TypeError(
+            signed(
+                f"replay_buffer must be a torchrl ReplayBuffer, got {type(replay_buffer).__name__}."
+            )
+        )
+
+
+def check_remote_seed(replay_buffer: Any, mode: Any) -> None:
     """Refuses ``seed=`` when sampling a Ray buffer: its actor samples for every reader."""
     if is_remote(replay_buffer) and mode.seed is not None and not mode.epoch:
         raise ValueError(
-            f"{owner}: seed={mode.seed!r} cannot seed a {type(replay_buffer).__name__}: its actor "
-            "samples for every reader (readers get distinct rows without seeds). Drop seed=, or "
-            "pass epoch=True (the seed then orders each epoch)."
+            signed(
+                f"seed={mode.seed!r} cannot seed a {type(replay_buffer).__name__}: its actor "
+                "samples for every reader (readers get distinct rows without seeds). Drop seed=, "
+                "or pass epoch=True (the seed then orders each epoch)."
+            )
         )
 
 
-def check_sample_size(replay_buffer: Any, batch_size: int, owner: str) -> None:
+def check_sample_size(replay_buffer: Any, batch_size: int) -> None:
     """Refuses sampling batches larger than the storage can hold, before anything is allocated.
 
     A sampled batch of more rows than the storage's capacity (``max_size``) could only repeat
@@ -298,11 +341,13 @@ def check_sample_size(replay_buffer: Any, batch_size: int, owner: str) -> None:
     capacity = getattr(replay_buffer.storage, "max_size", None)
     if isinstance(capacity, int) and batch_size > capacity:
         raise ValueError(
-            f"{owner}: batch_size={batch_size} rows per sampled batch is more than the "
-            f"buffer's {type(replay_buffer.storage).__name__} can ever hold (max_size="
-            f"{capacity}): the batch could only repeat rows, and drawing it would allocate "
-            f"{batch_size} indices at once. Pass batch_size <= {capacity}, or epoch=True "
-            "(each read then takes at most the stored rows)."
+            signed(
+                f"batch_size={batch_size} rows per sampled batch is more than the buffer's "
+                f"{type(replay_buffer.storage).__name__} can ever hold (max_size={capacity}): the "
+                f"batch could only repeat rows, and drawing it would allocate {batch_size} indices "
+                f"at once. Pass batch_size <= {capacity}, or epoch=True (each read then takes at "
+                "most the stored rows)."
+            )
         )
 
 
@@ -319,9 +364,7 @@ def write_mark(replay_buffer: Any) -> tuple[int, int] | None:
     return None if count is None or cursor is None else (count, cursor)
 
 
-def check_overwrites(
-    replay_buffer: Any, since: tuple[int, int] | None, read: torch.Tensor, owner: str
-) -> None:
+def check_overwrites(replay_buffer: Any, since: tuple[int, int] | None, read: torch.Tensor) -> None:
     """Raises if writes since ``since`` (a :func:`write_mark`) replaced any row in ``read``.
 
     Round-robin writes go to consecutive slots from the cursor, so the replaced slots are known;
@@ -342,10 +385,11 @@ def check_overwrites(
         replaced = read
     if replaced.numel():
         raise RuntimeError(
-            f"{owner}: {replaced.numel()} row(s) of this pass (storage "
-            f"indices {replaced[:8].tolist()}) were overwritten by the buffer's writer before the "
-            "pass read them, so the pass cannot yield the rows stored when it began (epoch mode "
-            "reads each of those exactly once). Pause writing during an epoch pass, give the "
-            "buffer room for what is written meanwhile (a larger max_size), or read with "
-            "sampling (epoch=False)."
+            signed(
+                f"{replaced.numel()} row(s) of this pass (storage indices {replaced[:8].tolist()}) "
+                "were overwritten by the buffer's writer before the pass read them, so the pass "
+                "cannot yield the rows stored when it began (epoch mode reads each of those "
+                "exactly once). Pause writing during an epoch pass, give the buffer room for what "
+                "is written meanwhile (a larger max_size), or read with sampling (epoch=False)."
+            )
         )

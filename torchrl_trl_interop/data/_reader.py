@@ -4,7 +4,9 @@ A reader reads batches (by storage index or by sampling) through the buffer's tr
 each one once (``_columns.walk_columns``) under its ``_selection.Schema``, and hands the walked
 columns to the form its :class:`View` asks for: per-row tensors (the torch view), Python values
 (the streaming Hugging Face view) or an Arrow table (the map-style one). It does not decide who
-reads what: :class:`~torchrl_trl_interop.TorchRLBufferDataset` does.
+reads what: :class:`~torchrl_trl_interop.TorchRLBufferDataset` does. Its errors are signed by the
+public call being made; rows read later, by iterating a view, by the call that made the view
+(:attr:`View.call`), once per batch.
 """
 
 from __future__ import annotations
@@ -17,13 +19,13 @@ import torch
 from tensordict import TensorDictBase, set_list_to_stack
 from tensordict.utils import NestedKey
 
+from .._checks import signed, speaking_for
 from .._upstream._direct import direct_read
 from ._arrow import arrow_table, declared_schema, python_columns
 from ._columns import Column, walk_columns
 from ._committed import committed_length, read_committed, read_committed_rows
 from ._processes import (
     check_overwrites,
-    check_picklable_for_workers,
     check_storage_columns,
     picklable_remote,
     sample,
@@ -34,19 +36,18 @@ from ._selection import Schema, Selection
 
 __all__ = ["TORCH_VIEW", "BufferReader", "View"]
 
-OWNER = "TorchRLBufferDataset"
-
 
 @dataclass(frozen=True)
 class View:
-    """What a read is for: ``owner``, the public call that signs its errors, and the rows' form.
+    """What a read is for: ``call``, the public call that made the view (it signs the errors
+    raised while the view is iterated, after that call returned), and the rows' form.
 
     ``python=False``: per-row tensors, ``str`` and message lists (the torch view);
     ``python=True``: plain Python values (the Hugging Face views), of the types ``declared``
     (a ``pyarrow.Schema`` a streaming view fixed when it was built; ``None``: each batch's own).
     """
 
-    owner: str = OWNER
+    call: str = "TorchRLBufferDataset"
     python: bool = False
     declared: Any = None
 
@@ -97,25 +98,25 @@ class BufferReader:
         """The stored columns read, once a batch was seen (``None`` before)."""
         return None if self._schema is None else self._schema.columns
 
-    def schema(self, batch: TensorDictBase | None = None, owner: str = OWNER) -> Schema:
+    def schema(self, batch: TensorDictBase | None = None) -> Schema:
         """The columns and output names, resolved from the first batch read (or row 0)."""
         if self._schema is None:
             if batch is None:
-                self.check_not_empty(owner)
+                self.check_not_empty()
                 batch = self.read(torch.arange(1))
-            schema = self.selection.resolve(batch, owner)
-            check_storage_columns(
-                self.replay_buffer, batch, schema.columns, self.selection.sep, owner
-            )
+            schema = self.selection.resolve(batch)
+            check_storage_columns(self.replay_buffer, batch, schema.columns, self.selection.sep)
             self._schema = schema
         return self._schema
 
-    def check_not_empty(self, owner: str = OWNER) -> None:
+    def check_not_empty(self) -> None:
         """Raises a :class:`RuntimeError` if the buffer holds no row."""
         if len(self.replay_buffer) == 0:
             raise RuntimeError(
-                f"{owner}: the replay buffer is empty (len(replay_buffer) == 0), so there is "
-                "nothing to read. Extend it (e.g. run the collector) first."
+                signed(
+                    "the replay buffer is empty (len(replay_buffer) == 0), so there is nothing to "
+                    "read. Extend it (e.g. run the collector) first."
+                )
             )
 
     def read(self, index: torch.Tensor, *, committed: bool = False) -> TensorDictBase:
@@ -141,34 +142,34 @@ class BufferReader:
                 return read_committed(self.replay_buffer, self.batch_size, generator)
             return sample(self.replay_buffer, self.batch_size, generator)
 
-    def walk(self, batch: TensorDictBase, owner: str = OWNER) -> tuple[list[str], list[Column]]:
+    def walk(self, batch: TensorDictBase) -> tuple[list[str], list[Column]]:
         """The output names and the walked columns of a batch: the one walk of every view."""
-        schema = self.schema(batch, owner)
+        schema = self.schema(batch)
         mask_key = self.selection.attention_mask_key
-        return schema.names, walk_columns(batch, schema.columns, mask_key, owner)
+        return schema.names, walk_columns(batch, schema.columns, mask_key)
 
     def rows(self, batch: TensorDictBase, view: View = TORCH_VIEW) -> list[dict[str, Any]]:
         """The rows of a batch, one dict each, in the form ``view`` asks for (converted once
         per column, not once per row)."""
-        names, columns = self.walk(batch, view.owner)
+        names, columns = self.walk(batch)
         if view.python:
-            values = python_columns(columns, names, view.declared, view.owner)
+            values = python_columns(columns, names, view.declared)
         else:
             values = [column.rows(self.device) for column in columns]
         return [dict(zip(names, row)) for row in zip(*values)]
 
-    def arrow_table(self, batch: TensorDictBase, owner: str = OWNER) -> Any:
+    def arrow_table(self, batch: TensorDictBase) -> Any:
         """The rows of a batch as a ``pyarrow.Table``, each column typed from all its rows."""
-        names, columns = self.walk(batch, owner)
-        return arrow_table(columns, names, owner)
+        names, columns = self.walk(batch)
+        return arrow_table(columns, names)
 
-    def declared_schema(self, owner: str = OWNER) -> Any:
+    def declared_schema(self) -> Any:
         """The ``pyarrow.Schema`` of the first ``batch_size`` stored rows (``None`` when a message
         column holds tool calls): the types a streaming view declares."""
-        self.check_not_empty(owner)
+        self.check_not_empty()
         n = min(self.batch_size, len(self.replay_buffer))
-        names, columns = self.walk(self.read(torch.arange(n)), owner)
-        return declared_schema(columns, names, owner)
+        names, columns = self.walk(self.read(torch.arange(n)))
+        return declared_schema(columns, names)
 
     def epoch_rows(
         self,
@@ -185,9 +186,11 @@ class BufferReader:
         if indices.numel() == 0:  # torch splits an empty tensor into one empty chunk
             return
         for chunk in indices.split(self.batch_size):
-            batch = self.read(chunk, committed=committed)
-            check_overwrites(self.replay_buffer, since, chunk, view.owner)
-            yield from self.rows(batch, view)
+            with speaking_for(view.call):  # per batch: never across the yields
+                batch = self.read(chunk, committed=committed)
+                check_overwrites(self.replay_buffer, since, chunk)
+                rows = self.rows(batch, view)
+            yield from rows
 
     def sampled_rows(
         self,
@@ -199,18 +202,21 @@ class BufferReader:
         """The rows of ``num_batches`` sampled batches (``None``: forever)."""
         done = 0
         while num_batches is None or done < num_batches:
-            yield from self.rows(self.sample(generator, committed), view)
+            with speaking_for(view.call):  # per batch: never across the yields
+                rows = self.rows(self.sample(generator, committed), view)
+            yield from rows
             done += 1
 
-    def storage_batches(self, chunk_size: int, owner: str = OWNER) -> Iterator[TensorDictBase]:
-        """Every stored row once, in storage order, ``chunk_size`` rows per read."""
-        self.check_not_empty(owner)
+    def storage_batches(self, chunk_size: int) -> Iterator[TensorDictBase]:
+        """Every stored row once, in storage order, ``chunk_size`` rows per read (errors are
+        signed by the consumer's public call: it reads each batch)."""
+        self.check_not_empty()
         since = write_mark(self.replay_buffer)
         n = len(self.replay_buffer)
         for start in range(0, n, chunk_size):
             index = torch.arange(start, min(start + chunk_size, n))
             batch = self.read(index)
-            check_overwrites(self.replay_buffer, since, index, owner)
+            check_overwrites(self.replay_buffer, since, index)
             yield batch
 
     def __getstate__(self) -> dict[str, Any]:
@@ -221,7 +227,6 @@ class BufferReader:
             # A plain pickle (e.g. a Ray task receiving the dataset).
             state["replay_buffer"] = picklable_remote(self.replay_buffer)
         else:
-            # Sent to a spawned process: a DataLoader worker.
-            check_picklable_for_workers(self.replay_buffer)
+            # Sent to a spawned process: a DataLoader worker (the dataset checked it can be).
             state["replay_buffer"] = spawn_safe_buffer(self.replay_buffer)
         return state

@@ -16,9 +16,9 @@ import torch
 from tensordict import NonTensorData, TensorDict, lazy_stack, set_list_to_stack
 from tensordict.utils import NestedKey
 
-from .._checks import as_mapping
+from .._checks import as_mapping, boundary, signed
 from .._conversation import conversations_to_histories, is_message_list
-from .._keys import as_nested_key
+from ._selection import as_column_key
 
 __all__ = ["extend_with_rows", "rows_to_tensordict"]
 
@@ -64,9 +64,11 @@ def _column_kind(name: str, values: Sequence[Any]) -> Any:
     if any(conversations):
         row = conversations.index(False)
         raise ValueError(
-            f"rows_to_tensordict: column {name!r} holds conversations (message lists) in some rows "
-            f"but {values[row]!r:.100} in row {row}. A column is stored either as History or as "
-            "plain values; make it uniform first (e.g. with dataset.map or dataset.filter)."
+            signed(
+                f"column {name!r} holds conversations (message lists) in some rows but "
+                f"{values[row]!r:.100} in row {row}. A column is stored either as History or as "
+                "plain values; make it uniform first (e.g. with dataset.map or dataset.filter)."
+            )
         )
     kinds = [_list_dtype(v) for v in values]
     if any(k is None for k in kinds):
@@ -89,11 +91,13 @@ def _history_column(name: str, values: Sequence[Any], previous: Any) -> tuple[li
         extra = sorted({k for m in values[row] for k in m} - {"role", "content", "tool_calls"})
         what = f"message fields {extra}" if extra else "a tool turn without its call's name"
         raise ValueError(
-            f"rows_to_tensordict: column {name!r} was stored as plain History so far, but row "
-            f"{row} of these rows holds {what}, which a plain History cannot give back: "
-            "they need a MessageHistory, and one column holds one class. Write every row in one "
-            "chunk (replay_buffer_from_hf(..., chunk_size=number of rows)), or make every "
-            "message hold those fields first (datasets.Dataset.from_list(rows) does)."
+            signed(
+                f"column {name!r} was stored as plain History so far, but row {row} of these rows "
+                f"holds {what}, which a plain History cannot give back: they need a "
+                "MessageHistory, and one column holds one class. Write every row in one chunk "
+                "(replay_buffer_from_hf(..., chunk_size=number of rows)), or make every message "
+                "hold those fields first (datasets.Dataset.from_list(rows) does)."
+            )
         )
     return histories, _MESSAGE_HISTORY if fields else _HISTORY
 
@@ -118,23 +122,29 @@ def _rows_to_tensordict(
     for i, row in enumerate(rows):
         if not isinstance(row, dict):
             raise TypeError(
-                f"rows_to_tensordict: row {i} is a {type(row).__name__}, expected a dict mapping "
-                "column names to values."
+                signed(
+                    f"row {i} is a {type(row).__name__}, expected a dict mapping column names to "
+                    "values."
+                )
             )
     names = list(rows[0])
     for i, row in enumerate(rows):
         if set(row) != set(names):
             raise KeyError(
-                f"rows_to_tensordict: row {i} has columns {sorted(row)} but row 0 has "
-                f"{sorted(names)}; every row needs the same columns."
+                signed(
+                    f"row {i} has columns {sorted(row)} but row 0 has {sorted(names)}; every row "
+                    "needs the same columns."
+                )
             )
-    rename = as_mapping(rename, "rename", "{column: key}", "rows_to_tensordict")
-    rename = {name: as_nested_key(key, f"rename[{name!r}]") for name, key in rename.items()}
+    rename = as_mapping(rename, "rename", "{column: key}")
+    rename = {name: as_column_key(key, f"rename[{name!r}]") for name, key in rename.items()}
     unknown = sorted(set(rename) - set(names))
     if unknown:
         raise KeyError(
-            f"rows_to_tensordict: rename= names columns {unknown} that the rows do not have "
-            f"(columns: {sorted(names)})."
+            signed(
+                f"rename= names columns {unknown} that the rows do not have (columns: "
+                f"{sorted(names)})."
+            )
         )
     new_kinds = dict(kinds or {})
     columns: dict[str, list] = {}
@@ -144,9 +154,11 @@ def _rows_to_tensordict(
         previous = new_kinds.get(name)
         if previous is not None and (previous != kind and {previous, kind} != _HISTORIES):
             raise ValueError(
-                f"rows_to_tensordict: column {name!r} was stored as {previous} so far but these "
-                f"rows need {kind}. Rows of one buffer must agree per column; cast or fill the "
-                "column first (e.g. dataset.cast_column or dataset.map)."
+                signed(
+                    f"column {name!r} was stored as {previous} so far but these rows need {kind}. "
+                    "Rows of one buffer must agree per column; cast or fill the column first "
+                    "(e.g. dataset.cast_column or dataset.map)."
+                )
             )
         if kind == _HISTORY:
             columns[name], kind = _history_column(name, values, previous)
@@ -163,6 +175,7 @@ def _rows_to_tensordict(
     return lazy_stack(tds), new_kinds
 
 
+@boundary("rows_to_tensordict")
 def rows_to_tensordict(
     rows: Sequence[dict[str, Any]], *, rename: dict[str, Any] | None = None
 ) -> Any:

@@ -2,8 +2,8 @@
 
 :func:`column_keys` lists a batch's leaf columns (a History is one column), :func:`select_columns`
 turns keys into them and :func:`check_mask_column` checks a mask, each error signed by the
-public call (``owner``). A :class:`Selection` holds a dataset's ``keys``, ``rename``,
-``attention_mask_key`` and ``sep``, checked once; :meth:`Selection.resolve` matches them against
+public call being made (``_checks.signed``). A :class:`Selection` holds a dataset's ``keys``,
+``rename``, ``attention_mask_key`` and ``sep``, checked once; :meth:`Selection.resolve` matches them against
 the first batch read and gives the :class:`Schema` (stored columns and output names) that every
 later batch is walked with.
 """
@@ -18,6 +18,7 @@ import torch
 from tensordict import TensorDictBase, is_non_tensor, is_tensorclass
 from tensordict.utils import NestedKey
 
+from .._checks import as_mapping, signed
 from .._keys import as_nested_key, key_parts, key_to_str
 
 __all__ = [
@@ -36,16 +37,16 @@ __all__ = [
 # -- a batch's columns --------------------------------------------------------------------------
 
 
-def as_column_key(key: Any, arg: str, owner: str) -> NestedKey:
+def as_column_key(key: Any, arg: str) -> NestedKey:
     """``key`` in canonical form (:func:`~torchrl_trl_interop._keys.as_nested_key`); a
-    :class:`TypeError` signed by ``owner`` (the public call) and naming ``arg`` otherwise."""
+    :class:`TypeError` signed by the public call being made and naming ``arg`` otherwise."""
     try:
         return as_nested_key(key, arg)
     except TypeError as err:
-        raise TypeError(f"{owner}: {err}") from None
+        raise TypeError(signed(err.args[0])) from None
 
 
-def as_column_keys(keys: Any, arg: str, owner: str) -> list[NestedKey]:
+def as_column_keys(keys: Any, arg: str) -> list[NestedKey]:
     """A non-empty list of canonical keys; a single str or tuple key counts as one key.
 
     Raises:
@@ -53,17 +54,20 @@ def as_column_keys(keys: Any, arg: str, owner: str) -> list[NestedKey]:
         ValueError: if ``keys`` is empty (it would select no column).
     """
     if isinstance(keys, (str, tuple)):
-        return [as_column_key(keys, arg, owner)]
+        return [as_column_key(keys, arg)]
     if not isinstance(keys, Iterable) or isinstance(keys, (bytes, dict)):
         raise TypeError(
-            f"{owner}: {arg} should be a list of keys (str or tuple of str), got "
-            f"{type(keys).__name__}."
+            signed(
+                f"{arg} should be a list of keys (str or tuple of str), got {type(keys).__name__}."
+            )
         )
-    out = [as_column_key(k, f"{arg}[{i}]", owner) for i, k in enumerate(keys)]
+    out = [as_column_key(k, f"{arg}[{i}]") for i, k in enumerate(keys)]
     if not out:
         raise ValueError(
-            f"{owner}: {arg}=[] selects no column, so there would be nothing to read. Pass "
-            f"{arg}=None for every column, or name at least one key."
+            signed(
+                f"{arg}=[] selects no column, so there would be nothing to read. Pass {arg}=None "
+                "for every column, or name at least one key."
+            )
         )
     return out
 
@@ -125,7 +129,6 @@ def column_keys(td: Any, prefix: tuple[str, ...] = ()) -> list[NestedKey]:
 def select_columns(
     batch: TensorDictBase,
     keys: Sequence[NestedKey] | None,
-    owner: str,
     *,
     sep: str = ".",
     where: str = "the batch",
@@ -146,8 +149,10 @@ def select_columns(
         if not matched:
             stored = sorted(key_to_str(k, sep) for k in available)
             raise KeyError(
-                f"{owner}: key {key!r} from keys= is not in {where}; stored keys are {stored}. "
-                "Fix keys=[...] or write the key into the buffer."
+                signed(
+                    f"key {key!r} from keys= is not in {where}; stored keys are {stored}. Fix "
+                    "keys=[...] or write the key into the buffer."
+                )
             )
         columns.extend(k for k in matched if k not in columns)
     return columns
@@ -159,7 +164,7 @@ def non_tensor_columns(td: Any, columns: Sequence[NestedKey]) -> list[NestedKey]
 
 
 def check_mask_column(
-    batch: TensorDictBase, key: NestedKey, owner: str, *, where: str = "the batch", sep: str = "."
+    batch: TensorDictBase, key: NestedKey, *, where: str = "the batch", sep: str = "."
 ) -> None:
     """Refuses a mask that is absent or is not a per-token bool or int mask (it would trim nothing).
 
@@ -171,7 +176,7 @@ def check_mask_column(
     if key not in available:
         stored = sorted(key_to_str(k, sep) for k in available)
         raise KeyError(
-            f"{owner}: attention_mask_key {key!r} is not in {where}; stored keys are {stored}."
+            signed(f"attention_mask_key {key!r} is not in {where}; stored keys are {stored}.")
         )
     value, lazy = probe(batch, key)
     token_dims = value.ndim - (0 if lazy else batch.ndim) if isinstance(value, torch.Tensor) else 0
@@ -187,9 +192,11 @@ def check_mask_column(
             else f"a {type(value).__name__}"
         )
         raise TypeError(
-            f"{owner}: attention_mask_key {key!r} holds {what}; expected a bool or int mask with "
-            "one entry per token (e.g. ('masks', 'all_attention_mask')). Pass the mask's key, or "
-            "attention_mask_key=None."
+            signed(
+                f"attention_mask_key {key!r} holds {what}; expected a bool or int mask with one "
+                "entry per token (e.g. ('masks', 'all_attention_mask')). Pass the mask's key, or "
+                "attention_mask_key=None."
+            )
         )
 
 
@@ -234,36 +241,30 @@ class Selection:
         rename: Mapping[NestedKey, str] | None,
         attention_mask_key: NestedKey | None,
         sep: str,
-        owner: str = "TorchRLBufferDataset",
     ) -> Selection:
-        """A selection from a dataset's arguments, checked; errors are signed by ``owner``.
+        """A selection from a dataset's arguments, checked; errors are signed by the public call.
 
         Raises:
             TypeError: if a key is not a key, or ``rename`` is not a dict.
             ValueError: if ``keys`` is empty, or an output name or ``sep`` is not a non-empty str.
         """
         if not isinstance(sep, str) or not sep:
-            raise ValueError(f"{owner}: sep must be a non-empty str, got {sep!r}.")
-        if rename is not None and not isinstance(rename, Mapping):
-            raise TypeError(
-                f"{owner}: rename must be a dict {{stored key: output name}}, got a "
-                f"{type(rename).__name__}: {rename!r:.100}."
-            )
+            raise ValueError(signed(f"sep must be a non-empty str, got {sep!r}."))
         names: dict[NestedKey, str] = {}
-        for key, name in (rename or {}).items():
+        for key, name in as_mapping(rename, "rename", "{stored key: output name}").items():
             if not isinstance(name, str) or not name:
                 raise ValueError(
-                    f"{owner}: rename maps {key!r} to {name!r}; output names must be non-empty str."
+                    signed(f"rename maps {key!r} to {name!r}; output names must be non-empty str.")
                 )
-            names[as_column_key(key, "rename", owner)] = name
-        keys = None if keys is None else as_column_keys(keys, "keys", owner)
+            names[as_column_key(key, "rename")] = name
+        keys = None if keys is None else as_column_keys(keys, "keys")
         mask = attention_mask_key
-        mask = None if mask is None else as_column_key(mask, "attention_mask_key", owner)
+        mask = None if mask is None else as_column_key(mask, "attention_mask_key")
         return cls(keys, names, mask, sep)
 
-    def resolve(self, batch: Any, owner: str = "TorchRLBufferDataset") -> Schema:
+    def resolve(self, batch: Any) -> Schema:
         """Checks the selection against a sampled batch; output names are ``rename[key]`` or the
-        key joined with ``sep``. Errors are signed by ``owner``, the public call that read.
+        key joined with ``sep``. Errors are signed by the public call that read.
 
         Raises:
             TypeError: if ``batch`` is not a TensorDict, or the mask is not a token mask.
@@ -279,31 +280,37 @@ class Selection:
         """
         if not isinstance(batch, TensorDictBase):
             raise TypeError(
-                f"{owner}: the replay buffer returned a {type(batch).__name__}, not a TensorDict. "
-                "Store TensorDicts (e.g. rb.extend(TensorDict({...}, batch_size=[n]))) so columns "
-                "have names."
+                signed(
+                    f"the replay buffer returned a {type(batch).__name__}, not a TensorDict. Store "
+                    "TensorDicts (e.g. rb.extend(TensorDict({...}, batch_size=[n]))) so columns "
+                    "have names."
+                )
             )
         sep = self.sep
-        columns = select_columns(batch, self.keys, owner, sep=sep, where=_WHERE)
-        available = columns if self.keys is None else select_columns(batch, None, owner)
+        columns = select_columns(batch, self.keys, sep=sep, where=_WHERE)
+        available = columns if self.keys is None else select_columns(batch, None)
         for key in self.rename:
             if key not in available:
                 stored = sorted(key_to_str(k, sep) for k in available)
                 raise KeyError(
-                    f"{owner}: rename= key {key!r} is not in {_WHERE}; stored keys are {stored}."
+                    signed(f"rename= key {key!r} is not in {_WHERE}; stored keys are {stored}.")
                 )
             if key not in columns:
                 raise KeyError(
-                    f"{owner}: rename= key {key!r} is not among the selected keys "
-                    f"{[key_to_str(k, sep) for k in columns]}; add it to keys=[...]."
+                    signed(
+                        f"rename= key {key!r} is not among the selected keys "
+                        f"{[key_to_str(k, sep) for k in columns]}; add it to keys=[...]."
+                    )
                 )
         if self.attention_mask_key is not None:
-            check_mask_column(batch, self.attention_mask_key, owner, where=_WHERE, sep=sep)
+            check_mask_column(batch, self.attention_mask_key, where=_WHERE, sep=sep)
         names = [self.rename.get(k, key_to_str(k, sep)) for k in columns]
         if len(set(names)) != len(names):
             dupes = sorted({n for n in names if names.count(n) > 1})
             raise ValueError(
-                f"{owner}: several keys map to the output name(s) {dupes}; give them distinct "
-                "names with rename={...}."
+                signed(
+                    f"several keys map to the output name(s) {dupes}; give them distinct names "
+                    "with rename={...}."
+                )
             )
         return Schema(columns, names)

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .._checks import check_positive_int
+from .._checks import check_bool, check_positive_int, signed
 
 __all__ = [
     "ReadMode",
@@ -78,31 +78,30 @@ class ReadMode:
     split_by_rank: bool | None = None
 
     def __post_init__(self) -> None:
-        owner = "TorchRLBufferDataset"
-        for name in ("epoch", "shuffle"):
-            if not isinstance(getattr(self, name), (bool, np.bool_)):
-                raise TypeError(
-                    f"{owner}: {name} must be a bool (True or False), got "
-                    f"{getattr(self, name)!r} of type {type(getattr(self, name)).__name__}."
-                )
-        check_positive_int(self.num_batches, "num_batches", owner, allow_none=True)
+        check_bool(self.epoch, "epoch")
+        check_bool(self.shuffle, "shuffle")
+        check_positive_int(self.num_batches, "num_batches", allow_none=True)
         if self.shuffle and not self.epoch:
             raise ValueError(
-                f"{owner}: shuffle=True only applies to epoch=True (sampling is already random); "
-                "drop shuffle=True or pass epoch=True."
+                signed(
+                    "shuffle=True only applies to epoch=True (sampling is already random); drop "
+                    "shuffle=True or pass epoch=True."
+                )
             )
         if self.seed is not None and (
             isinstance(self.seed, bool) or not isinstance(self.seed, int)
         ):
-            raise ValueError(f"{owner}: seed must be an int or None, got {self.seed!r}.")
+            raise ValueError(signed(f"seed must be an int or None, got {self.seed!r}."))
         if self.epoch and self.num_batches != 1:
             raise ValueError(
-                f"{owner}: num_batches has no effect with epoch=True (one pass yields every "
-                f"stored row once); got num_batches={self.num_batches!r}. Leave it at its default."
+                signed(
+                    "num_batches has no effect with epoch=True (one pass yields every stored row "
+                    f"once); got num_batches={self.num_batches!r}. Leave it at its default."
+                )
             )
         if self.split_by_rank not in (None, True, False):
             raise ValueError(
-                f"{owner}: split_by_rank must be None, True or False, got {self.split_by_rank!r}."
+                signed(f"split_by_rank must be None, True or False, got {self.split_by_rank!r}.")
             )
 
     @property
