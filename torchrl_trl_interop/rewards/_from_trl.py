@@ -264,7 +264,9 @@ class TRLRewardFuncWrapper(TensorDictModuleBase):
             in_keys.append(completion_ids_key)
         kwargs_keys = {
             str(name): as_nested_key(key, f"kwargs_keys[{name!r}]")
-            for name, key in as_mapping(kwargs_keys, "kwargs_keys", "{kwarg name: key}", owner).items()
+            for name, key in as_mapping(
+                kwargs_keys, "kwargs_keys", "{kwarg name: key}", owner
+            ).items()
         }
         reserved = {"prompts", "completions", "completion_ids"} & set(kwargs_keys)
         if reserved:
