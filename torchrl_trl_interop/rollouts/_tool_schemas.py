@@ -136,11 +136,11 @@ def _hint(tool: str, field: str, schema: Any) -> Any:
         hint = Any
     else:
         types = schema["type"] if isinstance(schema["type"], list) else [schema["type"]]
-        bad = [t for t in types if t not in _JSON_TYPES]
-        if bad:
+        bad = next((t for t in types if t not in _JSON_TYPES), None)
+        if bad is not None:
             raise ValueError(
                 signed(
-                    f"tool {tool!r}, argument {field!r} has type {bad[0]!r}; expected one of the "
+                    f"tool {tool!r}, argument {field!r} has type {bad!r}; expected one of the "
                     f"JSON-schema types {sorted(_JSON_TYPES)}."
                 )
             )
