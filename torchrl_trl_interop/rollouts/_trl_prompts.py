@@ -92,9 +92,9 @@ def check_rollout_prompts(prompts: Sequence[Any], *, warn: bool = True) -> bool:
         if isinstance(prompt, (list, tuple)) and not prompt:
             raise ValueError(
                 signed(
-                    f"prompts[{i}] is an empty message list; expected a non-empty list of {{'role', "
-                    "'content'} messages (or a string) per row: the dataset's 'prompt' column "
-                    "holds an empty conversation there."
+                    f"prompts[{i}] is an empty message list; expected a non-empty list of "
+                    "{'role', 'content'} messages (or a string) per row: the dataset's 'prompt' "
+                    "column holds an empty conversation there."
                 )
             )
         if not is_message_list(prompt):
