@@ -37,6 +37,7 @@ from torchrl_trl_interop import (
     split_prompt_completion,
 )
 from torchrl_trl_interop.testing import (
+    toy_add,
     toy_buffer,
     toy_calculator_env,
     toy_reward_model,
@@ -477,6 +478,27 @@ def test_clear_error(call, error, names):
     assert type(info.value) is not AttributeError
 
 
+def _on_another_torchrl(tool, **arguments):
+    """Calls a tool as TRL does, on a torchrl whose private tool parsers cannot be read."""
+    from torchrl_trl_interop._upstream import plain_upstream
+
+    with plain_upstream():
+        return tool(**arguments)
+
+
+def _adder():
+    from torchrl.envs.llm.transforms import SimpleToolTransform
+
+    return SimpleToolTransform(tools={"add": toy_add})
+
+
+def _calculator_instance():
+    """One instance of a TRL environment factory, reset as GRPOTrainer resets it."""
+    env = as_trl_environment_factory(toy_calculator_env)()
+    env.reset(prompt="What is 2 plus 3?")
+    return env
+
+
 # (id, call, the public call whose name must open the message): a helper's error speaks for the
 # call the user made, however deep the helper that raised it.
 SIGNED = [
@@ -551,6 +573,16 @@ SIGNED = [
             {"epoch": -1, "rows": 0, "base": None}
         ),
         "TorchRLBufferDataset.load_state_dict",
+    ),
+    (  # TRL calls the tool: formerly signed "tool 'add'", not the call that made it
+        "as_trl_tools-tool-call-on-another-torchrl",
+        lambda: _on_another_torchrl(as_trl_tools(_adder())[0], a=2, b=3),
+        "as_trl_tools",
+    ),
+    (
+        "environment-factory-tool-call-on-another-torchrl",
+        lambda: _on_another_torchrl(_calculator_instance().add, a=2, b=3),
+        "as_trl_environment_factory",
     ),
 ]
 

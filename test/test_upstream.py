@@ -161,11 +161,14 @@ class TestGenerateStep:
     def test_a_torchrl_without_the_step_is_refused(self, monkeypatch, upstream_branch):
         from torchrl.modules.llm import TransformersWrapper
 
+        from torchrl_trl_interop import TrainerModelPolicy
         from torchrl_trl_interop._upstream._policy_hooks import check_generate_step
 
         monkeypatch.delattr(TransformersWrapper, "_from_transformers_generate_history")
         if upstream_branch == "fast":  # the measured torchrl has it: nothing is checked
-            check_generate_step("TrainerModelPolicy")
+            check_generate_step()
         else:
+            with pytest.raises(RuntimeError, match="^torchrl .* has no"):
+                check_generate_step()
             with pytest.raises(RuntimeError, match="TrainerModelPolicy: torchrl .* has no"):
-                check_generate_step("TrainerModelPolicy")
+                TrainerModelPolicy(None, None, None, 1.0)  # refused before the model is read

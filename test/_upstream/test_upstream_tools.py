@@ -79,7 +79,7 @@ class TestFastBranch:
 
     def test_mcp_without_tools_says_why(self, mcp):
         with pytest.raises(RuntimeError, match=r"lists no tools after 0 s.*connection error"):
-            mcp_tools(mcp, 0.0, "f")
+            mcp_tools(mcp, 0.0)
 
     def test_mcp_executor_is_watched_then_restored(self, mcp):
         seen = []
@@ -102,16 +102,16 @@ class TestPlainBranch:
     def test_each_read_refuses(self, mcp):
         simple = SimpleToolTransform(tools={"add": toy_add})
         reads = [
-            lambda: tool_calls(simple, CALL, "f"),
-            lambda: python_blocks(PythonInterpreter(persistent=False), "", "f"),
-            lambda: process_one(simple, CALL, "f"),
-            lambda: registry_services(ToolRegistry([Add()]), "f"),
-            lambda: mcp_tools(mcp, 0.0, "f"),
-            lambda: watch_mcp_execute(mcp, print, "f").__enter__(),
+            lambda: tool_calls(simple, CALL),
+            lambda: python_blocks(PythonInterpreter(persistent=False), ""),
+            lambda: process_one(simple, CALL),
+            lambda: registry_services(ToolRegistry([Add()])),
+            lambda: mcp_tools(mcp, 0.0),
+            lambda: watch_mcp_execute(mcp, print).__enter__(),
         ]
         with plain_upstream():
             for read in reads:
-                with pytest.raises(RuntimeError, match=r"^f: reading .*" + self.MESSAGE):
+                with pytest.raises(RuntimeError, match=r"^reading .*" + self.MESSAGE):
                     read()
         assert "_execute_tool_sync" not in vars(mcp)  # nothing was replaced
 

@@ -68,7 +68,7 @@ def test_the_same_turns_give_the_same_episode():
 class TestDriver:
     def test_a_step_reports_the_turns_added_reward_and_done(self):
         env = toy_tool_env(max_steps=2)
-        td = env.reset(reset_input(env, PROMPT, {}, "f"))
+        td = env.reset(reset_input(env, PROMPT, {}))
         keys = {"reward_key": ("next", "reward"), "done_key": ("next", "done")}
         first = step_episode(env, td, toy_tool_call(2, 3), **keys)
         assert [m["role"] for m in first.conversation] == ["user", "assistant", "tool"]
@@ -78,7 +78,7 @@ class TestDriver:
 
     def test_run_wraps_the_environment_step(self):
         env, calls = toy_tool_env(), []
-        td = env.reset(reset_input(env, "What is 2 plus 3?", {}, "f"))
+        td = env.reset(reset_input(env, "What is 2 plus 3?", {}))
 
         def run(step):
             calls.append(step)
@@ -99,11 +99,11 @@ class TestDriver:
     )
     def test_check_chat_env(self, make_env, error, match):
         with pytest.raises(error, match=match):
-            check_chat_env(make_env(), "f", "why")
+            check_chat_env(make_env(), "why")
 
     def test_reset_input_refuses_bad_input(self):
         env = toy_tool_env()
         with pytest.raises(TypeError, match="prompt should be a str or a list"):
-            reset_input(env, 3, {}, "f")
-        with pytest.raises(KeyError, match=r"f: the row columns \['query'\].*prompt="):
-            reset_input(env, "Hi", {"query": "x"}, "f", error=KeyError)
+            reset_input(env, 3, {})
+        with pytest.raises(KeyError, match=r"^.the row columns \['query'\].*prompt="):
+            reset_input(env, "Hi", {"query": "x"}, error=KeyError)

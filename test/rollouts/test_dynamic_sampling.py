@@ -170,9 +170,7 @@ class TestSplitGroups:
             }
 
         prompts = ["a", "b", "b"]  # rows 3 | 4, 5 of the batch: the end of "a", the start of "b"
-        out = sample_candidates(
-            rollout, prompts, trainer, candidate_group_size=8, env_batch_size=2, owner="f"
-        )
+        out = sample_candidates(rollout, prompts, trainer, candidate_group_size=8, env_batch_size=2)
         # "a": 1 row at position 3 of 4 -> ceil(8 / 4) = 2 candidates, the worst kept;
         # "b": 2 rows -> ceil(2 * 8 / 4) = 4 candidates, its best and worst kept
         assert seen == [["a", "a", "b", "b", "b", "b"]]
@@ -188,9 +186,7 @@ class TestSplitGroups:
             ("rollout/candidate_reward_mean", 3.5),  # 2.0 ... 5.0
         ]
         with pytest.raises(ValueError, match=r"makes 6 candidate rollouts .* batch_size \(4,\)"):
-            sample_candidates(
-                rollout, prompts, trainer, candidate_group_size=8, env_batch_size=4, owner="f"
-            )
+            sample_candidates(rollout, prompts, trainer, candidate_group_size=8, env_batch_size=4)
 
 
 class TestGRPO:

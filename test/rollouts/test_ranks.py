@@ -176,21 +176,21 @@ def two_rank_accelerator(other_rank_values=None):
 class TestSlices:
     def test_a_rank_may_hold_part_of_a_group(self):
         # 12 prompts (3 groups of 4) over 2 ranks: rank 1 holds the end of group 1 and group 2
-        check_prompt_slice(list("AAAABB"), 4, Ranks(index=0, count=2), "f")
-        check_prompt_slice(list("BBCCCC"), 4, Ranks(index=1, count=2), "f")
+        check_prompt_slice(list("AAAABB"), 4, Ranks(index=0, count=2))
+        check_prompt_slice(list("BBCCCC"), 4, Ranks(index=1, count=2))
 
     def test_the_groups_are_checked_at_their_global_positions(self):
         with pytest.raises(ValueError, match=r"prompts 0\.\.1 of this rank \(positions 6\.\.7"):
-            check_prompt_slice(list("BCCCCC"), 4, Ranks(index=1, count=2), "f")
+            check_prompt_slice(list("BCCCCC"), 4, Ranks(index=1, count=2))
 
     def test_the_global_count_must_divide_num_generations(self):
         with pytest.raises(ValueError, match=r"3 prompts on each of 2 ranks \(6 in all\)"):
-            check_prompt_slice(list("AAA"), 4, Ranks(index=0, count=2), "f")
+            check_prompt_slice(list("AAA"), 4, Ranks(index=0, count=2))
 
     def test_one_process(self, tmp_path):
         assert Ranks.of(SimpleNamespace()) == Ranks()
         with pytest.raises(TypeError, match="non-empty list of prompts"):
-            check_prompt_slice([], 2, Ranks(), "f")
+            check_prompt_slice([], 2, Ranks())
 
 
 class TestEnvSeed:
@@ -205,8 +205,8 @@ class TestAgreement:
     def test_ranks_that_would_run_different_calls_all_raise(self):
         ranks = Ranks(0, 2, collective=True, accelerator=two_rank_accelerator([4, 2]))
         with pytest.raises(ValueError, match="rank 0: prompts=4, env batch size=4; rank 1: "):
-            check_same_calls(ranks, {"prompts": 4, "env batch size": 4}, "f")
-        check_same_calls(ranks, {"prompts": 4, "env batch size": 2}, "f")  # they agree
+            check_same_calls(ranks, {"prompts": 4, "env batch size": 4})
+        check_same_calls(ranks, {"prompts": 4, "env batch size": 2})  # they agree
 
     def test_staleness_is_measured_over_every_rank(self):
         from torchrl_trl_interop.weights._staleness import check_staleness

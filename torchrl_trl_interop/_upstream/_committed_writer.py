@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from torchrl.data.replay_buffers.writers import RoundRobinWriter
 
-from .._checks import check_bool
+from .._checks import boundary, check_bool, signed
 from ._gate import TORCHRL_MEASURED, use_fast
 
 __all__ = ["CommittedWriter"]
@@ -54,6 +54,7 @@ class CommittedWriter(RoundRobinWriter):
         (2, 3)
     """
 
+    @boundary("CommittedWriter")
     def __init__(self, compilable: bool = False) -> None:
         if not use_fast(TORCHRL_MEASURED) and not callable(
             getattr(RoundRobinWriter, "_empty", None)
@@ -61,12 +62,15 @@ class CommittedWriter(RoundRobinWriter):
             from importlib.metadata import version
 
             raise RuntimeError(
-                f"CommittedWriter: torchrl {version('torchrl')}'s writers have no '_empty', which "
-                "ReplayBuffer.empty() calls on torchrl 0.14 and CommittedWriter overrides to tell "
-                "readers the buffer emptied (torchrl has no public hook for it). Install torchrl "
-                f"{TORCHRL_MEASURED[1]} to {TORCHRL_MEASURED[2]} (exclusive), or report it."
+                signed(
+                    f"torchrl {version('torchrl')}'s writers have no '_empty', which "
+                    "ReplayBuffer.empty() calls on torchrl 0.14 and CommittedWriter overrides to "
+                    "tell readers the buffer emptied (torchrl has no public hook for it). Install "
+                    f"torchrl {TORCHRL_MEASURED[1]} to {TORCHRL_MEASURED[2]} (exclusive), or "
+                    "report it."
+                )
             )
-        super().__init__(compilable=check_bool(compilable, "compilable", "CommittedWriter"))
+        super().__init__(compilable=check_bool(compilable, "compilable"))
         # [sequence, committed length]; shared memory so spawned workers see the writer's updates.
         self._commit_log = torch.zeros(2, dtype=torch.int64).share_memory_()
 

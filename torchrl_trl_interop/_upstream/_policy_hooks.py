@@ -16,6 +16,7 @@ wrappers (or a way to pass a generate function).
 
 from __future__ import annotations
 
+from .._checks import signed
 from ._gate import TORCHRL_MEASURED, use_fast
 
 __all__ = ["check_generate_step", "with_generate_step"]
@@ -42,12 +43,12 @@ def with_generate_step(policy_cls: type) -> type:
     return policy_cls
 
 
-def check_generate_step(owner: str) -> None:
+def check_generate_step() -> None:
     """Raises a :class:`RuntimeError` where torchrl's ``TransformersWrapper`` no longer has the
     step :func:`with_generate_step` takes over (checked off the measured torchrl versions).
 
     Examples:
-        >>> check_generate_step("TrainerModelPolicy")
+        >>> check_generate_step()
     """
     if use_fast(TORCHRL_MEASURED):
         return
@@ -57,8 +58,10 @@ def check_generate_step(owner: str) -> None:
         from importlib.metadata import version
 
         raise RuntimeError(
-            f"{owner}: torchrl {version('torchrl')}'s TransformersWrapper has no "
-            "'_from_transformers_generate_history', the generate step this policy replaces "
-            "(torchrl has no public hook for it): it would generate torchrl's way. Install "
-            f"torchrl {TORCHRL_MEASURED[1]} to {TORCHRL_MEASURED[2]} (exclusive), or report it."
+            signed(
+                f"torchrl {version('torchrl')}'s TransformersWrapper has no "
+                "'_from_transformers_generate_history', the generate step this policy replaces "
+                "(torchrl has no public hook for it): it would generate torchrl's way. Install "
+                f"torchrl {TORCHRL_MEASURED[1]} to {TORCHRL_MEASURED[2]} (exclusive), or report it."
+            )
         )

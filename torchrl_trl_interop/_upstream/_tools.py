@@ -27,6 +27,7 @@ import contextlib
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from .._checks import signed
 from ._gate import TORCHRL_MEASURED, use_fast
 
 __all__ = [
@@ -52,19 +53,21 @@ READS = (
 )
 
 
-def _require(what: str, owner: str) -> None:
+def _require(what: str) -> None:
     if not use_fast(TORCHRL_MEASURED):
         package, low, high = TORCHRL_MEASURED
         raise RuntimeError(
-            f"{owner}: reading {what} needs torchrl's private attributes, read only on "
-            f"{package} >= {low}, < {high} (the versions it was written against); this "
-            "torchrl is another (or plain_upstream() is active), and torchrl offers no public "
-            "call that does the same. Install a torchrl in that range, or run the environment "
-            "through a TorchRL collector (as_trl_rollout_func) instead of TRL's tool loop."
+            signed(
+                f"reading {what} needs torchrl's private attributes, read only on "
+                f"{package} >= {low}, < {high} (the versions it was written against); this "
+                "torchrl is another (or plain_upstream() is active), and torchrl offers no public "
+                "call that does the same. Install a torchrl in that range, or run the environment "
+                "through a TorchRL collector (as_trl_rollout_func) instead of TRL's tool loop."
+            )
         )
 
 
-def tool_calls(transform: Any, text: str, owner: str = "torchrl_trl_interop") -> list[tuple]:
+def tool_calls(transform: Any, text: str) -> list[tuple]:
     """The calls a ``SimpleToolTransform`` (``(name, args)``) or an ``MCPToolTransform``
     (``(server, name, args)``) reads in ``text``, with its own parser.
 
@@ -73,11 +76,11 @@ def tool_calls(transform: Any, text: str, owner: str = "torchrl_trl_interop") ->
         >>> tool_calls(SimpleToolTransform(tools={"add": print}), '<tool>add\\n{"a": 1}</tool>')
         [('add', '{"a": 1}')]
     """
-    _require(f"the calls a {type(transform).__name__} parses", owner)
+    _require(f"the calls a {type(transform).__name__} parses")
     return list(transform._extract_tool_calls(text))
 
 
-def python_blocks(transform: Any, text: str, owner: str = "torchrl_trl_interop") -> list[str]:
+def python_blocks(transform: Any, text: str) -> list[str]:
     """The code blocks a ``PythonInterpreter`` reads in ``text``.
 
     Examples:
@@ -85,11 +88,11 @@ def python_blocks(transform: Any, text: str, owner: str = "torchrl_trl_interop")
         >>> python_blocks(PythonInterpreter(persistent=False), "```python\\nprint(1)\\n```")
         ['print(1)']
     """
-    _require("the code blocks a PythonInterpreter parses", owner)
+    _require("the code blocks a PythonInterpreter parses")
     return list(transform._extract_python_code(text))
 
 
-def process_one(transform: Any, text: str, owner: str = "torchrl_trl_interop") -> Any:
+def process_one(transform: Any, text: str) -> Any:
     """The replies a tool transform writes for one assistant turn ``text`` (``None`` if none).
 
     Examples:
@@ -98,11 +101,11 @@ def process_one(transform: Any, text: str, owner: str = "torchrl_trl_interop") -
         >>> process_one(SimpleToolTransform(tools={"add": toy_add}), '<tool>add\\n{"a": 2, "b": 3}</tool>')
         ['Tool add executed successfully:\\n5']
     """
-    _require(f"the reply a {type(transform).__name__} writes for one call", owner)
+    _require(f"the reply a {type(transform).__name__} writes for one call")
     return transform._process_batch_item(text, 0)
 
 
-def registry_services(registry: Any, owner: str = "torchrl_trl_interop") -> dict[str, Any]:
+def registry_services(registry: Any) -> dict[str, Any]:
     """The services of a torchrl ``ToolRegistry``, by name: the registry's own dict (replacing
     an entry replaces the service the registry calls).
 
@@ -111,38 +114,39 @@ def registry_services(registry: Any, owner: str = "torchrl_trl_interop") -> dict
         >>> registry_services(ToolRegistry())
         {}
     """
-    _require("the services of a ToolRegistry", owner)
+    _require("the services of a ToolRegistry")
     return registry._svc
 
 
-def mcp_tools(transform: Any, timeout_s: float, owner: str = "torchrl_trl_interop") -> dict:
+def mcp_tools(transform: Any, timeout_s: float) -> dict:
     """The tools an ``MCPToolTransform`` listed, ``{server: {name: tool}}``, waiting up to
     ``timeout_s`` for its servers (torchrl waits 10 s).
 
     Raises:
         RuntimeError: if it lists no tools by then, with the connection error torchrl recorded.
     """
-    _require("the tools an MCPToolTransform listed", owner)
+    _require("the tools an MCPToolTransform listed")
     ready = getattr(transform, "_ready_event", None)
     if not transform._tools_cache and ready is not None:
         ready.wait(timeout=timeout_s)
     if not transform._tools_cache:
         raise RuntimeError(
-            f"{owner}: the MCPToolTransform lists no tools after {timeout_s:.0f} s "
-            f"(connection error: {transform._connection_error or 'none reported'}). Check "
-            "its servers; note that torchrl 0.14.1 lists tools without the MCP handshake "
-            "(session.initialize()), which compliant servers refuse."
+            signed(
+                f"the MCPToolTransform lists no tools after {timeout_s:.0f} s "
+                f"(connection error: {transform._connection_error or 'none reported'}). Check "
+                "its servers; "
+                "note that torchrl 0.14.1 lists tools without the MCP handshake "
+                "(session.initialize()), which compliant servers refuse."
+            )
         )
     return transform._tools_cache
 
 
 @contextlib.contextmanager
-def watch_mcp_execute(
-    transform: Any, on_result: Callable[[dict], None], owner: str = "torchrl_trl_interop"
-) -> Iterator[None]:
+def watch_mcp_execute(transform: Any, on_result: Callable[[dict], None]) -> Iterator[None]:
     """For the block, every result of the ``MCPToolTransform``'s one-call executor is first
     handed to ``on_result`` (a dict with ``"success"`` and ``"error"``)."""
-    _require("an MCPToolTransform's tool executor", owner)
+    _require("an MCPToolTransform's tool executor")
     own = vars(transform).get("_execute_tool_sync")  # normally None: the class's method
     execute = transform._execute_tool_sync
 

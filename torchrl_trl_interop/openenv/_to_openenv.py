@@ -17,7 +17,7 @@ import weakref
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from .._checks import check_real, require
+from .._checks import check_real, require, speaking_for
 
 require("openenv", "as_openenv_environment")
 
@@ -84,7 +84,8 @@ class _TorchRLEnvironment(Environment[TorchRLChatAction, TorchRLChatObservation,
         super().__init__()
         owns = self._shared_env is None
         env = self._make_env() if owns else self._shared_env
-        self._base = check_chat_env(env, _OWNER, _ONE_EPISODE)
+        with speaking_for(_OWNER):
+            self._base = check_chat_env(env, _ONE_EPISODE)
         if owns:
             if env in _OWNED:
                 raise ValueError(
@@ -212,7 +213,8 @@ class _TorchRLEnvironment(Environment[TorchRLChatAction, TorchRLChatObservation,
                 "DataLoadingPrimer."
             )
         try:
-            return reset_input(self.env, prompt, row, name, error=RequestValueError)
+            with speaking_for(name):
+                return reset_input(self.env, prompt, row, error=RequestValueError)
         except TypeError as err:
             raise RequestTypeError(str(err)) from err
 
@@ -370,7 +372,8 @@ def as_openenv_environment(
             f"environment itself), got {make_env!r:.100} of type {type(make_env).__name__}."
         )
     if shared is not None:
-        check_chat_env(shared, _OWNER, _ONE_EPISODE)
+        with speaking_for(_OWNER):
+            check_chat_env(shared, _ONE_EPISODE)
     if not isinstance(name, str) or not name.isidentifier():
         raise ValueError(f"{_OWNER}: name must be a Python identifier, got {name!r}.")
     attrs = {

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .._checks import require
+from .._checks import require, speaking_for
 
 require("openenv", "torchrl_trl_interop's OpenEnv adapters")
 
@@ -96,5 +96,6 @@ def tool_schemas(env: Any, owner: str) -> list[dict[str, Any]]:
     """
     from ..rollouts._tools import tool_catalogue, tool_transforms
 
-    catalogue = tool_catalogue(tool_transforms(env), owner, skip_unknown=True)
+    with speaking_for(owner):
+        catalogue = tool_catalogue(tool_transforms(env), skip_unknown=True)
     return [entry.schema() for entry in catalogue]

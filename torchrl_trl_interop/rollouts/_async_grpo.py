@@ -19,7 +19,7 @@ import torch
 from tensordict import TensorDictBase, set_list_to_stack
 from tensordict.utils import NestedKey
 
-from .._checks import check_bool, check_positive_int
+from .._checks import boundary, check_bool, check_positive_int, signed
 from .._conversation import history_to_messages
 from .._keys import NEXT_POLICY_VERSION_KEY, NEXT_REWARD_KEY, POLICY_VERSION_KEY, as_nested_key
 from ..weights._staleness import check_max_staleness
@@ -29,7 +29,7 @@ from ._trainer_policy import TrainerModelPolicy, score_tokens
 
 __all__ = ["TorchRLRolloutWorker", "group_advantages"]
 
-_OWNER = "TorchRLRolloutWorker"
+_OWNER = "TorchRLRolloutWorker"  # for weights/'s max_staleness check, which still takes owner
 
 
 def _rollout_sample_cls():
@@ -74,8 +74,10 @@ class _BufferReader:
             return None, self.cursor
         if written - self.cursor > size:
             raise RuntimeError(
-                f"{_OWNER}: the buffer overwrote {written - self.cursor - size} rows before they "
-                f"were read (capacity {size}); give it a larger storage."
+                signed(
+                    f"the buffer overwrote {written - self.cursor - size} rows before they were "
+                    f"read (capacity {size}); give it a larger storage."
+                )
             )
         start, self.cursor = self.cursor, written
         return self.buffer[torch.arange(start, written) % size], start
@@ -155,6 +157,7 @@ class TorchRLRolloutWorker:
         3
     """
 
+    @boundary("TorchRLRolloutWorker")
     def __init__(
         self,
         source: Any,
@@ -168,17 +171,19 @@ class TorchRLRolloutWorker:
         candidate_group_size: int | None = None,
         drop_zero_std: bool = False,
     ) -> None:
-        check_positive_int(num_generations, "num_generations", _OWNER)
+        check_positive_int(num_generations, "num_generations")
         check_max_staleness(max_staleness, _OWNER)
-        check_candidate_group_size(candidate_group_size, _OWNER, group_size=num_generations)
-        check_bool(drop_zero_std, "drop_zero_std", _OWNER)
+        check_candidate_group_size(candidate_group_size, group_size=num_generations)
+        check_bool(drop_zero_std, "drop_zero_std")
         if isinstance(queue_maxsize, bool) or not isinstance(queue_maxsize, int):
-            raise TypeError(f"{_OWNER}: queue_maxsize must be an int, got {queue_maxsize!r}.")
+            raise TypeError(signed(f"queue_maxsize must be an int, got {queue_maxsize!r}."))
         if queue_maxsize < 0 or 0 < queue_maxsize < num_generations:
             raise ValueError(
-                f"{_OWNER}: queue_maxsize={queue_maxsize} cannot hold a whole group of "
-                f"num_generations={num_generations} samples, and groups are queued whole: pass 0 "
-                f"(unbounded) or at least {num_generations}."
+                signed(
+                    f"queue_maxsize={queue_maxsize} cannot hold a whole group of "
+                    f"num_generations={num_generations} samples, and groups are queued whole: pass "
+                    f"0 (unbounded) or at least {num_generations}."
+                )
             )
         self.source = source
         self.num_generations = num_generations
@@ -220,7 +225,7 @@ class TorchRLRolloutWorker:
 
     def __repr__(self) -> str:
         return (
-            f"{_OWNER}(source={type(self.source).__name__}, num_generations="
+            f"TorchRLRolloutWorker(source={type(self.source).__name__}, num_generations="
             f"{self.num_generations}, model_version={self.model_version}, "
             f"queued={self.rollout_buffer.qsize()})"
         )
@@ -266,6 +271,7 @@ class TorchRLRolloutWorker:
         if tracker is not None and getattr(tracker, "version_type", None) in (int, "int"):
             tracker.version = self.model_version
 
+    @boundary("TorchRLRolloutWorker")
     def check_health(self, stale_after_s: float) -> None:
         """Raises if the thread failed or ended, or produced nothing for ``stale_after_s`` seconds.
 
@@ -273,19 +279,20 @@ class TorchRLRolloutWorker:
         the thread ended stay there to be read.
         """
         if self._error is not None:
-            raise RuntimeError(f"{_OWNER}: the rollout thread failed.") from self._error
+            raise RuntimeError(signed("the rollout thread failed.")) from self._error
         if self._ended is not None:
-            raise RuntimeError(f"{_OWNER}: the rollout thread ended: {self._ended}")
+            raise RuntimeError(signed(f"the rollout thread ended: {self._ended}"))
         if self._thread is None or not self._thread.is_alive():
-            raise RuntimeError(f"{_OWNER}: the rollout thread is not running (start() it).")
+            raise RuntimeError(signed("the rollout thread is not running (start() it)."))
         age = time.time() - self._heartbeat
         if age > stale_after_s:
             raise RuntimeError(
-                f"{_OWNER}: no rollout for {age:.0f}s > stale_after_s={stale_after_s:.0f}s."
+                signed(f"no rollout for {age:.0f}s > stale_after_s={stale_after_s:.0f}s.")
             )
 
     # -- the thread -----------------------------------------------------------------------------
 
+    @boundary("TorchRLRolloutWorker")  # the thread's errors, read by check_health
     def _run(self) -> None:
         try:
             reader = None if self.is_collector else _BufferReader(self.source)
@@ -316,9 +323,7 @@ class TorchRLRolloutWorker:
         batch = batch.reshape(-1)
         with set_list_to_stack(True):
             # real tokens only: a pad_output=True policy's padding is cut by its masks
-            tokens = read_policy_rows(
-                batch, self.keys, log_probs=self.score_model is None, owner=_OWNER
-            )
+            tokens = read_policy_rows(batch, self.keys, log_probs=self.score_model is None)
             prompts, responses = tokens.prompts, tokens.responses
             history = batch.get(self.keys.prompt_history, None)
             reward = batch.get(self.reward_key, None)
@@ -327,10 +332,13 @@ class TorchRLRolloutWorker:
             versions = batch.get(NEXT_POLICY_VERSION_KEY, batch.get(POLICY_VERSION_KEY, None))
         if reward is None and self._selects:
             raise KeyError(
-                f"{_OWNER}: candidate_group_size/drop_zero_std select groups by their reward at "
-                f"{self.reward_key!r}, which the collected batch does not hold (keys: "
-                f"{sorted(map(str, batch.keys(True, True)))}). Give the collector's environment "
-                "a reward transform (e.g. RewardTransform(reward_func)) or pass reward_key=."
+                signed(
+                    "candidate_group_size/drop_zero_std select groups by their reward at "
+                    f"{self.reward_key!r}, which the collected batch does not hold (keys: "
+                    f"{sorted(map(str, batch.keys(True, True)))}). Give the collector's "
+                    "environment a reward transform (e.g. RewardTransform(reward_func)) or pass "
+                    "reward_key=."
+                )
             )
         logprobs = tokens.log_probs
         if self.score_model is not None:

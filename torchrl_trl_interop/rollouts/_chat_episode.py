@@ -28,6 +28,7 @@ import torch
 from tensordict import NonTensorStack, TensorDict, set_list_to_stack
 from tensordict.utils import NestedKey
 
+from .._checks import signed
 from .._conversation import history_to_messages, is_message_list, messages_to_history
 from .._keys import HISTORY_KEY, PROMPT_HISTORY_KEY, key_parts, without_placeholders
 from .._upstream._env_step import step, step_mdp
@@ -45,12 +46,11 @@ __all__ = [
 _CHAT_HISTORY = key_parts(HISTORY_KEY)[0]  # "history": a ChatHistory (prompt, response, full)
 
 
-def check_chat_env(env: Any, owner: str, why: str) -> Any:
+def check_chat_env(env: Any, why: str) -> Any:
     """``env``'s base ``ChatEnv``; raises unless ``env`` plays one history-mode conversation.
 
     Args:
         env: what the user's ``make_env`` returned.
-        owner (str): the public call, prefixed to the errors.
         why (str): why one conversation at a time, said in the batch-size error.
 
     Raises:
@@ -60,28 +60,33 @@ def check_chat_env(env: Any, owner: str, why: str) -> Any:
 
     Examples:
         >>> from torchrl.envs.llm import ChatEnv
-        >>> check_chat_env(ChatEnv(batch_size=(1,), input_mode="history"), "f", "").input_mode
+        >>> check_chat_env(ChatEnv(batch_size=(1,), input_mode="history"), "").input_mode
         'history'
-        >>> check_chat_env(ChatEnv(batch_size=(2,), input_mode="history"), "f", "one at a time")
+        >>> check_chat_env(ChatEnv(batch_size=(2,), input_mode="history"), "one at a time")
         Traceback (most recent call last):
         ...
-        ValueError: f: make_env returned an environment with batch_size=(2,); one at a time: build it with batch_size=(1,).
+        ValueError: make_env returned an environment with batch_size=(2,); one at a time: build it with batch_size=(1,).
     """
     from torchrl.envs import EnvBase
 
     if not isinstance(env, EnvBase):
         raise TypeError(
-            f"{owner}: make_env returned {env!r:.100} of type {type(env).__name__}; expected a "
-            "torchrl environment: a ChatEnv (input_mode='history') or a TransformedEnv around one."
+            signed(
+                f"make_env returned {env!r:.100} of type {type(env).__name__}; expected a "
+                "torchrl environment: a ChatEnv (input_mode='history') or a TransformedEnv "
+                "around one."
+            )
         )
     problem = find_env_problem(env, own_prompts=True)
     if problem is not None:
         error, reason = problem
-        raise error(f"{owner}: make_env returned an environment that cannot be used: {reason}.")
+        raise error(signed(f"make_env returned an environment that cannot be used: {reason}."))
     if tuple(env.batch_size) != (1,):
         raise ValueError(
-            f"{owner}: make_env returned an environment with batch_size={tuple(env.batch_size)}; "
-            f"{why}: build it with batch_size=(1,)."
+            signed(
+                f"make_env returned an environment with batch_size={tuple(env.batch_size)}; {why}: "
+                "build it with batch_size=(1,)."
+            )
         )
     return getattr(env, "base_env", env)
 
@@ -108,7 +113,6 @@ def reset_input(
     env: Any,
     prompt: str | list[dict[str, Any]] | None,
     columns: Mapping[str, Any],
-    owner: str,
     *,
     fix: str = "rename them",
     error: type[Exception] = ValueError,
@@ -121,7 +125,6 @@ def reset_input(
             conversation (a History), or ``None`` for an environment serving its own prompts.
         columns (dict): the row's other columns, put into the tensordict where transforms read
             them: numbers as ``[1]`` tensors, anything else as non-tensor data.
-        owner (str): the public call, prefixed to the errors.
 
     Keyword Args:
         fix (str, optional): what to do about a column named like an entry of the environment.
@@ -135,13 +138,13 @@ def reset_input(
     Examples:
         >>> from torchrl.envs.llm import ChatEnv
         >>> env = ChatEnv(batch_size=(1,), input_mode="history")
-        >>> td = reset_input(env, "Hi", {"answer": "5", "level": 3}, "f")
+        >>> td = reset_input(env, "Hi", {"answer": "5", "level": 3})
         >>> list(td["query"]), list(td["answer"]), td["level"]
         (['Hi'], ['5'], tensor([3]))
-        >>> reset_input(env, "Hi", {"history": "x"}, "f")  # doctest: +ELLIPSIS
+        >>> reset_input(env, "Hi", {"history": "x"})  # doctest: +ELLIPSIS
         Traceback (most recent call last):
         ...
-        ValueError: f: the row columns ['history'] have the names of ... (its entries: [...]).
+        ValueError: the row columns ['history'] have the names of ... (its entries: [...]).
     """
     base = getattr(env, "base_env", env)
     specs = (env.full_observation_spec, env.full_state_spec, env.full_action_spec)
@@ -151,8 +154,10 @@ def reset_input(
     if clash:
         hint = " (the prompt goes in prompt=...)" if base.data_key in clash else ""
         raise error(
-            f"{owner}: the row columns {clash} have the names of the environment's own entries; "
-            f"{fix}{hint} (its entries: {sorted(map(str, taken))})."
+            signed(
+                f"the row columns {clash} have the names of the environment's own entries; "
+                f"{fix}{hint} (its entries: {sorted(map(str, taken))})."
+            )
         )
     td = TensorDict(batch_size=[1])
     with set_list_to_stack(True):
@@ -162,8 +167,10 @@ def reset_input(
             td.set(base.data_key, messages_to_history([prompt]))
         elif prompt is not None:
             raise TypeError(
-                f"{owner}: the prompt should be a str or a list of {{'role', 'content'}} "
-                f"messages, got {prompt!r:.200} of type {type(prompt).__name__}."
+                signed(
+                    "the prompt should be a str or a list of {'role', 'content'} messages, got "
+                    f"{prompt!r:.200} of type {type(prompt).__name__}."
+                )
             )
         for key, value in columns.items():
             td.set(key, _column(value))
@@ -176,7 +183,7 @@ def reset_episode(env: Any, td: TensorDict) -> tuple[Any, list[dict[str, Any]]]:
     Examples:
         >>> from torchrl.envs.llm import ChatEnv
         >>> env = ChatEnv(batch_size=(1,), input_mode="history")
-        >>> td, messages = reset_episode(env, reset_input(env, "Hi", {}, "f"))
+        >>> td, messages = reset_episode(env, reset_input(env, "Hi", {}))
         >>> messages
         [{'role': 'user', 'content': 'Hi'}]
     """
@@ -225,7 +232,7 @@ def step_episode(
     Examples:
         >>> from torchrl_trl_interop.testing import toy_tool_call, toy_tool_env
         >>> env = toy_tool_env()
-        >>> td, _ = reset_episode(env, reset_input(env, "What is 2 plus 3?", {}, "f"))
+        >>> td, _ = reset_episode(env, reset_input(env, "What is 2 plus 3?", {}))
         >>> keys = {"reward_key": ("next", "reward"), "done_key": ("next", "done")}
         >>> out = step_episode(env, td, toy_tool_call(2, 3), **keys)
         >>> out.added, out.reward, out.done

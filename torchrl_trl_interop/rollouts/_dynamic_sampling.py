@@ -31,6 +31,7 @@ from typing import Any
 
 import torch
 
+from .._checks import signed
 from ._trainer import group_size, log_metrics, process_slice
 
 __all__ = [
@@ -64,28 +65,32 @@ DROPPED_ZERO_STD = "rollout/dropped_zero_std_total"
 _SPREAD_ATOL = 1e-8  # TRL's frac_reward_zero_std: torch.isclose(std, 0) (atol=1e-8)
 
 
-def check_candidate_group_size(value: Any, owner: str, *, group_size: int | None = None) -> None:
+def check_candidate_group_size(value: Any, *, group_size: int | None = None) -> None:
     """Raises ``ValueError`` unless ``value`` is ``None`` or an int ``>= group_size`` (and ``>= 2``).
 
     Examples:
-        >>> check_candidate_group_size(8, "f", group_size=4)
-        >>> check_candidate_group_size(2, "f", group_size=4)
+        >>> check_candidate_group_size(8, group_size=4)
+        >>> check_candidate_group_size(2, group_size=4)
         Traceback (most recent call last):
         ...
-        ValueError: f: candidate_group_size=2 is smaller than num_generations=4; it counts the candidates sampled per group, of which num_generations are kept: pass candidate_group_size >= 4, or None to sample without candidates.
+        ValueError: candidate_group_size=2 is smaller than num_generations=4; it counts the candidates sampled per group, of which num_generations are kept: pass candidate_group_size >= 4, or None to sample without candidates.
     """
     if value is None:
         return
     if isinstance(value, bool) or not isinstance(value, int) or value < 2:
         raise ValueError(
-            f"{owner}: candidate_group_size must be None or an int >= 2 (candidate rollouts "
-            f"sampled per group), got candidate_group_size={value!r}."
+            signed(
+                "candidate_group_size must be None or an int >= 2 (candidate rollouts sampled per "
+                f"group), got candidate_group_size={value!r}."
+            )
         )
     if group_size is not None and value < group_size:
         raise ValueError(
-            f"{owner}: candidate_group_size={value} is smaller than num_generations={group_size}; "
-            "it counts the candidates sampled per group, of which num_generations are kept: pass "
-            f"candidate_group_size >= {group_size}, or None to sample without candidates."
+            signed(
+                f"candidate_group_size={value} is smaller than num_generations={group_size}; it "
+                "counts the candidates sampled per group, of which num_generations are kept: pass "
+                f"candidate_group_size >= {group_size}, or None to sample without candidates."
+            )
         )
 
 
@@ -184,7 +189,9 @@ def select_candidates(
         [0]
     """
     if not 0 < keep <= len(rewards):
-        raise ValueError(f"select_candidates: cannot keep {keep} of {len(rewards)} candidates.")
+        raise ValueError(
+            signed(f"select_candidates cannot keep {keep} of {len(rewards)} candidates.")
+        )
     if not has_spread(rewards):
         return list(range(keep))
     scored = [i for i, r in enumerate(rewards) if _scores(r)]
@@ -233,7 +240,6 @@ def sample_candidates(
     *,
     candidate_group_size: int,
     env_batch_size: int,
-    owner: str,
 ) -> dict[str, list]:
     """``rollout`` over each group's prompt ``candidate_group_size`` times; the kept rows.
 
@@ -248,18 +254,21 @@ def sample_candidates(
             are not a multiple of ``env_batch_size``, or the environment wrote no reward.
     """
     group = group_size(trainer)
-    check_candidate_group_size(candidate_group_size, owner, group_size=group)
+    check_candidate_group_size(candidate_group_size, group_size=group)
     offset = process_slice(trainer, len(prompts)).start
     runs = group_runs(len(prompts), group, offset)
     counts = [candidates_for(stop - start, group, candidate_group_size) for start, stop, _ in runs]
     if sum(counts) % env_batch_size:
         raise ValueError(
-            f"{owner}: candidate_group_size={candidate_group_size} makes {sum(counts)} candidate "
-            f"rollouts for the {len(prompts)} prompts of this call ({len(runs)} groups of "
-            f"num_generations={group}), which the environment, of batch_size "
-            f"({env_batch_size},), cannot run in whole batches. Make the candidates a multiple of "
-            "the env's batch size: candidate_group_size x groups per call (for a whole group, "
-            "candidate_group_size itself) divisible by it, or an env batch size that divides it."
+            signed(
+                f"candidate_group_size={candidate_group_size} makes {sum(counts)} candidate "
+                f"rollouts for the {len(prompts)} prompts of this call ({len(runs)} groups of "
+                f"num_generations={group}), which the environment, of batch_size "
+                f"({env_batch_size},), cannot run in whole batches. Make the candidates a multiple "
+                "of the env's batch size: candidate_group_size x groups per call (for a whole "
+                "group, candidate_group_size itself) divisible by it, or an env batch size that "
+                "divides it."
+            )
         )
     candidate_prompts = [prompts[start] for (start, _, _), n in zip(runs, counts) for _ in range(n)]
     out = rollout(candidate_prompts, trainer)
@@ -267,10 +276,13 @@ def sample_candidates(
     missing = [i for i, r in enumerate(rewards) if r is None]
     if missing:
         raise ValueError(
-            f"{owner}: candidate_group_size={candidate_group_size} scores candidates by the "
-            f"environment's reward, but the environment wrote none for candidates {missing[:8]} "
-            "(env_reward is None). Append a reward transform to the environment (e.g. "
-            "RewardTransform(reward_func)), check reward_key=, or drop candidate_group_size."
+            signed(
+                f"candidate_group_size={candidate_group_size} scores candidates by the "
+                "environment's reward, but the environment wrote none for candidates "
+                f"{missing[:8]} (env_reward is None). Append a reward transform to the environment "
+                "(e.g. RewardTransform(reward_func)), check reward_key=, or drop "
+                "candidate_group_size."
+            )
         )
     kept: list[int] = []
     metrics: dict[str, list[float]] = {

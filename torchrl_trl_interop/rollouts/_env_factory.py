@@ -19,7 +19,7 @@ from typing import Any
 
 from tensordict.utils import NestedKey
 
-from .._checks import as_mapping, as_names, require
+from .._checks import as_mapping, as_names, boundary, require, signed, speaking_for
 from .._keys import NEXT_DONE_KEY, NEXT_REWARD_KEY, as_nested_key, key_parts
 from ._chat_episode import check_chat_env
 from ._tool_env import PUBLIC_NAMES, TorchRLEnvironment, get_reward
@@ -30,8 +30,6 @@ from ._trl_tools import check_tool_template
 
 __all__ = ["as_trl_environment_factory"]
 
-_OWNER = "as_trl_environment_factory"
-
 
 class _EnvRewardFunc:
     """The TRL reward function of a factory (see :func:`as_trl_environment_factory`)."""
@@ -41,7 +39,7 @@ class _EnvRewardFunc:
         self.token = token
 
     def __repr__(self) -> str:
-        return f"<reward function {self.__name__!r} of {_OWNER}>"
+        return f"<reward function {self.__name__!r} of as_trl_environment_factory>"
 
     def __call__(
         self,
@@ -62,10 +60,11 @@ class _EnvRewardFunc:
                 f"{None if completions is None else len(completions)} completions; expected one "
                 "environment per completion."
             )
-        return [
-            env._close(c) if getattr(env, "_token", None) == self.token else None
-            for c, env in zip(completions, environments)
-        ]
+        with speaking_for("as_trl_environment_factory"):  # an episode's close names the factory
+            return [
+                env._close(c) if getattr(env, "_token", None) == self.token else None
+                for c, env in zip(completions, environments)
+            ]
 
 
 @dataclass(repr=False)
@@ -94,8 +93,9 @@ class _EnvironmentFactory:
 
     def __repr__(self) -> str:
         tools = None if self._cls is None else list(self._cls._tools)
-        return f"{_OWNER}({self.name!r}, tools={tools})"
+        return f"as_trl_environment_factory({self.name!r}, tools={tools})"
 
+    @boundary("as_trl_environment_factory")
     def __call__(self) -> TorchRLEnvironment:
         env, self._spare = self._spare or self._make(), None
         cls = self._cls or self._build_class(env)
@@ -103,11 +103,11 @@ class _EnvironmentFactory:
 
     def _make(self) -> Any:
         env = self.make_env()
-        check_chat_env(env, _OWNER, "TRL runs one instance per rollout")
+        check_chat_env(env, "TRL runs one instance per rollout")
         return env
 
     def _build_class(self, env: Any) -> type:
-        tools = find_tools(tool_transforms(env), self.rename, _OWNER, reserved=PUBLIC_NAMES)
+        tools = find_tools(tool_transforms(env), self.rename, reserved=PUBLIC_NAMES)
         step_key = key_parts(self.reward_key)[-1]
         writes_reward = any(
             step_key in [key_parts(k)[-1] for k in getattr(t, "out_keys", [])]
@@ -115,18 +115,21 @@ class _EnvironmentFactory:
         )
         if not tools and not writes_reward and not has_prompt_source(env):
             raise ValueError(
-                f"{_OWNER}: the environment has no tool transform, no transform writing a "
-                f"reward at {self.reward_key!r} and no prompt source: nothing to bridge into TRL. "
-                "Add a tool transform (SimpleToolTransform, ExecuteToolsInOrder, "
-                "MCPToolTransform, PythonInterpreter), a reward transform (RewardTransform, a "
-                "torchrl reward parser) or a DataLoadingPrimer serving its prompts."
+                signed(
+                    "the environment has no tool transform, no transform writing a reward at "
+                    f"{self.reward_key!r} and no prompt source: nothing to bridge into TRL. Add a "
+                    "tool transform (SimpleToolTransform, ExecuteToolsInOrder, MCPToolTransform, "
+                    "PythonInterpreter), a reward transform (RewardTransform, a torchrl reward "
+                    "parser) or a DataLoadingPrimer serving its prompts."
+                )
             )
         body = {"_tools": {t.name: t for t in tools}, "_factory": self, "_token": self.token}
         if writes_reward:  # TRL 1.16 adds it as a reward source (weight 1, the class's name)
             body["get_reward"] = get_reward
         for tool in tools:
             call = _tool_body(tool.name, tool.signature.is_async)
-            body[tool.name] = function_with_signature(call, tool.signature, method=True)
+            method = function_with_signature(call, tool.signature, method=True)
+            body[tool.name] = boundary("as_trl_environment_factory")(method)  # TRL calls it
         self._cls = type(_class_name(self.name), (TorchRLEnvironment,), body)
         return self._cls
 
@@ -141,8 +144,10 @@ class _EnvironmentFactory:
         missing = [k for k in columns if k not in row]
         if missing:
             raise KeyError(
-                f"{_OWNER}: row_keys names {missing}, missing from the dataset row (columns: "
-                f"{sorted(row)})."
+                signed(
+                    f"row_keys names {missing}, missing from the dataset row (columns: "
+                    f"{sorted(row)})."
+                )
             )
         return list(columns)
 
@@ -166,6 +171,7 @@ def _default_name(make_env: Any) -> str:
     return name.removeprefix("make_") or name
 
 
+@boundary("as_trl_environment_factory")
 def as_trl_environment_factory(
     make_env: Callable[[], Any],
     *,
@@ -301,30 +307,34 @@ def as_trl_environment_factory(
         >>> trainer = GRPOTrainer(model, args=GRPOConfig(...), train_dataset=prompts,  # doctest: +SKIP
         ...     environment_factory=factory, reward_funcs=factory.reward_func)
     """
-    require("transformers", _OWNER)
+    require("transformers", "as_trl_environment_factory")
     from torchrl.envs import EnvBase
 
     if isinstance(make_env, EnvBase):
         raise TypeError(
-            f"{_OWNER}: make_env is an environment ({type(make_env).__name__}); pass the function "
-            "that builds one instead: TRL builds an instance per concurrent rollout, and "
-            "AsyncGRPOTrainer builds them in another process."
+            signed(
+                f"make_env is an environment ({type(make_env).__name__}); pass the function that "
+                "builds one instead: TRL builds an instance per concurrent rollout, and "
+                "AsyncGRPOTrainer builds them in another process."
+            )
         )
     if not callable(make_env):
         raise TypeError(
-            f"{_OWNER}: make_env should be a zero-argument callable returning a TorchRL "
-            f"environment (a module-level function or functools.partial, so it pickles), got "
-            f"{type(make_env).__name__}."
+            signed(
+                "make_env should be a zero-argument callable returning a TorchRL environment (a "
+                "module-level function or functools.partial, so it pickles), got "
+                f"{type(make_env).__name__}."
+            )
         )
     name = _default_name(make_env) if name is None else name
     if not isinstance(name, str) or not name:
-        raise TypeError(f"{_OWNER}: name should be a non-empty str, got {name!r}.")
-    rename = as_mapping(rename, "rename", "{tool name: new name}", _OWNER)
-    row_keys = None if row_keys is None else list(as_names(row_keys, "row_keys", _OWNER))
+        raise TypeError(signed(f"name should be a non-empty str, got {name!r}."))
+    rename = as_mapping(rename, "rename", "{tool name: new name}")
+    row_keys = None if row_keys is None else list(as_names(row_keys, "row_keys"))
     if row_keys is not None and "prompt" in row_keys:
-        raise ValueError(f"{_OWNER}: row_keys should not name 'prompt': it resets the ChatEnv.")
+        raise ValueError(signed("row_keys should not name 'prompt': it resets the ChatEnv."))
     if processing_class is not None:
-        check_tool_template(processing_class, _OWNER)
+        check_tool_template(processing_class)
     factory = _EnvironmentFactory(
         make_env,
         name,

@@ -22,6 +22,7 @@ import torch
 from tensordict import NonTensorStack, TensorDict, set_list_to_stack
 from tensordict.utils import NestedKey
 
+from .._checks import signed
 from .._conversation import history_to_messages, is_message_list, messages_to_history
 from .._keys import POLICY_VERSION_KEY, placeholder_turn, without_placeholders
 from .._padding import pad_rows, position_mask
@@ -141,12 +142,11 @@ def _same_length(conversations: list[list[dict]]) -> list[list[dict]]:
 class _Episodes:
     """One batch of episodes in flight (``env.batch_size`` of them)."""
 
-    def __init__(self, env, policy, tokenizer, read_logprobs, owner) -> None:
+    def __init__(self, env, policy, tokenizer, read_logprobs) -> None:
         self.env = env
         self.policy = policy
         self.tokenizer = tokenizer
         self.read_logprobs = read_logprobs
-        self.owner = owner
         self.keys = PolicyKeys.of(policy)
 
     def reset(self, prompts: list) -> Any:
@@ -170,7 +170,7 @@ class _Episodes:
                 mask = position_mask(lengths, int(lengths.max()), "left")
                 td.set(self.keys.attention_mask, mask)
         td = self.policy(td)
-        out = read_policy_rows(td, self.keys, log_probs=self.read_logprobs, owner=self.owner)
+        out = read_policy_rows(td, self.keys, log_probs=self.read_logprobs)
         conversations = _to_messages(td.get(self.keys.full_history))  # before tools extend it
         versions = td.get(POLICY_VERSION_KEY, None)
         if isinstance(versions, torch.Tensor):
@@ -188,13 +188,15 @@ class _Episodes:
             elif ids != expected:
                 at = next((k for k, (a, b) in enumerate(zip(ids, expected)) if a != b), None)
                 raise RuntimeError(
-                    f"{self.owner}: at turn {turn} the policy conditioned on {len(ids)} tokens "
-                    f"for rollout {i}, the rollout holds {len(expected)} (first difference at "
-                    f"{at}). Multi-turn rollouts need a token-first policy (prefer_tokens=True) "
-                    f"that continues from the {self.keys.prompt_tokens!r} it is given, as they "
-                    "are. torchrl 0.14.1's own wrappers strip every pad id from that prompt: with "
-                    "them, the pad token must not be an eos token (the default policy reads the "
-                    f"{self.keys.attention_mask!r} given beside the tokens instead)."
+                    signed(
+                        f"at turn {turn} the policy conditioned on {len(ids)} tokens for rollout "
+                        f"{i}, the rollout holds {len(expected)} (first difference at {at}). "
+                        "Multi-turn rollouts need a token-first policy (prefer_tokens=True) that "
+                        f"continues from the {self.keys.prompt_tokens!r} it is given, as they are. "
+                        "torchrl 0.14.1's own wrappers strip every pad id from that prompt: with "
+                        "them, the pad token must not be an eos token (the default policy reads "
+                        f"the {self.keys.attention_mask!r} given beside the tokens instead)."
+                    )
                 )
             row.extend(out.responses[i], None if out.log_probs is None else out.log_probs[i], False)
             row.history = conversations[i]
@@ -220,11 +222,13 @@ class _Episodes:
                 continue
             if not texts[i].startswith(answered[i]):
                 raise ValueError(
-                    f"{self.owner}: after turn {turn} the chat template renders rollout {i}'s "
-                    f"next prompt ({texts[i][-200:]!r}) as text that does not extend the "
-                    f"conversation so far ({answered[i][-200:]!r}). Multi-turn rollouts need a "
-                    "template that renders earlier turns unchanged (templates that drop past "
-                    "reasoning do not); use max_turns=1 or such a template."
+                    signed(
+                        f"after turn {turn} the chat template renders rollout {i}'s next prompt "
+                        f"({texts[i][-200:]!r}) as text that does not extend the conversation so "
+                        f"far ({answered[i][-200:]!r}). Multi-turn rollouts need a template that "
+                        "renders earlier turns unchanged (templates that drop past reasoning do "
+                        "not); use max_turns=1 or such a template."
+                    )
                 )
             close = closing
             last = row.completion_ids[-1] if row.completion_ids else None
@@ -265,7 +269,6 @@ def run_episodes(
     read_logprobs: bool,
     reward_key: NestedKey,
     done_key: NestedKey,
-    owner: str = "run_episodes",
     lockstep: Any = None,
 ) -> list[RolloutRow]:
     """Runs ``len(prompts) == env.batch_size[0]`` episodes of at most ``max_turns`` policy turns.
@@ -287,7 +290,7 @@ def run_episodes(
             the chat template does not render the next prompt as an extension of the
             conversation so far.
     """
-    episodes = _Episodes(env, policy, tokenizer, read_logprobs, owner)
+    episodes = _Episodes(env, policy, tokenizer, read_logprobs)
     rows = [RolloutRow() for _ in prompts]
     with set_list_to_stack(True), torch.no_grad():
         td = episodes.reset(prompts)

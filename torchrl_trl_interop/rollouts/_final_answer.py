@@ -19,6 +19,8 @@ import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from .._checks import boundary, signed
+
 __all__ = [
     "FINAL_ANSWER",
     "FINAL_ANSWER_IDS",
@@ -53,14 +55,16 @@ def final_answer_ids(completion_ids: Sequence[int], env_mask: Sequence[int]) -> 
     return list(completion_ids[start:end])
 
 
-def _final_answer_kwargs(owner: str, completions: list, kwargs: dict) -> dict:
+def _final_answer_kwargs(completions: list, kwargs: dict) -> dict:
     answers, ids = kwargs.get(FINAL_ANSWER), kwargs.get(FINAL_ANSWER_IDS)
     if answers is None or ids is None:
         raise KeyError(
-            f"{owner}: the reward function got no {FINAL_ANSWER!r} and {FINAL_ANSWER_IDS!r} "
-            f"keywords (got {sorted(kwargs)}). They come from "
-            "GRPOTrainer(rollout_func=as_trl_rollout_func(env)); with TRL's own generation the "
-            "completion is the policy's answer: use the reward function unwrapped."
+            signed(
+                f"the reward function got no {FINAL_ANSWER!r} and {FINAL_ANSWER_IDS!r} keywords "
+                f"(got {sorted(kwargs)}). They come from "
+                "GRPOTrainer(rollout_func=as_trl_rollout_func(env)); with TRL's own generation "
+                "the completion is the policy's answer: use the reward function unwrapped."
+            )
         )
     completions = [
         [{"role": "assistant", "content": answer}] if isinstance(c, list) else answer
@@ -69,6 +73,7 @@ def _final_answer_kwargs(owner: str, completions: list, kwargs: dict) -> dict:
     return {**kwargs, "completions": completions, "completion_ids": list(ids)}
 
 
+@boundary("score_final_answer")
 def score_final_answer(reward_func: Callable) -> Callable:
     """A TRL reward function that scores the policy's final answer instead of ``completions``.
 
@@ -105,27 +110,30 @@ def score_final_answer(reward_func: Callable) -> Callable:
     """
     if not callable(reward_func):
         raise TypeError(
-            f"score_final_answer: reward_func must be a TRL reward function (a callable), got "
-            f"{type(reward_func).__name__}."
+            signed(
+                "reward_func must be a TRL reward function (a callable), got "
+                f"{type(reward_func).__name__}."
+            )
         )
-    owner = f"score_final_answer({getattr(reward_func, '__name__', type(reward_func).__name__)})"
+    # the function TRL calls: its errors name the wrapped function
+    sign = boundary(f"score_final_answer({_name(reward_func)})")
     if inspect.iscoroutinefunction(reward_func):
 
+        @sign
         @functools.wraps(reward_func)
         async def scored_async(
             prompts: list, completions: list, completion_ids: Any = None, **kwargs: Any
         ) -> list:
-            return await reward_func(
-                prompts=prompts, **_final_answer_kwargs(owner, completions, kwargs)
-            )
+            return await reward_func(prompts=prompts, **_final_answer_kwargs(completions, kwargs))
 
         setattr(scored_async, _MARK, True)
         return scored_async
 
+    @sign
     @functools.wraps(reward_func)
     def scored(prompts: list, completions: list, completion_ids: Any = None, **kwargs: Any) -> list:
         # the whole completion's ids are replaced by the last turn's (final_answer_ids)
-        return reward_func(prompts=prompts, **_final_answer_kwargs(owner, completions, kwargs))
+        return reward_func(prompts=prompts, **_final_answer_kwargs(completions, kwargs))
 
     setattr(scored, _MARK, True)
     return scored
@@ -166,18 +174,20 @@ def completions_only_rewards(reward_funcs: Sequence[Any]) -> list[str]:
     return names
 
 
-def warn_completions_only(reward_funcs: Sequence[Any], max_turns: int, owner: str) -> None:
+def warn_completions_only(reward_funcs: Sequence[Any], max_turns: int) -> None:
     """Warns when multi-turn rollouts meet reward functions that read only ``completions``."""
     names = completions_only_rewards(reward_funcs)
     if names:
         warnings.warn(
-            f"{owner}(max_turns={max_turns}): GRPOTrainer decodes each rollout's whole "
-            "completion (the policy's turns and the environment's tokens between them: tool "
-            "results, replies, chat markup) into one message, `completions`, and the reward "
-            f"functions {names} read only that: they score the environment's text as the "
-            "policy's. Wrap a stock TRL reward function with score_final_answer(f) to score "
-            f"the policy's last turn, or read the {FINAL_ANSWER!r}, 'history' or "
-            "'env_reward' keyword.",
+            signed(
+                f"with max_turns={max_turns}, GRPOTrainer decodes each rollout's whole "
+                "completion (the policy's turns and the environment's tokens between them: tool "
+                "results, replies, chat markup) into one message, `completions`, and the reward "
+                f"functions {names} read only that: they score the environment's text as the "
+                "policy's. Wrap a stock TRL reward function with score_final_answer(f) to score "
+                f"the policy's last turn, or read the {FINAL_ANSWER!r}, 'history' or "
+                "'env_reward' keyword."
+            ),
             UserWarning,
             stacklevel=3,
         )

@@ -11,6 +11,7 @@ from typing import Any
 
 from torchrl.modules.llm import TransformersWrapper
 
+from .._checks import signed
 from .._conversation import is_message_list
 from ._trainer_policy import TrainerModelPolicy
 
@@ -23,7 +24,7 @@ __all__ = [
 ]
 
 
-def check_same_tokenizer(policy_tokenizer: Any, trainer_tokenizer: Any, owner: str) -> None:
+def check_same_tokenizer(policy_tokenizer: Any, trainer_tokenizer: Any) -> None:
     """Raises ``ValueError`` unless both tokenizers map the same tokens to the same ids."""
     fields = ("pad_token_id", "eos_token_id")
     mismatch = [
@@ -40,7 +41,7 @@ def check_same_tokenizer(policy_tokenizer: Any, trainer_tokenizer: Any, owner: s
         mismatch.append("vocabulary: same size, different token ids")
     if mismatch:
         raise ValueError(
-            f"{owner}: the policy's tokenizer is not the trainer's processing_class ("
+            signed("the policy's tokenizer is not the trainer's processing_class (")
             + "; ".join(mismatch)
             + "). The trainer scores the policy's token ids with its own model, so both must "
             "use one tokenizer: build the policy with tokenizer=trainer.processing_class."
@@ -52,7 +53,7 @@ def is_torchrl_transformers_wrapper(policy: Any) -> bool:
     return isinstance(policy, TransformersWrapper) and not isinstance(policy, TrainerModelPolicy)
 
 
-def check_pad_is_not_eos(policy: Any, owner: str) -> None:
+def check_pad_is_not_eos(policy: Any) -> None:
     """torchrl's ``TransformersWrapper`` drops every pad-id token: with pad == eos, the eos."""
     tokenizer = getattr(policy, "tokenizer", None)
     pad = getattr(tokenizer, "pad_token_id", None)
@@ -61,17 +62,19 @@ def check_pad_is_not_eos(policy: Any, owner: str) -> None:
     eos = sorted({getattr(tokenizer, "eos_token_id", None), *eos} - {None})
     if pad is not None and pad in eos:
         raise ValueError(
-            f"{owner}: the policy is torchrl's TransformersWrapper and its tokenizer's pad token "
-            f"is an eos token (pad_token_id={pad}, eos ids {eos}). torchrl 0.14.1's wrapper tells "
-            "padding from tokens by comparing ids with the pad id, so it drops the eos token an "
-            "answer ends with: TRL would see every completion as truncated and the policy would "
-            "never learn to stop. Leave policy=None (the trainer's model, cut by lengths and "
-            "masks), or give the tokenizer a pad token that is not an eos token (a vLLMWrapper "
-            "keeps the eos too, for single-turn rollouts)."
+            signed(
+                "the policy is torchrl's TransformersWrapper and its tokenizer's pad token is an "
+                f"eos token (pad_token_id={pad}, eos ids {eos}). torchrl 0.14.1's wrapper tells "
+                "padding from tokens by comparing ids with the pad id, so it drops the eos token "
+                "an answer ends with: TRL would see every completion as truncated and the policy "
+                "would never learn to stop. Leave policy=None (the trainer's model, cut by "
+                "lengths and masks), or give the tokenizer a pad token that is not an eos token "
+                "(a vLLMWrapper keeps the eos too, for single-turn rollouts)."
+            )
         )
 
 
-def check_same_turn_counts(policy: Any, prompts: list, start: int, owner: str) -> None:
+def check_same_turn_counts(policy: Any, prompts: list, start: int) -> None:
     """torchrl's ``TransformersWrapper`` cannot extend conversations of different lengths."""
     if not is_torchrl_transformers_wrapper(policy) or not is_message_list(prompts[0]):
         return
@@ -79,16 +82,18 @@ def check_same_turn_counts(policy: Any, prompts: list, start: int, owner: str) -
     other = next((i for i, n in enumerate(sizes) if n != sizes[0]), None)
     if other is not None:
         raise ValueError(
-            f"{owner}: prompts {start} and {start + other} share an env batch but have "
-            f"{sizes[0]} and {sizes[other]} messages. torchrl 0.14.1's TransformersWrapper "
-            "cannot answer conversations of different lengths in one batch (it fails with "
-            "'zip() argument ... is shorter'). Leave policy=None (the trainer's model answers "
-            "each row on its own), use a vLLMWrapper, or make the env's batch_size a divisor of "
-            "num_generations (each env batch then holds one prompt's copies)."
+            signed(
+                f"prompts {start} and {start + other} share an env batch but have {sizes[0]} and "
+                f"{sizes[other]} messages. torchrl 0.14.1's TransformersWrapper cannot answer "
+                "conversations of different lengths in one batch (it fails with 'zip() argument "
+                "... is shorter'). Leave policy=None (the trainer's model answers each row on its "
+                "own), use a vLLMWrapper, or make the env's batch_size a divisor of "
+                "num_generations (each env batch then holds one prompt's copies)."
+            )
         )
 
 
-def check_policy(policy: Any, max_turns: int, recompute_logprobs: bool | None, owner: str) -> None:
+def check_policy(policy: Any, max_turns: int, recompute_logprobs: bool | None) -> None:
     """Whether ``policy`` (given as ``policy=``) can run the rollout as asked.
 
     Raises:
@@ -99,38 +104,45 @@ def check_policy(policy: Any, max_turns: int, recompute_logprobs: bool | None, o
             tokenizer whose pad token is an eos token.
 
     Examples:
-        >>> check_policy("a policy", 1, None, "f")
+        >>> check_policy("a policy", 1, None)
         Traceback (most recent call last):
         ...
-        TypeError: f: policy must be a torchrl LLM wrapper (a TensorDictModuleBase, e.g. TransformersWrapper or vLLMWrapper) or None (the trainer's model), got 'a policy' of type str.
+        TypeError: policy must be a torchrl LLM wrapper (a TensorDictModuleBase, e.g. TransformersWrapper or vLLMWrapper) or None (the trainer's model), got 'a policy' of type str.
     """
     from tensordict.nn import TensorDictModuleBase
 
     if not isinstance(policy, TensorDictModuleBase):
         raise TypeError(
-            f"{owner}: policy must be a torchrl LLM wrapper (a TensorDictModuleBase, e.g. "
-            f"TransformersWrapper or vLLMWrapper) or None (the trainer's model), got "
-            f"{policy!r:.100} of type {type(policy).__name__}."
+            signed(
+                "policy must be a torchrl LLM wrapper (a TensorDictModuleBase, e.g. "
+                "TransformersWrapper or vLLMWrapper) or None (the trainer's model), got "
+                f"{policy!r:.100} of type {type(policy).__name__}."
+            )
         )
     if getattr(policy, "return_log_probs", True) is False and recompute_logprobs is False:
         raise ValueError(
-            f"{owner}: the policy {type(policy).__name__} returns no log-probs "
-            "(return_log_probs=False) and recompute_logprobs=False; build it with "
-            "return_log_probs=True or let the trainer's model score the tokens "
-            "(recompute_logprobs=True)."
+            signed(
+                f"the policy {type(policy).__name__} returns no log-probs (return_log_probs=False) "
+                "and recompute_logprobs=False; build it with return_log_probs=True or let the "
+                "trainer's model score the tokens (recompute_logprobs=True)."
+            )
         )
     if max_turns > 1 and getattr(policy, "prefer_tokens", True) is False:
         raise ValueError(
-            f"{owner}: max_turns={max_turns} needs a policy that continues from "
-            f"the rollout's tokens, but {type(policy).__name__} has prefer_tokens=False (it "
-            "would re-tokenize the conversation, so the trainer would score other tokens "
-            "than those sampled). Build it with prefer_tokens=True."
+            signed(
+                f"max_turns={max_turns} needs a policy that continues from the rollout's tokens, "
+                f"but {type(policy).__name__} has prefer_tokens=False (it would re-tokenize the "
+                "conversation, so the trainer would score other tokens than those sampled). Build "
+                "it with prefer_tokens=True."
+            )
         )
     if getattr(policy, "num_samples", None) not in (None, 1):
         raise ValueError(
-            f"{owner}: the policy samples num_samples={policy.num_samples} "
-            "answers per prompt; GRPOTrainer already repeats each prompt num_generations "
-            "times, so build it with num_samples=None."
+            signed(
+                f"the policy samples num_samples={policy.num_samples} answers per prompt; "
+                "GRPOTrainer already repeats each prompt num_generations times, so build it with "
+                "num_samples=None."
+            )
         )
     if is_torchrl_transformers_wrapper(policy):
-        check_pad_is_not_eos(policy, owner)
+        check_pad_is_not_eos(policy)

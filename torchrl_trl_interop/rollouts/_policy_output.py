@@ -21,6 +21,7 @@ from typing import Any
 import torch
 from tensordict.utils import NestedKey
 
+from .._checks import signed
 from .._keys import (
     ATTENTION_MASK_KEY,
     HISTORY_KEY,
@@ -84,7 +85,7 @@ def _rows(value: Any) -> list[torch.Tensor]:
 
 
 def read_policy_rows(
-    td: Any, keys: PolicyKeys, *, log_probs: bool, owner: str, required: bool = True
+    td: Any, keys: PolicyKeys, *, log_probs: bool, required: bool = True
 ) -> PolicyRows:
     """Reads every row's real prompt, response and (with ``log_probs``) response log-probs.
 
@@ -104,7 +105,7 @@ def read_policy_rows(
         ...     ("masks", "all_attention_mask"): torch.tensor(
         ...         [[0, 1, 1, 1, 0], [1, 1, 1, 1, 1]], dtype=torch.bool),
         ... }, batch_size=[2])
-        >>> rows = read_policy_rows(td, PolicyKeys(), log_probs=False, owner="example")
+        >>> rows = read_policy_rows(td, PolicyKeys(), log_probs=False)
         >>> rows.prompts, rows.responses
         ([[5, 6], [7, 8, 9]], [[2], [4, 2]])
     """
@@ -113,9 +114,12 @@ def read_policy_rows(
     scores = td.get(keys.response_log_probs, None, as_list=True) if log_probs else None
     if log_probs and scores is None and required:
         raise KeyError(
-            f"{owner}: the policy wrote no log-probs at {keys.response_log_probs!r} (keys: "
-            f"{sorted(map(str, td.keys(True, True)))}). Build it with return_log_probs=True, or "
-            "let the rollouts be scored by a model (recompute_logprobs=True / score_model=)."
+            signed(
+                f"the policy wrote no log-probs at {keys.response_log_probs!r} (keys: "
+                f"{sorted(map(str, td.keys(True, True)))}). Build it with return_log_probs=True, "
+                "or let the rollouts be scored by a model (recompute_logprobs=True / "
+                "score_model=)."
+            )
         )
     scores = None if scores is None else _rows(scores)
     masks = td.get(keys.attention_mask, None, as_list=True)
@@ -124,9 +128,11 @@ def read_policy_rows(
             n_prompt, n_response = len(prompts[i]), len(responses[i])
             if mask.numel() != n_prompt + n_response:
                 raise ValueError(
-                    f"{owner}: row {i}'s {keys.attention_mask!r} has {mask.numel()} entries, its "
-                    f"prompt and response {n_prompt} + {n_response} tokens; expected a mask over "
-                    "the prompt then the response, as torchrl's LLM wrappers write it."
+                    signed(
+                        f"row {i}'s {keys.attention_mask!r} has {mask.numel()} entries, its prompt "
+                        f"and response {n_prompt} + {n_response} tokens; expected a mask over the "
+                        "prompt then the response, as torchrl's LLM wrappers write it."
+                    )
                 )
             mask = mask.bool()
             prompts[i] = prompts[i][mask[:n_prompt]]

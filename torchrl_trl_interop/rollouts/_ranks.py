@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from .._checks import signed
 from ._trainer import distributed_backend, trainer_accelerator, trainer_model, training_args
 
 __all__ = ["Lockstep", "Ranks", "check_prompt_slice", "check_same_calls", "generation_guard"]
@@ -87,7 +88,7 @@ def _is_sharded(model: Any) -> bool:
     return isinstance(model, torch.nn.Module) and any(isinstance(m, kinds) for m in model.modules())
 
 
-def check_prompt_slice(prompts: Any, group: int, ranks: Ranks, owner: str) -> None:
+def check_prompt_slice(prompts: Any, group: int, ranks: Ranks) -> None:
     """Checks one rank's slice of the prompts: the global count and the groups it holds part of.
 
     Rank ``r`` of ``N``, given ``n`` prompts, holds positions ``r * n .. (r + 1) * n - 1`` of
@@ -101,23 +102,25 @@ def check_prompt_slice(prompts: Any, group: int, ranks: Ranks, owner: str) -> No
 
     Examples:
         >>> two = Ranks(index=1, count=2)
-        >>> check_prompt_slice(["a", "a"], 4, two, "f")  # rank 1 holds half of group 0
-        >>> check_prompt_slice(["a", "b"], 4, two, "f")
+        >>> check_prompt_slice(["a", "a"], 4, two)  # rank 1 holds half of group 0
+        >>> check_prompt_slice(["a", "b"], 4, two)
         Traceback (most recent call last):
         ...
-        ValueError: f: prompts 0..1 of this rank (positions 2..3 of the 4 prompts of all 2 ranks) are not one prompt repeated num_generations=4 times; GRPOTrainer groups them so.
+        ValueError: prompts 0..1 of this rank (positions 2..3 of the 4 prompts of all 2 ranks) are not one prompt repeated num_generations=4 times; GRPOTrainer groups them so.
     """
     if not isinstance(prompts, (list, tuple)) or not prompts:
         raise TypeError(
-            f"{owner}: expected a non-empty list of prompts, got {type(prompts).__name__}."
+            signed(f"expected a non-empty list of prompts, got {type(prompts).__name__}.")
         )
     n, total, offset = len(prompts), len(prompts) * ranks.count, len(prompts) * ranks.index
     if total % group:
         where = "" if ranks.count == 1 else f" on each of {ranks.count} ranks ({total} in all)"
         raise ValueError(
-            f"{owner}: got {n} prompts{where}, not a multiple of num_generations={group}. "
-            "GRPOTrainer passes every prompt repeated num_generations times in a row; call the "
-            "rollout function the same way."
+            signed(
+                f"got {n} prompts{where}, not a multiple of num_generations={group}. GRPOTrainer "
+                "passes every prompt repeated num_generations times in a row; call the rollout "
+                "function the same way."
+            )
         )
     start = 0
     while start < n:
@@ -130,13 +133,15 @@ def check_prompt_slice(prompts: Any, group: int, ranks: Ranks, owner: str) -> No
                 f"{total} prompts of all {ranks.count} ranks)"
             )
             raise ValueError(
-                f"{owner}: prompts {start}..{stop - 1}{where} are not one prompt repeated "
-                f"num_generations={group} times; GRPOTrainer groups them so."
+                signed(
+                    f"prompts {start}..{stop - 1}{where} are not one prompt repeated "
+                    f"num_generations={group} times; GRPOTrainer groups them so."
+                )
             )
         start = stop
 
 
-def check_same_calls(ranks: Ranks, counts: dict[str, int], owner: str) -> None:
+def check_same_calls(ranks: Ranks, counts: dict[str, int]) -> None:
     """Raises on every rank, together, unless all ranks give the same ``counts``.
 
     Under ZeRO-3 or FSDP a rank that runs more env batches or turns than another waits forever
@@ -152,9 +157,11 @@ def check_same_calls(ranks: Ranks, counts: dict[str, int], owner: str) -> None:
             for r, row in enumerate(per_rank)
         )
         raise ValueError(
-            f"{owner}: under ZeRO-3/FSDP every rank must run the same number of generate calls, "
-            f"but the ranks differ ({table}). Build every rank's environment with the same "
-            "batch_size and give every rank the same per_device_train_batch_size."
+            signed(
+                "under ZeRO-3/FSDP every rank must run the same number of generate calls, but the "
+                f"ranks differ ({table}). Build every rank's environment with the same batch_size "
+                "and give every rank the same per_device_train_batch_size."
+            )
         )
 
 

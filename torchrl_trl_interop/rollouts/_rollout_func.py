@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from tensordict.utils import NestedKey
 from torchrl.modules.llm import TransformersWrapper
 
-from .._checks import check_bool, require
+from .._checks import boundary, check_bool, check_positive_int, require, signed
 from .._keys import NEXT_DONE_KEY, NEXT_REWARD_KEY, POLICY_VERSION_KEY, as_nested_key
 from ..weights._staleness import check_max_staleness, check_staleness
 from ._dynamic_sampling import check_candidate_group_size, sample_candidates
@@ -48,7 +48,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = ["as_trl_rollout_func"]
 
-_OWNER = "as_trl_rollout_func"
+_OWNER = "as_trl_rollout_func"  # for weights/'s staleness checks, which still take owner
 
 
 class _EnvRolloutFunc:
@@ -113,33 +113,36 @@ class _EnvRolloutFunc:
         if id(policy) not in self._checked:
             policy_tokenizer = getattr(policy, "tokenizer", None)
             if policy_tokenizer is not None:
-                check_same_tokenizer(policy_tokenizer, tokenizer, _OWNER)
+                check_same_tokenizer(policy_tokenizer, tokenizer)
             self._checked.add(id(policy))
         if ranks.collective and getattr(policy, "model", None) is unwrapped_model(trainer):
             raise ValueError(
-                f"{_OWNER}: the policy {type(policy).__name__} generates with the trainer's own "
-                f"model, which is sharded over {ranks.count} ranks (ZeRO-3 or FSDP): every "
-                "forward is a collective, and its generate calls are neither guarded nor kept in "
-                "step across ranks. Leave policy=None: the trainer's model then generates as "
-                "GRPOTrainer generates (parameters gathered, synced_gpus, ranks in lockstep)."
+                signed(
+                    f"the policy {type(policy).__name__} generates with the trainer's own model, "
+                    f"which is sharded over {ranks.count} ranks (ZeRO-3 or FSDP): every forward is "
+                    "a collective, and its generate calls are neither guarded nor kept in step "
+                    "across ranks. Leave policy=None: the trainer's model then generates as "
+                    "GRPOTrainer generates (parameters gathered, synced_gpus, ranks in lockstep)."
+                )
             )
         return policy, None
 
     def _check_prompts(self, prompts: Any, trainer: Any, ranks: Ranks) -> None:
-        self._warned_plain_text |= check_rollout_prompts(
-            prompts, _OWNER, warn=not self._warned_plain_text
-        )
-        check_prompt_slice(prompts, group_size(trainer), ranks, _OWNER)
+        self._warned_plain_text |= check_rollout_prompts(prompts, warn=not self._warned_plain_text)
+        check_prompt_slice(prompts, group_size(trainer), ranks)
         size = self.env.batch_size[0]
         if self.candidate_group_size is None and len(prompts) % size:  # else: the candidates'
             raise ValueError(
-                f"{_OWNER}: got {len(prompts)} prompts for an env of batch_size ({size},); the "
-                "count must be a multiple of it. Make generation_batch_size (per process) a "
-                "multiple of the env's batch size."
+                signed(
+                    f"got {len(prompts)} prompts for an env of batch_size ({size},); the count "
+                    "must be a multiple of it. Make generation_batch_size (per process) a "
+                    "multiple of the env's batch size."
+                )
             )
 
+    @boundary("as_trl_rollout_func")
     def __call__(self, prompts: list, trainer: Any) -> dict[str, list]:
-        require("transformers", _OWNER)
+        require("transformers", "as_trl_rollout_func")
         ranks = Ranks.of(trainer)
         self._check_prompts(prompts, trainer, ranks)
         if not self._seeded:  # once, before the first reset: each rank its own seed
@@ -152,7 +155,6 @@ class _EnvRolloutFunc:
                 trainer,
                 candidate_group_size=self.candidate_group_size,
                 env_batch_size=self.env.batch_size[0],
-                owner=_OWNER,
             )
         return self._rollout(prompts, trainer)
 
@@ -162,11 +164,11 @@ class _EnvRolloutFunc:
         tokenizer = trainer_tokenizer(trainer)
         recompute = self._recompute()
         size = self.env.batch_size[0]
-        check_same_calls(ranks, {"prompts": len(prompts), "env batch size": size}, _OWNER)
+        check_same_calls(ranks, {"prompts": len(prompts), "env batch size": size})
         rows: list[RolloutRow] = []
         # the trainer's model, prepared as GRPOTrainer prepares it to generate (ZeRO-3, FSDP)
         # use_vllm=True: TRL's vLLM generates (or this raises)
-        vllm = vllm_policy(trainer, self.policy, recompute, self.max_turns, ranks.count, _OWNER)
+        vllm = vllm_policy(trainer, self.policy, recompute, self.max_turns, ranks.count)
         uses_model = (self.policy is None and vllm is None) or recompute
         with generation_guard(trainer) if uses_model else contextlib.nullcontext() as model:
             policy, lockstep = (
@@ -176,7 +178,7 @@ class _EnvRolloutFunc:
             )
             for start in range(0, len(prompts), size):
                 batch = list(prompts[start : start + size])
-                check_same_turn_counts(policy, batch, start, _OWNER)
+                check_same_turn_counts(policy, batch, start)
                 rows.extend(
                     run_episodes(
                         self.env,
@@ -187,7 +189,6 @@ class _EnvRolloutFunc:
                         read_logprobs=not recompute,
                         reward_key=self.reward_key,
                         done_key=self.done_key,
-                        owner=_OWNER,
                         lockstep=lockstep,
                     )
                 )
@@ -213,7 +214,7 @@ class _EnvRolloutFunc:
             check_staleness(every, step, self.max_staleness, _OWNER, log=log)
         if self.max_turns > 1 and not self._warned:
             self._warned = True
-            warn_completions_only(trainer_reward_funcs(trainer), self.max_turns, _OWNER)
+            warn_completions_only(trainer_reward_funcs(trainer), self.max_turns)
         return out
 
     @staticmethod
@@ -232,6 +233,7 @@ class _EnvRolloutFunc:
             row.logprobs = [v if m else 0.0 for v, m in zip(score.tolist(), row.env_mask)]
 
 
+@boundary("as_trl_rollout_func")
 def as_trl_rollout_func(
     env: EnvBase,
     *,
@@ -398,23 +400,22 @@ def as_trl_rollout_func(
     problem = find_env_problem(env)
     if problem is not None:
         error, reason = problem
-        raise error(f"{_OWNER}: env cannot take the trainer's prompts at reset: {reason}.")
-    if isinstance(max_turns, bool) or not isinstance(max_turns, int) or max_turns < 1:
-        raise ValueError(
-            f"as_trl_rollout_func: max_turns must be a positive int, got {max_turns!r}."
-        )
+        raise error(signed(f"env cannot take the trainer's prompts at reset: {reason}."))
+    check_positive_int(max_turns, "max_turns")
     reward_key = as_nested_key(reward_key, "reward_key")
     done_key = as_nested_key(done_key, "done_key")
     if recompute_logprobs is not None:
-        check_bool(recompute_logprobs, "recompute_logprobs", _OWNER)
+        check_bool(recompute_logprobs, "recompute_logprobs")
     if policy is not None:
-        check_policy(policy, max_turns, recompute_logprobs, _OWNER)
+        check_policy(policy, max_turns, recompute_logprobs)
     check_max_staleness(max_staleness, _OWNER)
-    check_candidate_group_size(candidate_group_size, _OWNER)
+    check_candidate_group_size(candidate_group_size)
     if env_seed is not None and (isinstance(env_seed, bool) or not isinstance(env_seed, int)):
         raise TypeError(
-            f"{_OWNER}: env_seed must be None or an int (each rank seeds env with env_seed + "
-            f"rank), got env_seed={env_seed!r}."
+            signed(
+                "env_seed must be None or an int (each rank seeds env with env_seed + rank), got "
+                f"env_seed={env_seed!r}."
+            )
         )
     return _EnvRolloutFunc(
         env,

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from tensordict import set_list_to_stack
 
+from .._checks import boundary, signed
 from .._conversation import is_message_list
 from .._keys import PROMPT_HISTORY_KEY
 from ._chat_episode import conversation, reset_episode, reset_input, step_episode
@@ -28,8 +29,6 @@ if TYPE_CHECKING:  # pragma: no cover
     from ._tools import TorchRLTool
 
 __all__ = ["PUBLIC_NAMES", "TorchRLEnvironment", "get_reward"]
-
-_OWNER = "as_trl_environment_factory"
 
 #: the public names of an instance that are not tools
 PUBLIC_NAMES = ("reset", "get_reward", "env", "messages", "reward")
@@ -54,11 +53,13 @@ def _observation(prompt: list[dict[str, Any]], after_reset: list[dict[str, Any]]
     if same_start and env_last.get("role") == last.get("role") and env_content.startswith(content):
         return env_content[len(content) :]
     raise ValueError(
-        f"{_OWNER}: after reset, the environment's conversation is {_turns(after_reset)!r:.400}, "
-        f"not the row's prompt {_turns(prompt)!r:.400} (or the prompt with text appended to its "
-        "last message, which reset() could return). TRL prompts the model with the dataset's "
-        "prompt, so the model would not see the difference: put a system prompt in the dataset's "
-        "prompt instead of the ChatEnv's system_prompt."
+        signed(
+            f"after reset, the environment's conversation is {_turns(after_reset)!r:.400}, not the "
+            f"row's prompt {_turns(prompt)!r:.400} (or the prompt with text appended to its last "
+            "message, which reset() could return). TRL prompts the model with the dataset's "
+            "prompt, so the model would not see the difference: put a system prompt in the "
+            "dataset's prompt instead of the ChatEnv's system_prompt."
+        )
     )
 
 
@@ -126,6 +127,7 @@ class TorchRLEnvironment:
         written = [r for r in self._rewards if r is not None]
         return sum(written) if written else None
 
+    @boundary("as_trl_environment_factory")
     def reset(self, **row: Any) -> str | None:
         """Resets the TorchRL environment with the row's ``prompt`` (text or messages), or, for
         an environment with its own prompt source (a ``DataLoadingPrimer``), with the prompt it
@@ -136,14 +138,16 @@ class TorchRLEnvironment:
         prompt = row.get("prompt", PLACEHOLDER_PROMPT)  # TRL's prompt for a row without one
         if not isinstance(prompt, str) and not is_message_list(prompt):
             raise TypeError(
-                f"{_OWNER}: the row's prompt should be a str or a list of messages, got "
-                f"{type(prompt).__name__}: {prompt!r:.200}."
+                signed(
+                    "the row's prompt should be a str or a list of messages, got "
+                    f"{type(prompt).__name__}: {prompt!r:.200}."
+                )
             )
         messages = shown_prompt(prompt)
         columns = {key: row[key] for key in self._factory._columns(row)}
         shown = None if has_prompt_source(self._env) else messages
         fix = "pass row_keys=[...] without them"
-        td = reset_input(self._env, shown, columns, _OWNER, fix=fix)
+        td = reset_input(self._env, shown, columns, fix=fix)
         self._td, after_reset = reset_episode(self._env, td)
         self._rewards, self._calls, self._done, self._counted = [], [], False, 0
         self._reward_closed = (False, None)
@@ -185,7 +189,7 @@ class TorchRLEnvironment:
         tool = self._tools[name]
         self._calls.append((name, dict(arguments)))
         if self._td is None:
-            raise RuntimeError(f"{_OWNER}: tool {name!r} called before reset().")
+            raise RuntimeError(signed(f"tool {name!r} called before reset()."))
         if self._done:
             raise RuntimeError(
                 f"The episode is over: the environment ended it after {len(self._rewards)} "
@@ -198,8 +202,10 @@ class TorchRLEnvironment:
         added = self._step(self._tools[name].render(arguments))
         if len(added) != 1:
             raise RuntimeError(
-                f"{_OWNER}: after the call to {name!r}, the environment added {len(added)} turns "
-                f"({_turns(added)!r:.300}); a tool call expects exactly one reply."
+                signed(
+                    f"after the call to {name!r}, the environment added {len(added)} turns "
+                    f"({_turns(added)!r:.300}); a tool call expects exactly one reply."
+                )
             )
         return added[0]["content"]
 
@@ -214,9 +220,11 @@ class TorchRLEnvironment:
         common = min(len(calls), len(self._calls))
         if self._calls[:common] != calls[:common]:
             raise ValueError(
-                f"{_OWNER}: this environment ran the calls {self._calls!r:.300}, but the "
-                f"completion it is scored with holds {calls!r:.300}: environments= and "
-                "completions= do not match one to one."
+                signed(
+                    f"this environment ran the calls {self._calls!r:.300}, but the completion it "
+                    f"is scored with holds {calls!r:.300}: environments= and completions= do not "
+                    "match one to one."
+                )
             )
         final = _final_answer(completion)
         if final is not None and self._td is not None and not self._done:
@@ -225,6 +233,7 @@ class TorchRLEnvironment:
         return self._reward_closed[1]
 
 
+@boundary("as_trl_environment_factory")
 def get_reward(self: TorchRLEnvironment) -> float | None:
     """The environment's reward, summed over the steps its tools ran (TRL's env-owned reward):
     ``0.0`` when no step wrote one.

@@ -84,7 +84,7 @@ def _watched(transform: Any, env_name: str, outcome: tuple[bool, Any] | None) ->
         finally:
             transform.tools[env_name] = function
     elif isinstance(transform, ExecuteToolsInOrder):
-        services = registry_services(transform.registry, f"tool {env_name!r}")
+        services = registry_services(transform.registry)
         service = services[env_name]
 
         def call_service(**arguments: Any) -> Any:
@@ -105,7 +105,7 @@ def _watched(transform: Any, env_name: str, outcome: tuple[bool, Any] | None) ->
             if not result.get("success", False):
                 failures.append(str(result.get("error")))
 
-        with watch_mcp_execute(transform, on_result, f"tool {env_name!r}"):
+        with watch_mcp_execute(transform, on_result):
             yield failures
     else:  # PythonInterpreter: an error in the code is the program's output, as TRL would show it
         yield failures

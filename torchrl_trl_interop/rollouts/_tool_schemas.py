@@ -18,6 +18,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, Union
 
+from .._checks import signed
+
 __all__ = [
     "ToolSignature",
     "check_renders",
@@ -88,19 +90,21 @@ def _google_doc(description: str, args: Mapping[str, str]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _parameter(tool: str, field: str, default: Any, hint: Any, owner: str) -> inspect.Parameter:
+def _parameter(tool: str, field: str, default: Any, hint: Any) -> inspect.Parameter:
     if not field.isidentifier() or keyword.iskeyword(field):
         raise ValueError(
-            f"{owner}: tool {tool!r} has an argument {field!r}, which is not a Python identifier "
-            "(or is a keyword), so it cannot be a parameter of the tool's signature. Rename the "
-            "argument in the tool's schema."
+            signed(
+                f"tool {tool!r} has an argument {field!r}, which is not a Python identifier (or is "
+                "a keyword), so it cannot be a parameter of the tool's signature. Rename the "
+                "argument in the tool's schema."
+            )
         )
     return inspect.Parameter(
         field, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=hint
     )
 
 
-def _hint(tool: str, field: str, schema: Any, owner: str) -> Any:
+def _hint(tool: str, field: str, schema: Any) -> Any:
     """The type hint ``get_json_schema`` turns back into ``schema`` (a JSON-schema property)."""
     if isinstance(schema, type) or schema is Any or typing.get_origin(schema) is not None:
         return schema  # already a hint, as ToolRegistry's ``schema_in = {"a": int}`` writes it
@@ -108,45 +112,51 @@ def _hint(tool: str, field: str, schema: Any, owner: str) -> Any:
         schema = {"type": schema}
     if not isinstance(schema, Mapping):
         raise TypeError(
-            f"{owner}: tool {tool!r}, argument {field!r}: expected a JSON-schema property (a "
-            f"dict such as {{'type': 'integer'}}) or a Python type, got {schema!r:.100}."
+            signed(
+                f"tool {tool!r}, argument {field!r}: expected a JSON-schema property (a dict such "
+                f"as {{'type': 'integer'}}) or a Python type, got {schema!r:.100}."
+            )
         )
     unknown = sorted(set(schema) - _READ - set(_NOTED))
     if unknown:
         raise ValueError(
-            f"{owner}: tool {tool!r}, argument {field!r}: its schema uses {unknown}, which a "
-            "Python signature cannot express (nested objects, references, combinations; "
-            "supported: type, enum, const, items, anyOf, additionalProperties, description, "
-            "default). Simplify the schema."
+            signed(
+                f"tool {tool!r}, argument {field!r}: its schema uses {unknown}, which a Python "
+                "signature cannot express (nested objects, references, combinations; supported: "
+                "type, enum, const, items, anyOf, additionalProperties, description, default). "
+                "Simplify the schema."
+            )
         )
     if "enum" in schema or "const" in schema:
         values = schema["enum"] if "enum" in schema else [schema["const"]]
         hint: Any = Literal[tuple(values)]
     elif "anyOf" in schema:
-        hint = Union[tuple(_hint(tool, field, s, owner) for s in schema["anyOf"])]  # noqa: UP007
+        hint = Union[tuple(_hint(tool, field, s) for s in schema["anyOf"])]  # noqa: UP007
     elif "type" not in schema:
         hint = Any
     else:
         types = schema["type"] if isinstance(schema["type"], list) else [schema["type"]]
-        bad = [t for t in types if t not in _JSON_TYPES]
-        if bad:
+        bad = next((t for t in types if t not in _JSON_TYPES), None)
+        if bad is not None:
             raise ValueError(
-                f"{owner}: tool {tool!r}, argument {field!r} has type {bad[0]!r}; expected one "
-                f"of the JSON-schema types {sorted(_JSON_TYPES)}."
+                signed(
+                    f"tool {tool!r}, argument {field!r} has type {bad!r}; expected one of the "
+                    f"JSON-schema types {sorted(_JSON_TYPES)}."
+                )
             )
-        hints = [_container_hint(tool, field, t, schema, owner) for t in types]
+        hints = [_container_hint(tool, field, t, schema) for t in types]
         hint = hints[0] if len(hints) == 1 else Union[tuple(hints)]  # noqa: UP007
     if schema.get("nullable"):
         hint = typing.Optional[hint]  # noqa: UP045
     return hint
 
 
-def _container_hint(tool: str, field: str, json_type: str, schema: Mapping, owner: str) -> Any:
+def _container_hint(tool: str, field: str, json_type: str, schema: Mapping) -> Any:
     if json_type == "array" and "items" in schema:
-        return list[_hint(tool, f"{field}[]", schema["items"], owner)]
+        return list[_hint(tool, f"{field}[]", schema["items"])]
     extra = schema.get("additionalProperties")
     if json_type == "object" and isinstance(extra, Mapping) and extra:
-        return dict[str, _hint(tool, f"{field}{{}}", extra, owner)]
+        return dict[str, _hint(tool, f"{field}{{}}", extra)]
     return _JSON_TYPES[json_type]
 
 
@@ -160,7 +170,7 @@ def _described(schema: Any) -> str:
 
 
 def signature_from_schema(
-    name: str, schema: Mapping[str, Any], owner: str, *, description: str | None = None
+    name: str, schema: Mapping[str, Any], *, description: str | None = None
 ) -> ToolSignature:
     """A tool's signature from a JSON schema: an OpenAI-style function (``{"name",
     "description", "parameters"}``), an object schema (``{"type": "object", "properties",
@@ -176,14 +186,16 @@ def signature_from_schema(
     Examples:
         >>> sig = signature_from_schema("add", {"type": "object", "properties": {
         ...     "a": {"type": "integer", "description": "first"}, "b": {"type": "integer"}},
-        ...     "required": ["a"]}, "demo")
+        ...     "required": ["a"]})
         >>> sig.signature
         <Signature (*, a: int, b: int = None)>
     """
     if not isinstance(schema, Mapping):
         raise TypeError(
-            f"{owner}: the schema of tool {name!r} should be a dict (a JSON schema), got "
-            f"{type(schema).__name__}."
+            signed(
+                f"the schema of tool {name!r} should be a dict (a JSON schema), got "
+                f"{type(schema).__name__}."
+            )
         )
     if "parameters" in schema:  # an OpenAI-style function: {"name", "description", "parameters"}
         description = description or schema.get("description")
@@ -192,9 +204,11 @@ def signature_from_schema(
         unknown = sorted(set(schema) - _TOP_LEVEL)
         if unknown:
             raise ValueError(
-                f"{owner}: the schema of tool {name!r} uses {unknown}, which a Python signature "
-                "cannot express (conditional or combined requirements, references). Simplify "
-                "the schema (a flat 'properties' with 'required')."
+                signed(
+                    f"the schema of tool {name!r} uses {unknown}, which a Python signature cannot "
+                    "express (conditional or combined requirements, references). Simplify the "
+                    "schema (a flat 'properties' with 'required')."
+                )
             )
         properties = dict(schema.get("properties") or {})
         required = set(schema.get("required") or [])
@@ -206,13 +220,13 @@ def signature_from_schema(
         default = _NO_DEFAULT if field in required else None
         if isinstance(prop, Mapping) and "default" in prop:
             default = prop["default"]
-        annotations[field] = _hint(name, field, prop, owner)
-        parameters.append(_parameter(name, field, default, annotations[field], owner))
+        annotations[field] = _hint(name, field, prop)
+        parameters.append(_parameter(name, field, default, annotations[field]))
         docs[field] = _described(prop) or f"The {field} argument."
     return ToolSignature(name, tuple(parameters), annotations, _google_doc(description or "", docs))
 
 
-def signature_from_callable(name: str, func: Callable, owner: str) -> ToolSignature:
+def signature_from_callable(name: str, func: Callable) -> ToolSignature:
     """A tool's signature read from a Python callable's own signature, hints and docstring.
 
     Raises:
@@ -225,7 +239,7 @@ def signature_from_callable(name: str, func: Callable, owner: str) -> ToolSignat
 
     Examples:
         >>> from torchrl_trl_interop.testing import toy_add
-        >>> sig = signature_from_callable("add", toy_add, "demo")
+        >>> sig = signature_from_callable("add", toy_add)
         >>> sig.signature, sig.doc.splitlines()[0]
         (<Signature (*, a: int, b: int) -> int>, 'Adds two whole numbers.')
     """
@@ -234,30 +248,36 @@ def signature_from_callable(name: str, func: Callable, owner: str) -> ToolSignat
         params = inspect.signature(func).parameters.values()
     except (TypeError, ValueError, NameError) as err:
         raise TypeError(
-            f"{owner}: cannot read the signature of tool {name!r} ({func!r:.100}): {err}"
+            signed(f"cannot read the signature of tool {name!r} ({func!r:.100}): {err}")
         ) from err
     parameters, annotations = [], {}
     for p in params:
         if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
             raise TypeError(
-                f"{owner}: tool {name!r} takes {'*' if p.kind == p.VAR_POSITIONAL else '**'}"
-                f"{p.name}; TRL calls a tool with the named arguments of its schema. Give it "
-                "named parameters, or describe it with a schema (SimpleToolTransform's "
-                "tool_schemas)."
+                signed(
+                    f"tool {name!r} takes {'*' if p.kind == p.VAR_POSITIONAL else '**'}{p.name}; "
+                    "TRL calls a tool with the named arguments of its schema. Give it named "
+                    "parameters, or describe it with a schema (SimpleToolTransform's "
+                    "tool_schemas)."
+                )
             )
         if p.name not in hints:
             raise TypeError(
-                f"{owner}: argument {p.name!r} of tool {name!r} has no type hint; TRL renders the "
-                f"tool's schema from its hints. Annotate it (e.g. '{p.name}: int'), or describe "
-                "the tool with a schema (SimpleToolTransform's tool_schemas)."
+                signed(
+                    f"argument {p.name!r} of tool {name!r} has no type hint; TRL renders the "
+                    f"tool's schema from its hints. Annotate it (e.g. '{p.name}: int'), or "
+                    "describe the tool with a schema (SimpleToolTransform's tool_schemas)."
+                )
             )
         annotations[p.name] = hints[p.name]
-        parameters.append(_parameter(name, p.name, p.default, hints[p.name], owner))
+        parameters.append(_parameter(name, p.name, p.default, hints[p.name]))
     doc = inspect.getdoc(func)
     if not doc:
         raise ValueError(
-            f"{owner}: tool {name!r} ({func!r:.100}) has no docstring; TRL renders its "
-            "description from a Google-style docstring with an 'Args:' line per argument."
+            signed(
+                f"tool {name!r} ({func!r:.100}) has no docstring; TRL renders its description from "
+                "a Google-style docstring with an 'Args:' line per argument."
+            )
         )
     if "return" in hints:
         annotations["return"] = hints["return"]
@@ -302,7 +322,7 @@ def function_with_signature(body: Callable[..., Any], sig: ToolSignature, *, met
     return tool
 
 
-def check_renders(func: Callable, owner: str) -> dict:
+def check_renders(func: Callable) -> dict:
     """``transformers.utils.get_json_schema(func)``: what TRL renders; our error if it cannot.
 
     Raises:
@@ -319,7 +339,9 @@ def check_renders(func: Callable, owner: str) -> dict:
         return get_json_schema(func)
     except (DocstringParsingException, TypeHintParsingException) as err:
         raise ValueError(
-            f"{owner}: TRL cannot render tool {func.__name__!r} for the model "
-            f"(transformers.utils.get_json_schema: {err}). Give every argument a JSON-able type "
-            "hint and a line in the docstring's 'Args:' section."
+            signed(
+                f"TRL cannot render tool {func.__name__!r} for the model "
+                f"(transformers.utils.get_json_schema: {err}). Give every argument a JSON-able "
+                "type hint and a line in the docstring's 'Args:' section."
+            )
         ) from err

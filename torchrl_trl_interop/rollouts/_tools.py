@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .._checks import as_mapping
+from .._checks import as_mapping, signed
 from .._upstream._tools import (
     mcp_tools,
     process_one,
@@ -71,7 +71,7 @@ def _loads(text: str) -> Any:
         return None
 
 
-def _reader(transform: Any, owner: str) -> Callable[[str], list[tuple[str, Any]]]:
+def _reader(transform: Any) -> Callable[[str], list[tuple[str, Any]]]:
     """The calls ``transform`` reads in a text, as ``(name, arguments)``, with its own parser."""
     from torchrl.envs.llm.transforms import (
         ExecuteToolsInOrder,
@@ -81,15 +81,13 @@ def _reader(transform: Any, owner: str) -> Callable[[str], list[tuple[str, Any]]
     )
 
     if isinstance(transform, SimpleToolTransform):
-        return lambda text: [(n, _loads(a)) for n, a in tool_calls(transform, text, owner)]
+        return lambda text: [(n, _loads(a)) for n, a in tool_calls(transform, text)]
     if isinstance(transform, MCPToolTransform):
-        return lambda text: [
-            (f"{s}.{n}", _loads(a)) for s, n, a in tool_calls(transform, text, owner)
-        ]
+        return lambda text: [(f"{s}.{n}", _loads(a)) for s, n, a in tool_calls(transform, text)]
     if isinstance(transform, ExecuteToolsInOrder):
         return lambda text: [(c.tool, c.args) for c in transform.parser(text)["calls"]]
     if isinstance(transform, PythonInterpreter):
-        return lambda text: [("python", {"code": c}) for c in python_blocks(transform, text, owner)]
+        return lambda text: [("python", {"code": c}) for c in python_blocks(transform, text)]
     raise TypeError(f"no reader for {type(transform).__name__}")
 
 
@@ -121,7 +119,7 @@ class TorchRLTool:
             text = f"```python\n{arguments.get('code', '')}\n```"
         else:
             text = _syntaxes(self.env_name, arguments)[self.syntax]
-        read = _reader(self.transform, f"tool {self.name!r}")(text)
+        read = _reader(self.transform)(text)
         if read != [(self.env_name, arguments)]:
             raise ValueError(
                 f"tool {self.name!r}: {type(self.transform).__name__} reads the call "
@@ -144,7 +142,7 @@ class TorchRLTool:
         return run_tool(self.transform, self.env_name, lambda: self._reply(arguments), outcome)
 
     def _reply(self, arguments: dict[str, Any]) -> Any:
-        results = process_one(self.transform, self.render(arguments), f"tool {self.name!r}")
+        results = process_one(self.transform, self.render(arguments))
         if not results or len(results) != 1:
             raise RuntimeError(
                 f"tool {self.name!r}: {type(self.transform).__name__} answered the call with "
@@ -157,21 +155,23 @@ def no_op(**arguments: Any) -> str:
     return ""
 
 
-def _pick_syntax(transform: Any, env_name: str, owner: str) -> str:
+def _pick_syntax(transform: Any, env_name: str) -> str:
     """The first syntax whose probe call ``transform`` reads back unchanged."""
     from torchrl.envs.llm.transforms import PythonInterpreter
 
     if isinstance(transform, PythonInterpreter):
         return "python"
     probe = {"x": 1, "y": "a b"}
-    read = _reader(transform, owner)
+    read = _reader(transform)
     for syntax, text in _syntaxes(env_name, probe).items():
         if read(text) == [(env_name, probe)]:
             return syntax
     raise ValueError(
-        f"{owner}: {type(transform).__name__} reads tool calls in a syntax this package cannot "
-        "write (a custom tool_call_pattern or parser). Use its default pattern, an "
-        "XMLBlockParser or a JSONCallParser."
+        signed(
+            f"{type(transform).__name__} reads tool calls in a syntax this package cannot write (a "
+            "custom tool_call_pattern or parser). Use its default pattern, an XMLBlockParser or a "
+            "JSONCallParser."
+        )
     )
 
 
@@ -213,7 +213,7 @@ _SUPPORTED = "SimpleToolTransform, ExecuteToolsInOrder, MCPToolTransform, Python
 
 
 def tool_catalogue(
-    transforms: Iterable[Any], owner: str, *, skip_unknown: bool = False
+    transforms: Iterable[Any], *, skip_unknown: bool = False
 ) -> list[CatalogueEntry]:
     """Every tool the TorchRL tool ``transforms`` carry, in order: the one list TRL's
     (:func:`find_tools`) and OpenEnv's (``openenv._wire.tool_schemas``) tools come from.
@@ -230,7 +230,7 @@ def tool_catalogue(
         >>> from torchrl.envs.llm.transforms import PythonInterpreter, SimpleToolTransform
         >>> from torchrl_trl_interop.testing import toy_add
         >>> tools = [SimpleToolTransform(tools={"add": toy_add}), PythonInterpreter(persistent=False)]
-        >>> [(e.env_name, e.schema()["function"]["name"]) for e in tool_catalogue(tools, "f")]
+        >>> [(e.env_name, e.schema()["function"]["name"]) for e in tool_catalogue(tools)]
         [('add', 'add'), ('python', 'python')]
     """
     from torchrl.envs.llm.transforms import (
@@ -246,28 +246,30 @@ def tool_catalogue(
             declared = t.tool_schemas or {}
             for n, f in t.tools.items():
                 build = (
-                    (lambda m, s=declared[n]: signature_from_schema(m, s, owner))
+                    (lambda m, s=declared[n]: signature_from_schema(m, s))
                     if n in declared
-                    else (lambda m, f=f: signature_from_callable(m, f, owner))
+                    else (lambda m, f=f: signature_from_callable(m, f))
                 )
                 out.append(CatalogueEntry(n, n, t, build, declared.get(n), f))
         elif isinstance(t, ExecuteToolsInOrder):
-            for n, service in registry_services(t.registry, owner).items():
-                out.append(CatalogueEntry(n, n, t, service_signature(service, owner)))
+            for n, service in registry_services(t.registry).items():
+                out.append(CatalogueEntry(n, n, t, service_signature(service)))
         elif isinstance(t, MCPToolTransform):
-            for server, tools in mcp_tools(t, _MCP_CONNECT_S, owner).items():
+            for server, tools in mcp_tools(t, _MCP_CONNECT_S).items():
                 for name, tool in tools.items():
                     build = lambda m, tool=tool: signature_from_schema(  # noqa: E731
-                        m, tool.inputSchema, owner, description=tool.description
+                        m, tool.inputSchema, description=tool.description
                     )
                     out.append(CatalogueEntry(f"{server}.{name}", name, t, build))
         elif isinstance(t, PythonInterpreter):
             out.append(CatalogueEntry("python", "python", t, _python_signature))
         elif not skip_unknown:
             raise TypeError(
-                f"{owner}: {type(t).__name__} is a TorchRL tool transform whose tools cannot be "
-                f"listed (supported: {_SUPPORTED}). An environment that answers every turn is a "
-                "multi-turn environment, not a tool: use as_trl_rollout_func for it."
+                signed(
+                    f"{type(t).__name__} is a TorchRL tool transform whose tools cannot be listed "
+                    f"(supported: {_SUPPORTED}). An environment that answers every turn is a "
+                    "multi-turn environment, not a tool: use as_trl_rollout_func for it."
+                )
             )
     return out
 
@@ -279,10 +281,10 @@ def _python_signature(name: str) -> ToolSignature:
     return ToolSignature(name, (code,), {"code": str}, _PYTHON_DOC)
 
 
-def service_signature(service: Any, owner: str) -> Callable[[str], ToolSignature]:
+def service_signature(service: Any) -> Callable[[str], ToolSignature]:
     doc = getattr(service, "description", None) or (type(service).__doc__ or "").strip()
     doc = doc or f"The {service.name} service."
-    return lambda m: signature_from_schema(m, service.schema_in, owner, description=doc)
+    return lambda m: signature_from_schema(m, service.schema_in, description=doc)
 
 
 def env_transforms(env: Any) -> list:
@@ -306,25 +308,28 @@ def tool_transforms(env: Any) -> list:
     return [t for t in env_transforms(env) if isinstance(t, ToolTransformBase)]
 
 
-def check_name(name: Any, env_name: str, reserved: Iterable[str], owner: str) -> None:
+def check_name(name: Any, env_name: str, reserved: Iterable[str]) -> None:
     if not isinstance(name, str) or not name.isidentifier() or keyword.iskeyword(name):
         hint = f"; pass rename={{{env_name!r}: 'a_name'}}" if name == env_name else ""
         raise ValueError(
-            f"{owner}: tool {env_name!r} would be called {name!r}, which is not a Python "
-            f"identifier (or is a keyword), so it cannot be a method or function name{hint}."
+            signed(
+                f"tool {env_name!r} would be called {name!r}, which is not a Python identifier (or "
+                f"is a keyword), so it cannot be a method or function name{hint}."
+            )
         )
     if name.startswith("_") or name in reserved:
         raise ValueError(
-            f"{owner}: tool {env_name!r} would be called {name!r}, which TRL would not offer as a "
-            f"tool (names starting with '_' and {sorted(reserved)} are taken); pass "
-            f"rename={{{env_name!r}: 'another_name'}}."
+            signed(
+                f"tool {env_name!r} would be called {name!r}, which TRL would not offer as a tool "
+                f"(names starting with '_' and {sorted(reserved)} are taken); pass "
+                f"rename={{{env_name!r}: 'another_name'}}."
+            )
         )
 
 
 def find_tools(
     transforms: Iterable[Any],
     rename: Mapping[str, str] | None,
-    owner: str,
     reserved: Iterable[str] = (),
 ) -> list[TorchRLTool]:
     """Every tool the TorchRL tool ``transforms`` offer, named for TRL and checked to render.
@@ -336,27 +341,31 @@ def find_tools(
         ValueError: if a name is not an identifier, is reserved, or two tools share one; if a
             ``rename`` key names no tool; if TRL cannot render a tool.
     """
-    rename = as_mapping(rename, "rename", "{tool name: new name}", owner)
+    rename = as_mapping(rename, "rename", "{tool name: new name}")
     reserved = {"reset", "get_reward", *reserved}
     tools: list[TorchRLTool] = []
-    for entry in tool_catalogue(transforms, owner):
+    for entry in tool_catalogue(transforms):
         transform, env_name, build = entry.transform, entry.env_name, entry.signature
         name = rename.get(env_name, entry.default_name)
-        check_name(name, env_name, reserved, owner)
+        check_name(name, env_name, reserved)
         clash = [t.env_name for t in tools if t.name == name]
         if clash:
             raise ValueError(
-                f"{owner}: tools {clash[0]!r} and {env_name!r} would both be called {name!r}; "
-                f"pass rename={{{env_name!r}: 'another_name'}}."
+                signed(
+                    f"tools {clash[0]!r} and {env_name!r} would both be called {name!r}; pass "
+                    f"rename={{{env_name!r}: 'another_name'}}."
+                )
             )
-        syntax = _pick_syntax(transform, env_name, owner)
+        syntax = _pick_syntax(transform, env_name)
         tool = TorchRLTool(build(name), env_name, transform, syntax)
-        check_renders(function_with_signature(no_op, tool.signature, method=False), owner)
+        check_renders(function_with_signature(no_op, tool.signature, method=False))
         tools.append(tool)
     unknown = sorted(set(rename) - {t.env_name for t in tools})
     if unknown:
         raise ValueError(
-            f"{owner}: rename names {unknown}, which are not tools of the environment (its "
-            f"tools: {[t.env_name for t in tools]})."
+            signed(
+                f"rename names {unknown}, which are not tools of the environment (its tools: "
+                f"{[t.env_name for t in tools]})."
+            )
         )
     return tools

@@ -15,6 +15,7 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 from torchrl.modules.llm import TransformersWrapper
 
+from .._checks import boundary
 from .._conversation import history_to_messages
 from .._keys import PLACEHOLDER_ROLE
 from .._padding import pad_rows, position_mask
@@ -91,10 +92,11 @@ class TrainerModelPolicy(TransformersWrapper):
     #: decide
     synced_gpus: bool | None = None
 
+    @boundary("TrainerModelPolicy")
     def __init__(
         self, model: Any, tokenizer: Any, generation_config: Any, temperature: float
     ) -> None:
-        check_generate_step("TrainerModelPolicy")
+        check_generate_step()
         device = next(model.parameters()).device  # prompts go where the model is
         super().__init__(
             model,

@@ -20,6 +20,7 @@ import warnings
 from collections.abc import Sequence
 from typing import Any
 
+from .._checks import signed
 from .._conversation import is_message_list
 
 __all__ = ["PLACEHOLDER_PROMPT", "check_rollout_prompts", "has_prompt_source", "shown_prompt"]
@@ -28,11 +29,11 @@ __all__ = ["PLACEHOLDER_PROMPT", "check_rollout_prompts", "has_prompt_source", "
 PLACEHOLDER_PROMPT: list[dict[str, str]] = [{"role": "user", "content": ""}]
 
 _PLAIN_TEXT = (
-    "{owner}: the prompts are plain text (strings). GRPOTrainer prompts a model with such a "
+    "the prompts are plain text (strings). GRPOTrainer prompts a model with such a "
     "string as it is, with no chat template around it; the TorchRL ChatEnv turns it into a user "
     "turn, and its policy is prompted with the chat template's rendering of that turn "
     "('<|im_start|>user\\n...'), so a base model trained on raw text is prompted in another "
-    "format here. Pass conversational prompts ([{{'role': 'user', 'content': ...}}]) to prompt "
+    "format here. Pass conversational prompts ([{'role': 'user', 'content': ...}]) to prompt "
     "the model as TRL would (docs/online.rst, 'Prompt kinds')."
 )
 
@@ -67,7 +68,7 @@ def shown_prompt(prompt: Any) -> list[dict[str, Any]]:
     return list(prompt) if is_message_list(prompt) else [{"role": "user", "content": prompt}]
 
 
-def check_rollout_prompts(prompts: Sequence[Any], owner: str, *, warn: bool = True) -> bool:
+def check_rollout_prompts(prompts: Sequence[Any], *, warn: bool = True) -> bool:
     """Raises on a prompt that is neither kind; warns about plain text if ``warn``.
 
     Returns:
@@ -78,28 +79,32 @@ def check_rollout_prompts(prompts: Sequence[Any], owner: str, *, warn: bool = Tr
         TypeError: naming the row, if a prompt is neither a string nor a list of messages.
 
     Examples:
-        >>> check_rollout_prompts([[{"role": "user", "content": "Hi"}]], "demo")
+        >>> check_rollout_prompts([[{"role": "user", "content": "Hi"}]])
         False
-        >>> check_rollout_prompts([[]], "demo")
+        >>> check_rollout_prompts([[]])
         Traceback (most recent call last):
         ...
-        ValueError: demo: prompts[0] is an empty message list; expected a non-empty list of {'role', 'content'} messages (or a string) per row: the dataset's 'prompt' column holds an empty conversation there.
+        ValueError: prompts[0] is an empty message list; expected a non-empty list of {'role', 'content'} messages (or a string) per row: the dataset's 'prompt' column holds an empty conversation there.
     """
     for i, prompt in enumerate(prompts):
         if isinstance(prompt, str):
             continue
         if isinstance(prompt, (list, tuple)) and not prompt:
             raise ValueError(
-                f"{owner}: prompts[{i}] is an empty message list; expected a non-empty list of "
-                "{'role', 'content'} messages (or a string) per row: the dataset's 'prompt' "
-                "column holds an empty conversation there."
+                signed(
+                    f"prompts[{i}] is an empty message list; expected a non-empty list of "
+                    "{'role', 'content'} messages (or a string) per row: the dataset's 'prompt' "
+                    "column holds an empty conversation there."
+                )
             )
         if not is_message_list(prompt):
             raise TypeError(
-                f"{owner}: prompts[{i}] is {type(prompt).__name__} {prompt!r:.200}; expected a "
-                "string or a non-empty list of {'role', 'content'} messages."
+                signed(
+                    f"prompts[{i}] is {type(prompt).__name__} {prompt!r:.200}; expected a string "
+                    "or a non-empty list of {'role', 'content'} messages."
+                )
             )
     if warn and any(isinstance(p, str) for p in prompts):
-        warnings.warn(_PLAIN_TEXT.format(owner=owner), PlainTextPromptWarning, stacklevel=3)
+        warnings.warn(signed(_PLAIN_TEXT), PlainTextPromptWarning, stacklevel=3)
         return True
     return False

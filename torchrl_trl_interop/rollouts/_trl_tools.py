@@ -12,14 +12,12 @@ import types
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from .._checks import as_mapping, check_tokenizer, require
+from .._checks import as_mapping, boundary, check_tokenizer, require, signed
 from .._upstream._tools import registry_services
 from ._tool_schemas import ToolSignature, check_renders, function_with_signature
 from ._tools import check_name, find_tools, no_op, service_signature
 
 __all__ = ["as_trl_tools", "check_tool_template"]
-
-_OWNER = "as_trl_tools"
 
 
 class _ToolBox:
@@ -44,7 +42,8 @@ class _ToolBox:
         if name not in cache:
             signature, call = tools[name]
             function = function_with_signature(_checked(signature, call), signature, method=True)
-            cache[name] = types.MethodType(function, self)
+            # a tool TRL calls (an async one stays a coroutine function)
+            cache[name] = types.MethodType(boundary("as_trl_tools")(function), self)
         return cache[name]
 
 
@@ -56,6 +55,7 @@ def _checked(signature: ToolSignature, call: Callable[..., Any]) -> Callable[...
     return body
 
 
+@boundary("as_trl_tools")
 def as_trl_tools(
     tools: Any, *, rename: Mapping[str, str] | None = None, processing_class: Any = None
 ) -> list[Callable[..., Any]]:
@@ -101,38 +101,40 @@ def as_trl_tools(
         >>> tool(a=2, b=3)
         'Tool add executed successfully:\\n5'
     """
-    require("transformers", _OWNER)
+    require("transformers", "as_trl_tools")
     from torchrl.envs.llm.transforms.tools import ToolRegistry, ToolTransformBase
 
     if processing_class is not None:
-        check_tool_template(processing_class, _OWNER)
+        check_tool_template(processing_class)
     found: dict[str, tuple[ToolSignature, Callable[..., Any]]] = {}
     if isinstance(tools, ToolRegistry):
-        names = as_mapping(rename, "rename", "{tool name: new name}", _OWNER)
-        for env_name, service in registry_services(tools, _OWNER).items():
+        names = as_mapping(rename, "rename", "{tool name: new name}")
+        for env_name, service in registry_services(tools).items():
             name = names.get(env_name, env_name)
-            check_name(name, env_name, {"reset", "get_reward"}, _OWNER)
-            sig = service_signature(service, _OWNER)(name)
-            check_renders(function_with_signature(no_op, sig, method=False), _OWNER)
+            check_name(name, env_name, {"reset", "get_reward"})
+            sig = service_signature(service)(name)
+            check_renders(function_with_signature(no_op, sig, method=False))
             found[name] = (sig, service)
     else:
         transforms = list(tools) if isinstance(tools, (list, tuple)) else [tools]
         bad = [t for t in transforms if not isinstance(t, ToolTransformBase)]
         if bad:
             raise TypeError(
-                f"{_OWNER}: tools should be TorchRL tool transforms (SimpleToolTransform, "
-                "ExecuteToolsInOrder, MCPToolTransform, PythonInterpreter) or a ToolRegistry, got "
-                f"{type(bad[0]).__name__}."
+                signed(
+                    "tools should be TorchRL tool transforms (SimpleToolTransform, "
+                    "ExecuteToolsInOrder, MCPToolTransform, PythonInterpreter) or a ToolRegistry, "
+                    f"got {type(bad[0]).__name__}."
+                )
             )
         found = {
             t.name: (t.signature, t.acall if t.signature.is_async else t.call)
-            for t in find_tools(transforms, rename, _OWNER)
+            for t in find_tools(transforms, rename)
         }
     box = _ToolBox(found)
     return [getattr(box, name) for name in found]
 
 
-def check_tool_template(processing_class: Any, owner: str) -> None:
+def check_tool_template(processing_class: Any) -> None:
     """Raises unless TRL can render tool calls with ``processing_class`` and parse them back.
 
     Raises:
@@ -145,15 +147,17 @@ def check_tool_template(processing_class: Any, owner: str) -> None:
 
     from trl.chat_template_utils import add_response_schema, supports_tool_calling
 
-    check_tokenizer(processing_class, "processing_class", owner)
+    check_tokenizer(processing_class, "processing_class")
     shipped = (
         "TRL ships templates that can: trl/chat_templates/*.jinja, e.g. "
         "tokenizer.chat_template = trl.chat_template_utils.qwen2_5_chat_template"
     )
     if not supports_tool_calling(processing_class):
         raise ValueError(
-            f"{owner}: the tokenizer's chat template cannot render a tool-calling conversation "
-            f"(trl.chat_template_utils.supports_tool_calling is False). {shipped}."
+            signed(
+                "the tokenizer's chat template cannot render a tool-calling conversation "
+                f"(trl.chat_template_utils.supports_tool_calling is False). {shipped}."
+            )
         )
     tokenizer = getattr(processing_class, "tokenizer", processing_class)
     if any(
@@ -164,7 +168,9 @@ def check_tool_template(processing_class: Any, owner: str) -> None:
         add_response_schema(copy.copy(processing_class))
     except ValueError as err:
         raise ValueError(
-            f"{owner}: TRL cannot parse the model's tool calls with this chat template: "
-            f"add_response_schema recognises TRL's shipped templates only, by equality ({err}). "
-            f"{shipped}, or set tokenizer.response_template yourself."
+            signed(
+                "TRL cannot parse the model's tool calls with this chat template: "
+                "add_response_schema recognises TRL's shipped templates only, by equality "
+                f"({err}). {shipped}, or set tokenizer.response_template yourself."
+            )
         ) from err

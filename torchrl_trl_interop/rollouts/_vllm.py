@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from .._checks import signed
 from ._trainer import (
     sampling_temperature,
     trainer_generation_config,
@@ -78,7 +79,6 @@ def vllm_policy(
     recompute_logprobs: bool,
     max_turns: int,
     processes: int,
-    owner: str,
 ) -> TRLVLLMPolicy | None:
     """The policy that generates through the trainer's vLLM; ``None`` when it uses none.
 
@@ -92,7 +92,7 @@ def vllm_policy(
 
     Examples:
         >>> from types import SimpleNamespace
-        >>> vllm_policy(SimpleNamespace(use_vllm=False), None, False, 1, 1, "f") is None
+        >>> vllm_policy(SimpleNamespace(use_vllm=False), None, False, 1, 1) is None
         True
     """
     backend = vllm_backend(trainer)
@@ -101,32 +101,40 @@ def vllm_policy(
     generation, mode = backend
     if policy is not None:
         raise ValueError(
-            f"{owner}: GRPOConfig(use_vllm=True) makes GRPOTrainer sync its vLLM engine every "
-            f"step and correct the rows' log-probs as vLLM's, but policy={type(policy).__name__} "
-            "generates them. Leave policy=None to generate through TRL's vLLM, or set "
-            "use_vllm=False to generate with your policy (a torchrl vLLMWrapper keeps its own "
-            "weight sync: WeightSyncCallback(VLLMWeightSender))."
+            signed(
+                "GRPOConfig(use_vllm=True) makes GRPOTrainer sync its vLLM engine every step and "
+                f"correct the rows' log-probs as vLLM's, but policy={type(policy).__name__} "
+                "generates them. Leave policy=None to generate through TRL's vLLM, or set "
+                "use_vllm=False to generate with your policy (a torchrl vLLMWrapper keeps its own "
+                "weight sync: WeightSyncCallback(VLLMWeightSender))."
+            )
         )
     if recompute_logprobs:
         raise ValueError(
-            f"{owner}: recompute_logprobs=True with use_vllm=True replaces vLLM's sampling "
-            "log-probs with the trainer's, which voids TRL's importance-sampling correction; "
-            "leave it None."
+            signed(
+                "recompute_logprobs=True with use_vllm=True replaces vLLM's sampling log-probs "
+                "with the trainer's, which voids TRL's importance-sampling correction; leave it "
+                "None."
+            )
         )
     if not callable(getattr(generation, "generate", None)):
         raise RuntimeError(
-            f"{owner}: the trainer has use_vllm=True but no vLLM backend (trainer.vllm_generation "
-            f"is {type(generation).__name__}); build the trainer with GRPOConfig(use_vllm=True) "
-            "and vLLM installed."
+            signed(
+                "the trainer has use_vllm=True but no vLLM backend (trainer.vllm_generation is "
+                f"{type(generation).__name__}); build the trainer with GRPOConfig(use_vllm=True) "
+                "and vLLM installed."
+            )
         )
     gathers = mode == "server" or getattr(generation, "tensor_parallel_size", 1) > 1
     if processes > 1 and gathers and max_turns > 1:
         raise ValueError(
-            f"{owner}: with {processes} processes and vllm_mode={mode!r}, TRL's vLLM generate "
-            "gathers every process's prompts in each call, so every process must call it as "
-            f"often and with as many prompts; max_turns={max_turns} episodes end at different "
-            "turns. Use max_turns=1, vllm_mode='colocate' with tensor_parallel_size=1, or a "
-            "generator of your own (RayRemotePolicy, a vLLMWrapper) with use_vllm=False."
+            signed(
+                f"with {processes} processes and vllm_mode={mode!r}, TRL's vLLM generate gathers "
+                "every process's prompts in each call, so every process must call it as often and "
+                f"with as many prompts; max_turns={max_turns} episodes end at different turns. Use "
+                "max_turns=1, vllm_mode='colocate' with tensor_parallel_size=1, or a generator of "
+                "your own (RayRemotePolicy, a vLLMWrapper) with use_vllm=False."
+            )
         )
     model = unwrapped_model(trainer)
     tokenizer = trainer_tokenizer(trainer)

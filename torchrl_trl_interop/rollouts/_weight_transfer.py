@@ -12,12 +12,13 @@ from typing import Any
 
 from tensordict import TensorDict
 
+from .._checks import boundary
 from ..weights._push import push, target_kind
 from ._async_grpo import TorchRLRolloutWorker
 
 __all__ = ["TorchRLWeightTransfer"]
 
-_OWNER = "TorchRLWeightTransfer"
+_OWNER = "TorchRLWeightTransfer"  # for weights/'s push, which still takes owner
 
 
 class TorchRLWeightTransfer:
@@ -55,6 +56,7 @@ class TorchRLWeightTransfer:
         ([[1.0, 1.0], [1.0, 1.0]], 1)
     """
 
+    @boundary("TorchRLWeightTransfer")
     def __init__(self, target: Any, *, worker: TorchRLRolloutWorker | None = None) -> None:
         target_kind(target, _OWNER)  # a target that cannot receive weights raises here
         self.target = target
@@ -74,6 +76,7 @@ class TorchRLWeightTransfer:
             self.worker.lock.acquire()
         self._paused = True
 
+    @boundary("TorchRLWeightTransfer")
     def send_weights(self, iterator: Any) -> None:
         named = [(name, tensor.detach()) for name, tensor in iterator]
         self.sent_names = [name for name, _ in named]
