@@ -221,11 +221,12 @@ def optimistic_pad_id(config: Any) -> int | None:
         >>> optimistic_pad_id(SimpleNamespace(pad_token_id=2, eos_token_id=[1, 2])) is None
         True
     """
-    if config is None or config.pad_token_id is None:
+    pad = None if config is None else config.pad_token_id  # a config attribute read is slow
+    if pad is None:
         return None
     eos = getattr(config, "eos_token_id", None)
     eos_ids = eos if isinstance(eos, (list, tuple)) else [eos]
-    return None if config.pad_token_id in eos_ids else int(config.pad_token_id)
+    return None if pad in eos_ids else int(pad)
 
 
 _WRAPPED = ("module", "_orig_mod")  # DistributedDataParallel / DataParallel, torch.compile

@@ -242,7 +242,12 @@ def _all_finite(reward: torch.Tensor, nonfinite: str) -> torch.Tensor | None:
     """A 0-d bool tensor: every reward is finite (``None`` with ``nonfinite="ignore"``)."""
     if nonfinite == "ignore":
         return None
-    return reward.detach().isfinite().all()
+    reward = reward.detach()
+    if reward.is_floating_point() or reward.is_complex():
+        # x - x is 0 for a finite x and NaN for NaN or an infinity: two ops where isfinite,
+        # composite on floats, takes four
+        return (reward - reward == 0).all()
+    return reward.isfinite().all()
 
 
 def _read_flags(
