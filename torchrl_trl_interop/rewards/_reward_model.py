@@ -387,7 +387,9 @@ class HFRewardModelWrapper(TensorDictModuleBase):
                 maskless=self._scores_without_mask(model),
             )
 
-        reward = reward.float().reshape(packed.batch_shape)
+        reward = reward.float()
+        if reward.shape != packed.batch_shape:
+            reward = reward.reshape(packed.batch_shape)
         if self.unsqueeze_reward:
             reward = reward.unsqueeze(-1)
         if packed.device is not None:
