@@ -1,6 +1,7 @@
 """Benchmark: HFRewardModelWrapper overhead and length bucketing, on a toy Llama reward model.
 
-Two figures, batch 64, ragged lengths drawn uniformly in 32..512, one CPU thread:
+Batch 64, ragged lengths drawn uniformly in 32..512, one CPU thread, toy Llama (hidden 128,
+2 layers) unless said otherwise:
 
 * **overhead** of the wrapper versus calling the model directly on the same right-padded batch
   (``model(input_ids=..., attention_mask=...)``), target <= 3 %;
@@ -9,8 +10,8 @@ Two figures, batch 64, ragged lengths drawn uniformly in 32..512, one CPU thread
   target >= 1.3x;
 * the wrapper's **own time** over the model's on the smallest toy Llama
   (``toy_reward_model("llama")``, 21.6k parameters), target <= 5%, at the batch above and at
-  16 rows of 64..128 tokens (issue 36's reading): the wrapper's own time is about fixed per call,
-  so its share grows as the model's forward shrinks.
+  16 rows of 64..128 tokens, the two batches issue 36's row was read at: the wrapper's own time
+  is about fixed per call, so its share grows as the model's forward shrinks.
 
 Timings are medians over ``--reps`` repetitions, interleaved so that drift on a shared machine
 hits every variant alike. Run with ``python benchmarks/bench_reward.py``.
@@ -104,7 +105,7 @@ def own_overhead(
 
 def smallest_toy_rows(args: argparse.Namespace) -> list[str]:
     """The wrapper's own time over the model's on ``toy_reward_model("llama")`` (21.6k
-    parameters), at the benchmark's batch and at issue 36's 16 rows x 64..128 tokens."""
+    parameters), at the benchmark's batch and at 16 rows x 64..128 tokens (issue 36)."""
     model = toy_reward_model("llama")
     params = sum(p.numel() for p in model.parameters())
     wrapper = HFRewardModelWrapper(model, inference_mode=True)
