@@ -1,12 +1,17 @@
 """Benchmark: HFRewardModelWrapper overhead and length bucketing, on a toy Llama reward model.
 
-Two figures, batch 64, ragged lengths drawn uniformly in 32..512, one CPU thread:
+Batch 64, ragged lengths drawn uniformly in 32..512, one CPU thread, toy Llama (hidden 128,
+2 layers) unless said otherwise:
 
 * **overhead** of the wrapper versus calling the model directly on the same right-padded batch
   (``model(input_ids=..., attention_mask=...)``), target <= 3 %;
 * **speed-up** of the wrapper with ``max_batch_size`` (rows sorted by length, each micro-batch
   padded to its own longest row) on the ragged lazy stack TorchRL writes, versus one padded call,
-  target >= 1.3x.
+  target >= 1.3x;
+* the wrapper's **own time** over the model's on the smallest toy Llama
+  (``toy_reward_model("llama")``, 21.6k parameters), target <= 5%, at the batch above and at
+  16 rows of 64..128 tokens, the two batches issue 36's row was read at: the wrapper's own time
+  is about fixed per call, so its share grows as the model's forward shrinks.
 
 Timings are medians over ``--reps`` repetitions, interleaved so that drift on a shared machine
 hits every variant alike. Run with ``python benchmarks/bench_reward.py``.
@@ -74,20 +79,50 @@ class ForwardTimer:
         self.inside += time.perf_counter() - self._start
 
 
-def own_overhead(fn: Callable[[], object], timer: ForwardTimer, reps: int) -> float:
-    """Median of (time of ``fn`` - time inside the model) / time inside the model, per call.
+def own_overhead(
+    fns: dict[str, Callable[[], object]], timer: ForwardTimer, reps: int
+) -> dict[str, tuple[float, float]]:
+    """Per variant, medians of (time of ``fn`` - time inside the model) / time inside the model
+    and of that own time in seconds, per call; the variants interleaved.
 
     Both parts are measured on the same call, so load from other processes on a shared machine
     (which moves end-to-end medians by several percent) largely cancels out.
     """
-    ratios = []
-    for _ in range(reps):
-        timer.inside = 0.0
-        start = time.perf_counter()
+    ratios: dict[str, list[float]] = {name: [] for name in fns}
+    own: dict[str, list[float]] = {name: [] for name in fns}
+    for fn in fns.values():  # warm-up
         fn()
-        total = time.perf_counter() - start
-        ratios.append((total - timer.inside) / timer.inside)
-    return statistics.median(ratios)
+    for _ in range(reps):
+        for name, fn in fns.items():
+            timer.inside = 0.0
+            start = time.perf_counter()
+            fn()
+            total = time.perf_counter() - start
+            ratios[name].append((total - timer.inside) / timer.inside)
+            own[name].append(total - timer.inside)
+    return {name: (statistics.median(ratios[name]), statistics.median(own[name])) for name in fns}
+
+
+def smallest_toy_rows(args: argparse.Namespace) -> list[str]:
+    """The wrapper's own time over the model's on ``toy_reward_model("llama")`` (21.6k
+    parameters), at the benchmark's batch and at 16 rows x 64..128 tokens (issue 36)."""
+    model = toy_reward_model("llama")
+    params = sum(p.numel() for p in model.parameters())
+    wrapper = HFRewardModelWrapper(model, inference_mode=True)
+    configs = [(args.batch, args.min_len, args.max_len), (16, 64, 128)]
+    fns = {}
+    for batch, low, high in configs:
+        padded = make_batch(batch, low, high, model.config.vocab_size)[2]
+        fns[f"{batch} rows x {low}..{high} tokens"] = lambda padded=padded: wrapper(padded)
+    results = own_overhead(fns, ForwardTimer(model), args.small_reps)
+    lines = [
+        f"wrapper's own time / model time, same call, smallest toy Llama ({params:,} parameters), "
+        f"median of {args.small_reps} (target <= 5%):"
+    ]
+    for name, (ratio, seconds) in results.items():
+        verdict = "PASS" if ratio <= 0.05 else "FAIL"
+        lines.append(f"  {name:<26} {ratio * 100:+6.2f}% ({seconds * 1e3:.2f} ms own): {verdict}")
+    return lines
 
 
 def main() -> None:
@@ -98,6 +133,9 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=7)
     parser.add_argument("--max-batch-sizes", type=int, nargs="+", default=[8, 16])
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument(
+        "--small-reps", type=int, default=40, help="repetitions on the smallest toy Llama"
+    )
     args = parser.parse_args()
 
     torch.set_num_threads(args.threads)
@@ -137,7 +175,7 @@ def main() -> None:
 
     medians = time_interleaved(fns, args.reps)
     timer = ForwardTimer(model)
-    own = own_overhead(lambda: wrapper(padded), timer, args.reps)
+    own = own_overhead({"padded": lambda: wrapper(padded)}, timer, args.reps)["padded"][0]
     base = medians["direct model call, padded"]
     print(
         f"HFRewardModelWrapper, toy Llama (hidden 128, 2 layers), batch {args.batch}, lengths "
@@ -157,6 +195,8 @@ def main() -> None:
         f"speed-up of bucketing (max_batch_size={best}) vs one padded call: {speedup:.2f}x "
         "(target >= 1.3x)"
     )
+    print()
+    print("\n".join(smallest_toy_rows(args)))
 
 
 if __name__ == "__main__":

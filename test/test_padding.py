@@ -1,4 +1,5 @@
-"""Attended spans of a dense mask: every mask, every dtype, the fast and the plain path agree."""
+"""Attended spans of a dense mask: every mask, every dtype, the fast and the plain path agree;
+packing the real tokens of each row to its start."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from torchrl_trl_interop._padding import _spans_torch, mask_spans
+from torchrl_trl_interop._padding import _spans_torch, mask_spans, pack_right
 
 
 @st.composite
@@ -93,3 +94,32 @@ def test_rows_of_width_zero():
     spans = mask_spans(torch.zeros(3, 0, dtype=torch.bool))
     assert spans.first.tolist() == spans.last.tolist() == [0, 0, 0]
     assert [r.numel() for r in spans.split(torch.zeros(3, 0))] == [0, 0, 0]
+
+
+@given(masks(), st.integers(0, 2**31))
+@settings(max_examples=200, deadline=None)
+def test_pack_right_keeps_each_rows_real_tokens_in_order_then_zeros(mask, seed):
+    """Every mask pattern (holes, empty rows, full rows): the real tokens of each row, in order,
+    from position 0, then zeros; the lengths count them."""
+    real = mask.bool()
+    ids = torch.randint(1, 1000, real.shape, generator=torch.Generator().manual_seed(seed))
+    packed, lengths = pack_right(ids, real)
+    width = real.shape[1]
+    expected = [
+        [t for t, r in zip(row, keep) if r] + [0] * (width - sum(keep))
+        for row, keep in zip(ids.tolist(), real.tolist())
+    ]
+    assert packed.tolist() == expected
+    assert lengths.tolist() == real.sum(-1).tolist()
+    assert packed.dtype == ids.dtype and lengths.dtype == torch.int64
+
+
+def test_pack_right_on_leading_batch_dims_and_width_zero():
+    ids = torch.tensor([[[0, 5, 6], [7, 0, 8]], [[9, 9, 9], [0, 0, 0]]])
+    packed, lengths = pack_right(ids, ids != 0)
+    assert packed.tolist() == [[[5, 6, 0], [7, 8, 0]], [[9, 9, 9], [0, 0, 0]]]
+    assert lengths.tolist() == [[2, 2], [3, 0]]
+    packed, lengths = pack_right(
+        torch.zeros(2, 0, dtype=torch.long), torch.zeros(2, 0, dtype=torch.bool)
+    )
+    assert packed.shape == (2, 0) and lengths.tolist() == [0, 0]

@@ -146,6 +146,15 @@ def get_entry(
         KeyError: if ``key`` is absent; the message names ``arg``, ``where`` it was looked for,
             the keys present, and ``hint`` (what to do) or a default hint.
     """
+    try:  # the common case in one lookup: a key that is absent reads None
+        value = td.get(key)
+    except RuntimeError:
+        # a ragged lazy stack cannot be stacked into one tensor: read it row by row
+        return td.get(key, as_list=True)
+    except (KeyError, ValueError):  # absent, or a key below a leaf: reported below
+        value = None
+    if value is not None:
+        return value
     if key not in td.keys(include_nested=True):
         hint = hint or f"Pass {arg}=... naming the entry that holds it."
         message = f"{arg}={unravel_key(key)!r} not found in {where} (found {keys_present(td)}). "

@@ -43,7 +43,11 @@ _OWNER = "HFRewardModelWrapper"
 
 @dataclass
 class PackedInput:
-    """Right-packed rows to score: ``ids [N, T]``, ``lengths [N]``, the batch shape, the device."""
+    """Right-packed rows to score: ``ids [N, T]``, ``lengths [N]``, the batch shape, the device.
+
+    Positions past a row's length hold ``0`` (every reader pads with it), so scoring with the
+    fill ``0`` needs no further write.
+    """
 
     ids: torch.Tensor
     lengths: torch.Tensor
@@ -230,7 +234,7 @@ def read_tokens(
         _check_mask(
             token_key, mask_key, ids, tok_lengths, batch_shape, mask, mask_lengths, mask_shape
         )
-        attended = (mask != 0).to(ids.device)
+        attended = (mask if mask.dtype == torch.bool else mask != 0).to(ids.device)
         real = attended if real is None else real & attended
     if real is None:
         real = torch.ones(ids.shape, dtype=torch.bool, device=ids.device)

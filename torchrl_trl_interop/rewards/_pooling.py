@@ -90,14 +90,22 @@ def check_reward_shape(model: Any, reward: torch.Tensor, n: int) -> torch.Tensor
     )
 
 
-def _limits(model: Any) -> tuple[int | None, int | None]:
-    """``(vocabulary size, longest sequence)`` of ``model``, ``None`` where unknown."""
+_FROM_MODEL: Any = object()  # the config argument's default: looked up with text_config(model)
+
+
+def _limits(model: Any, config: Any = _FROM_MODEL) -> tuple[int | None, int | None]:
+    """``(vocabulary size, longest sequence)`` of ``model``, ``None`` where unknown.
+
+    ``config`` is ``text_config(model)`` when the caller holds it already (it takes longer to
+    look up than the rest of this function).
+    """
     vocab = None
     embeddings = getattr(model, "get_input_embeddings", None)
     if callable(embeddings):
         with contextlib.suppress(Exception):
             vocab = int(embeddings().num_embeddings)
-    config = text_config(model)
+    if config is _FROM_MODEL:
+        config = text_config(model)
     if vocab is None:
         vocab = getattr(config, "vocab_size", None)
     positions = getattr(config, "max_position_embeddings", None)
@@ -142,7 +150,7 @@ def check_model_input(model: Any, ids: torch.Tensor, lengths: torch.Tensor, arg:
 
 
 def guard_model_input(
-    model: Any, ids: torch.Tensor, lengths: torch.Tensor, arg: str
+    model: Any, ids: torch.Tensor, lengths: torch.Tensor, arg: str, config: Any = _FROM_MODEL
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """:func:`check_model_input` without reading the device: ``ids`` clamped into the model's
     vocabulary (what the model is given, so a bad id cannot crash its embedding) and a 0-d bool
@@ -150,7 +158,8 @@ def guard_model_input(
     the flag with the call's other checks; when it is set, :func:`check_model_input` raises.
 
     Rows longer than ``max_position_embeddings`` raise here; the lengths are read only when the
-    batch is wider than that limit.
+    batch is wider than that limit. ``config`` is :func:`text_config` of the model when the
+    caller holds it.
 
     Examples:
         >>> from torchrl_trl_interop.testing import toy_reward_model
@@ -161,12 +170,13 @@ def guard_model_input(
     """
     if ids.numel() == 0:
         return ids, None
-    vocab, positions = _limits(model)
+    vocab, positions = _limits(model, config)
     if positions is not None and ids.shape[-1] > positions:
         check_model_input(model, ids, lengths, arg)
     if vocab is None:
         return ids, None
-    return ids.clamp(0, vocab - 1), ((ids < 0) | (ids >= vocab)).any()
+    clamped = ids.clamp(0, vocab - 1)
+    return clamped, (clamped != ids).any()  # an id moved by the clamp was outside
 
 
 def text_config(model: Any) -> Any:
@@ -211,11 +221,12 @@ def optimistic_pad_id(config: Any) -> int | None:
         >>> optimistic_pad_id(SimpleNamespace(pad_token_id=2, eos_token_id=[1, 2])) is None
         True
     """
-    if config is None or config.pad_token_id is None:
+    pad = None if config is None else config.pad_token_id  # a config attribute read is slow
+    if pad is None:
         return None
     eos = getattr(config, "eos_token_id", None)
     eos_ids = eos if isinstance(eos, (list, tuple)) else [eos]
-    return None if config.pad_token_id in eos_ids else int(config.pad_token_id)
+    return None if pad in eos_ids else int(pad)
 
 
 _WRAPPED = ("module", "_orig_mod")  # DistributedDataParallel / DataParallel, torch.compile

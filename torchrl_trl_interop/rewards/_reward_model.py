@@ -10,7 +10,6 @@ differs from upstream ``torchrl.modules.llm.HFRewardModelWrapper``: ``docs/overv
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -42,7 +41,7 @@ from ._pooling import (
     guard_model_input,
     text_config,
 )
-from ._scoring import NONFINITE_MODES, report_nonfinite, score_packed
+from ._scoring import NONFINITE_MODES, report_nonfinite, score_packed, scores_without_mask
 
 if TYPE_CHECKING:  # pragma: no cover
     from transformers import PreTrainedTokenizerBase
@@ -306,6 +305,8 @@ class HFRewardModelWrapper(TensorDictModuleBase):
         self._pass_mask = input_mode != "tokens" or attention_mask_key is not None
         self._config_source: Any = None  # the model config whose pooling config is cached
         self._config: Any = None
+        # (model, scores_without_mask(model)); a tuple, so the model is not a second submodule
+        self._maskless: tuple[nn.Module, bool] | None = None
         self._reward_module = _RewardModelHolder(model)
 
     @property
@@ -360,28 +361,35 @@ class HFRewardModelWrapper(TensorDictModuleBase):
                 output holds no reward tensor.
         """
         check_tensordict(tensordict, "tensordict", "HFRewardModelWrapper")
+        model = self.model
+        config = self._pooling_config()
         packed = self._read(tensordict)
         arg = self._input_arg()
-        ids, invalid = guard_model_input(self.model, packed.ids, packed.lengths, arg)
+        ids, invalid = guard_model_input(model, packed.ids, packed.lengths, arg, config)
         checked = packed
-        packed = dataclasses.replace(packed, ids=ids)
+        packed = PackedInput(
+            ids, packed.lengths, packed.batch_shape, packed.device, packed.empty_hint
+        )
 
         grad_context = torch.no_grad() if self._inference_mode else contextlib.nullcontext()
         with grad_context:  # reads the device once, after the model ran
             reward, bad = score_packed(
-                self.model,
-                self._pooling_config(),
+                model,
+                config,
                 packed,
                 max_batch_size=self.max_batch_size,
                 pass_mask=self._pass_mask,
                 nonfinite=self.nonfinite,
                 input_check=(
                     invalid,
-                    lambda: check_model_input(self.model, checked.ids, checked.lengths, arg),
+                    lambda: check_model_input(model, checked.ids, checked.lengths, arg),
                 ),
+                maskless=self._scores_without_mask(model),
             )
 
-        reward = reward.float().reshape(packed.batch_shape)
+        reward = reward.float()
+        if reward.shape != packed.batch_shape:
+            reward = reward.reshape(packed.batch_shape)
         if self.unsqueeze_reward:
             reward = reward.unsqueeze(-1)
         if packed.device is not None:
@@ -417,6 +425,13 @@ class HFRewardModelWrapper(TensorDictModuleBase):
         """The argument naming what the model reads, for error messages."""
         tokenized = "" if self.input_mode == "tokens" else " (tokenized)"
         return f"{MODE_KEY_ARGS[self.input_mode]}={self._input_key!r}{tokenized}"
+
+    def _scores_without_mask(self, model: nn.Module) -> bool:
+        """:func:`._scoring.scores_without_mask`, which walks every module, once per model."""
+        cached = self._maskless
+        if cached is None or cached[0] is not model:
+            cached = self._maskless = (model, scores_without_mask(model))
+        return cached[1]
 
     def _pooling_config(self) -> Any:
         """The config the model's pooling reads, looked up once per model config object."""

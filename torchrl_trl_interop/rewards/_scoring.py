@@ -42,11 +42,13 @@ def score_packed(
     pass_mask: bool,
     nonfinite: str,
     input_check: tuple[torch.Tensor | None, Callable[[], None]] | None = None,
+    maskless: bool | None = None,
 ) -> tuple[torch.Tensor, bool]:
     """Scores the rows of ``packed``: their rewards ``[N]`` and whether one is not finite.
 
     ``input_check`` is ``(flag, raise_error)``: a 0-d bool tensor read with the other checks
-    (e.g. :func:`._pooling.guard_model_input`'s) and what raises when it is set.
+    (e.g. :func:`._pooling.guard_model_input`'s) and what raises when it is set. ``maskless``
+    is :func:`scores_without_mask` of the model when the caller holds it (it walks every module).
 
     ``config`` is the one the model's pooling reads
     (``_pooling.text_config``). The device is read once, after the model
@@ -72,17 +74,21 @@ def score_packed(
     """
     if packed.empty_hint is not None and packed.ids.shape[0] and not packed.ids.shape[-1]:
         raise empty_rows_error(packed.lengths, packed.empty_hint)  # width 0: every row is empty
-    reward, clash = _score(model, config, packed.ids, packed.lengths, max_batch_size, pass_mask)
+    if maskless is None:
+        maskless = scores_without_mask(model)
+    reward, clash = _score(
+        model, config, packed.ids, packed.lengths, max_batch_size, pass_mask, maskless
+    )
     invalid = input_check[0] if input_check is not None else None
     empty, bad, clashed, invalid = _read_flags(reward, clash, packed, nonfinite, invalid)
     if invalid:
         input_check[1]()
     if clashed and not empty:  # a row ends with the pad id: score again with a spare
         reward, _ = _score(
-            model, config, packed.ids, packed.lengths, max_batch_size, pass_mask, look=True
+            model, config, packed.ids, packed.lengths, max_batch_size, pass_mask, maskless, True
         )
-        flag = _nonfinite(reward, nonfinite)
-        bad = flag is not None and bool(flag)
+        finite = _all_finite(reward, nonfinite)
+        bad = finite is not None and not bool(finite)
     if empty:
         raise empty_rows_error(packed.lengths, packed.empty_hint)
     return reward, bad
@@ -120,9 +126,11 @@ def _score(
     lengths: torch.Tensor,
     max_batch_size: int | None,
     pass_mask: bool,
+    maskless: bool,
     look: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Scores right-packed rows ``ids [N, T]`` of ``lengths [N]``: a reward per row.
+    """Scores right-packed rows ``ids [N, T]`` of ``lengths [N]`` (``0`` past each row's
+    length, as :class:`PackedInput` holds them): a reward per row.
 
     Returns the rewards and, when the model's own pad id was used as the fill without
     looking at the rows, a 0-d bool tensor telling whether some row ends with it after all
@@ -141,8 +149,11 @@ def _score(
         clash = (ids[torch.arange(n, device=device), lengths - 1] == pad).any()
     else:
         fill, pooling_pad = choose_fill(config, ids, lengths)
-    mask = position_mask(lengths, ids.shape[-1])
-    ids = ids.masked_fill(~mask, fill)
+    # the padding holds 0 already: the mask is built only to write another fill, or for a
+    # model that reads it (a causal model's real tokens never see the padding)
+    mask = position_mask(lengths, ids.shape[-1]) if fill != 0 or not maskless else None
+    if fill != 0:
+        ids = ids.masked_fill(~mask, fill)
 
     # micro-batches: rows sorted by length, so each call pads only to its own longest row
     buckets = length_buckets(lengths, max_batch_size)
@@ -151,21 +162,37 @@ def _score(
     else:
         # a sorted bucket's longest row is its last: every width read back at once
         widths = lengths[torch.stack([b[-1] for b in buckets])].tolist()
-        chunks = [(ids[b, :w], mask[b, :w], lengths[b]) for b, w in zip(buckets, widths)]
+        chunks = [
+            (ids[b, :w], None if mask is None else mask[b, :w], lengths[b])
+            for b, w in zip(buckets, widths)
+        ]
 
-    rewards = []
-    maskless = scores_without_mask(model)  # a causal model's real tokens never see the padding
-    with pooling_model(model, config, pooling_pad) as pooled:  # never mutates the model
-        for chunk_ids, chunk_mask, chunk_len in chunks:
-            if not maskless and (pass_mask or bool((chunk_len != chunk_ids.shape[-1]).any())):
-                out = pooled(input_ids=chunk_ids, attention_mask=chunk_mask.long())
-            else:
-                out = pooled(input_ids=chunk_ids)
-            reward = extract_reward(out)
-            rewards.append(check_reward_shape(model, reward, chunk_ids.shape[0]))
+    if pooling_pad is None:  # the model pools with its own pad id: called as it is
+        rewards = _call_chunks(model, model, chunks, maskless, pass_mask)
+    else:
+        with pooling_model(model, config, pooling_pad) as pooled:  # never mutates the model
+            rewards = _call_chunks(pooled, model, chunks, maskless, pass_mask)
     if buckets is None:
         return rewards[0], clash
     return unbucket(rewards, buckets), clash  # back to the original row order
+
+
+def _call_chunks(
+    pooled: Any,
+    model: nn.Module,
+    chunks: list[tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]],
+    maskless: bool,
+    pass_mask: bool,
+) -> list[torch.Tensor]:
+    """One model call per chunk ``(ids, mask, lengths)``: each chunk's rewards ``[n]``."""
+    rewards = []
+    for chunk_ids, chunk_mask, chunk_len in chunks:
+        if not maskless and (pass_mask or bool((chunk_len != chunk_ids.shape[-1]).any())):
+            out = pooled(input_ids=chunk_ids, attention_mask=chunk_mask.long())
+        else:
+            out = pooled(input_ids=chunk_ids)
+        rewards.append(check_reward_shape(model, extract_reward(out), chunk_ids.shape[0]))
+    return rewards
 
 
 def scores_without_mask(model: nn.Module) -> bool:
@@ -211,10 +238,16 @@ def _warns_without_mask(cls: type) -> bool:
     return warns
 
 
-def _nonfinite(reward: torch.Tensor, nonfinite: str) -> torch.Tensor | None:
+def _all_finite(reward: torch.Tensor, nonfinite: str) -> torch.Tensor | None:
+    """A 0-d bool tensor: every reward is finite (``None`` with ``nonfinite="ignore"``)."""
     if nonfinite == "ignore":
         return None
-    return (~torch.isfinite(reward.detach())).any()
+    reward = reward.detach()
+    if reward.is_floating_point() or reward.is_complex():
+        # x - x is 0 for a finite x and NaN for NaN or an infinity: two ops where isfinite,
+        # composite on floats, takes four
+        return (reward - reward == 0).all()
+    return reward.isfinite().all()
 
 
 def _read_flags(
@@ -227,19 +260,30 @@ def _read_flags(
     """``(some row is empty, some reward is not finite, some row ends with the fill, the input
     check failed)``.
 
-    Every flag is computed on the device and read back in one transfer.
+    Every flag is computed on the device and read back in one transfer. Two are read as their
+    opposite, which takes one tensor op fewer: no row is empty, every reward is finite.
     """
-    flags: dict[str, torch.Tensor] = {}
+    names: list[str] = []
+    flags: list[torch.Tensor] = []
     if invalid is not None:
-        flags["invalid"] = invalid.to(reward.device)
+        names.append("invalid")
+        flags.append(invalid.to(reward.device))
     if packed.empty_hint is not None and packed.lengths.numel():
-        flags["empty"] = (packed.lengths == 0).any().to(reward.device)
+        names.append("no empty row")
+        flags.append(packed.lengths.all().to(reward.device))  # a length 0 is an empty row
     if clash is not None:
-        flags["clash"] = clash
-    bad = _nonfinite(reward, nonfinite)
-    if bad is not None:
-        flags["bad"] = bad
+        names.append("clash")
+        flags.append(clash)
+    finite = _all_finite(reward, nonfinite)
+    if finite is not None:
+        names.append("finite")
+        flags.append(finite)
     if not flags:
         return False, False, False, False
-    values = dict(zip(flags, torch.stack(list(flags.values())).tolist()))
-    return tuple(bool(values.get(k, False)) for k in ("empty", "bad", "clash", "invalid"))
+    values = dict(zip(names, torch.stack(flags).tolist()))
+    return (
+        not values.get("no empty row", True),
+        not values.get("finite", True),
+        values.get("clash", False),
+        values.get("invalid", False),
+    )
