@@ -31,7 +31,7 @@ from tensordict import (
 )
 from tensordict.utils import NestedKey
 
-from ._checks import as_names, check_bool
+from ._checks import as_names, check_bool, public_call, signed
 from ._keys import as_nested_key, flatten_nested, get_entry, key_parts
 from ._message_fields import MessageHistory
 from ._tool_calls import has_turn_fields, message_turns, messages_of_turns
@@ -374,7 +374,7 @@ def split_prompt_completion(
     return prompt, completion
 
 
-def row_values(td: TensorDictBase, key: NestedKey, arg: str, owner: str) -> list:
+def row_values(td: TensorDictBase, key: NestedKey, arg: str, owner: str | None = None) -> list:
     """One Python value per element of ``td``'s batch, row-major (History -> message lists).
 
     Works for any batch shape (``[]``, ``[B]``, ``[E, G]``) and ragged lazy stacks.
@@ -388,32 +388,38 @@ def row_values(td: TensorDictBase, key: NestedKey, arg: str, owner: str) -> list
         >>> import torch
         >>> from tensordict import TensorDict
         >>> td = TensorDict({"x": torch.arange(4).reshape(2, 2)}, batch_size=[2, 2])
-        >>> row_values(td, "x", "x_key", "example")
+        >>> row_values(td, "x", "x_key")
         [0, 1, 2, 3]
     """
     from torchrl.data.llm import History
 
+    def said(message: str) -> str:  # opened by the public call (by owner, while one is passed)
+        return f"{owner}: {message}" if owner else signed(message)
+
     try:
         key = as_nested_key(key, arg)
     except TypeError as err:
-        raise TypeError(f"{owner}: {err}") from None
+        raise TypeError(said(str(err))) from None
     hint = f"Pass {arg}=... naming where the rollouts hold it."
-    value = get_entry(td, key_parts(key), arg, owner, hint)
+    value = get_entry(td, key_parts(key), arg, owner or public_call(""), hint)
     if isinstance(value, list):  # a ragged lazy stack of tensors: go row by row
         return [v for sub in td.unbind(0) for v in row_values(sub, key, arg, owner)]
     if isinstance(value, History):
         if value.ndim != td.ndim + 1:
             raise ValueError(
-                f"{owner}: {arg}={key!r} holds a History of batch size "
-                f"{tuple(value.batch_size)}; expected the tensordict's {tuple(td.batch_size)} "
-                "plus one turn dimension."
+                said(
+                    f"{arg}={key!r} holds a History of batch size {tuple(value.batch_size)}; "
+                    f"expected the tensordict's {tuple(td.batch_size)} plus one turn dimension."
+                )
             )
         return flatten_nested(history_to_messages(value), td.ndim)
     if isinstance(value, torch.Tensor):
         if value.shape[: td.ndim] != td.batch_size:
             raise ValueError(
-                f"{owner}: {arg}={key!r} has shape {tuple(value.shape)}; expected leading dims "
-                f"{tuple(td.batch_size)}."
+                said(
+                    f"{arg}={key!r} has shape {tuple(value.shape)}; expected leading dims "
+                    f"{tuple(td.batch_size)}."
+                )
             )
         return list(value.reshape(td.batch_size.numel(), *value.shape[td.ndim :]).tolist())
     if is_non_tensor(value):
@@ -421,6 +427,7 @@ def row_values(td: TensorDictBase, key: NestedKey, arg: str, owner: str) -> list
             return [value.tolist() if isinstance(value, NonTensorStack) else value.data]
         return flatten_nested(value.tolist(), td.ndim)
     raise TypeError(
-        f"{owner}: {arg}={key!r} holds a {type(value).__name__}; expected a History, strings or "
-        "a tensor."
+        said(
+            f"{arg}={key!r} holds a {type(value).__name__}; expected a History, strings or a tensor."
+        )
     )

@@ -137,22 +137,21 @@ def get_entry(
     td: TensorDictBase,
     key: NestedKey,
     arg: str,
-    owner: str,
+    owner: str | None,
     hint: str = "",
     where: str = "the input tensordict",
 ) -> Any:
     """``td.get(key)``, as a list of rows when the entry is a ragged lazy stack.
 
     Raises:
-        KeyError: if ``key`` is absent; the message names ``arg``, ``where`` it was looked for,
-            the keys present, and ``hint`` (what to do) or a default hint.
+        KeyError: if ``key`` is absent; the message opens with ``owner`` (the public call being
+            made; ``None`` or ``""``: nothing) and names ``arg``, ``where`` it was looked for, the
+            keys present, and ``hint`` (what to do) or a default hint.
     """
     if key not in td.keys(include_nested=True):
         hint = hint or f"Pass {arg}=... naming the entry that holds it."
-        raise KeyError(
-            f"{owner}: {arg}={unravel_key(key)!r} not found in {where} (found {keys_present(td)}). "
-            f"{hint}"
-        )
+        found = f"not found in {where} (found {keys_present(td)}). {hint}"
+        raise KeyError(f"{owner + ': ' if owner else ''}{arg}={unravel_key(key)!r} {found}")
     try:
         return td.get(key)
     except RuntimeError:

@@ -23,6 +23,7 @@ from typing import Any
 
 from tensordict.utils import NestedKey
 
+from .._checks import signed
 from .._keys import HISTORY_KEY, TEXT_KEY, TOKEN_KEY, as_nested_key
 
 __all__ = [
@@ -85,7 +86,6 @@ def _is_set(value: Any, default: Any, arg: str) -> bool:
 
 
 def resolve_input_mode(
-    owner: str,
     call: Callable,
     arguments: Mapping[str, Any],
     *,
@@ -94,8 +94,9 @@ def resolve_input_mode(
 ) -> str:
     """The input mode of a reward class, from ``input_mode`` and the key arguments set.
 
+    Errors open with the public call being made (:func:`~torchrl_trl_interop._checks.signed`).
+
     Args:
-        owner (str): the public call, named by the errors.
         call (callable): the public callable (a class's ``__init__``, a function): its signature
             says which key arguments it takes (those of :data:`KEY_ARG_MODES`) and their
             defaults; a key argument that is ``None`` or equal to its default is not set.
@@ -115,9 +116,10 @@ def resolve_input_mode(
             than ``input_mode`` is set, or (without ``input_mode``) key arguments of two modes are.
 
     Examples:
-        >>> def scorer(*, input_mode=None, token_key=("tokens", "full"), text_key=None):
-        ...     return resolve_input_mode("scorer", scorer, locals(), modes=INPUT_MODES,
-        ...                               default="tokens")
+        >>> from torchrl_trl_interop._checks import boundary
+        >>> @boundary("scorer")
+        ... def scorer(*, input_mode=None, token_key=("tokens", "full"), text_key=None):
+        ...     return resolve_input_mode(scorer, locals(), modes=INPUT_MODES, default="tokens")
         >>> scorer(), scorer(text_key="text"), scorer(input_mode="text")
         ('tokens', 'text', 'text')
         >>> scorer(input_mode="tokens", text_key="text")
@@ -128,8 +130,10 @@ def resolve_input_mode(
     input_mode = arguments["input_mode"]
     if input_mode is not None and (not isinstance(input_mode, str) or input_mode not in modes):
         raise ValueError(
-            f"{owner}: input_mode={input_mode!r}; expected one of {list(modes)} (TorchRL's "
-            "input forms), or None to infer it from the key argument given."
+            signed(
+                f"input_mode={input_mode!r}; expected one of {list(modes)} (TorchRL's input "
+                "forms), or None to infer it from the key argument given."
+            )
         )
     given = [
         (arg, KEY_ARG_MODES[arg], arguments[arg])
@@ -140,18 +144,22 @@ def resolve_input_mode(
         for arg, mode, value in given:
             if mode != input_mode:
                 raise ValueError(
-                    f"{owner}: {arg}={value!r} is the key of input_mode={mode!r}, but "
-                    f"input_mode={input_mode!r}: it would be ignored. Drop {arg}=, or pass "
-                    f"input_mode={mode!r}."
+                    signed(
+                        f"{arg}={value!r} is the key of input_mode={mode!r}, but "
+                        f"input_mode={input_mode!r}: it would be ignored. Drop {arg}=, or pass "
+                        f"input_mode={mode!r}."
+                    )
                 )
         return input_mode
     first, *others = given or [(None, default, None)]
     for arg, mode, value in others:
         if mode != first[1]:
             raise ValueError(
-                f"{owner}: got both {first[0]}={first[2]!r} and {arg}={value!r}, which select "
-                f"two different inputs (input_mode={first[1]!r} and {mode!r}): one would be "
-                "ignored. Pass only the key of the input to read, or input_mode=... with its "
-                "key."
+                signed(
+                    f"got both {first[0]}={first[2]!r} and {arg}={value!r}, which select two "
+                    f"different inputs (input_mode={first[1]!r} and {mode!r}): one would be "
+                    "ignored. Pass only the key of the input to read, or input_mode=... with its "
+                    "key."
+                )
             )
     return first[1]

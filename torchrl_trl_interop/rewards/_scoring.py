@@ -18,6 +18,7 @@ import torch
 from tensordict.utils import NestedKey
 from torch import nn
 
+from .._checks import signed
 from .._padding import length_buckets, position_mask, unbucket
 from ._inputs import PackedInput, empty_rows_error
 from ._pooling import (
@@ -95,10 +96,10 @@ def report_nonfinite(reward: torch.Tensor, reward_key: NestedKey, nonfinite: str
     """
     bad = ~torch.isfinite(reward.detach())
     where = bad.nonzero().tolist()[:8]
-    message = (
-        f"HFRewardModelWrapper: {int(bad.sum())} of {bad.numel()} reward(s) at "
-        f"{reward_key!r} are NaN or infinite (first indices: {where}). "
-        "Check the model's dtype and inputs, or pass nonfinite='warn' or 'ignore'."
+    message = signed(
+        f"{int(bad.sum())} of {bad.numel()} reward(s) at {reward_key!r} are NaN or infinite "
+        f"(first indices: {where}). Check the model's dtype and inputs, or pass nonfinite='warn' "
+        "or 'ignore'."
     )
     if nonfinite == "raise":
         raise ValueError(message)
