@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .._checks import require
+from .._checks import public_call, require
 
 require("openenv", "torchrl_trl_interop's OpenEnv adapters")
 
@@ -78,7 +78,7 @@ class TorchRLChatObservation(Observation):
     )
 
 
-def tool_schemas(env: Any, owner: str) -> list[dict[str, Any]]:
+def tool_schemas(env: Any) -> list[dict[str, Any]]:
     """The JSON schemas of the tools of ``env``'s tool transforms, in order, named as the
     environment reads them in a call.
 
@@ -91,10 +91,11 @@ def tool_schemas(env: Any, owner: str) -> list[dict[str, Any]]:
 
     Examples:
         >>> from torchrl_trl_interop.testing import toy_tool_env
-        >>> [s["function"]["name"] for s in tool_schemas(toy_tool_env(), "f")]
+        >>> [s["function"]["name"] for s in tool_schemas(toy_tool_env())]
         ['add']
     """
     from ..rollouts._tools import tool_catalogue, tool_transforms
 
-    catalogue = tool_catalogue(tool_transforms(env), owner, skip_unknown=True)
+    name = public_call("as_openenv_environment")  # the catalogue's errors name the public call
+    catalogue = tool_catalogue(tool_transforms(env), name, skip_unknown=True)
     return [entry.schema() for entry in catalogue]
