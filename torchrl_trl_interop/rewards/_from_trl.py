@@ -40,7 +40,7 @@ from .._keys import (
     as_nested_key,
     to_python,
 )
-from ._input_mode import CHAT_MODES, resolve_input_mode
+from ._input_mode import CHAT_MODES, check_distinct_keys, resolve_input_mode
 from ._inputs import read_chat_texts, read_chats
 
 __all__ = ["TRLRewardFuncWrapper"]
@@ -289,13 +289,7 @@ class TRLRewardFuncWrapper(TensorDictModuleBase):
                 )
             )
         in_keys.extend(kwargs_keys.values())
-        duplicates = sorted({repr(k) for k in in_keys if in_keys.count(k) > 1})
-        if duplicates:
-            raise ValueError(
-                signed(
-                    f"the key(s) {duplicates} are used for two inputs; give each input its own key."
-                )
-            )
+        check_distinct_keys(in_keys)
         reward_key = as_nested_key(reward_key, "reward_key")
         if reward_per_func_key is not None:
             reward_per_func_key = as_nested_key(reward_per_func_key, "reward_per_func_key")

@@ -32,6 +32,7 @@ __all__ = [
     "KEY_ARG_MODES",
     "MODE_KEYS",
     "MODE_KEY_ARGS",
+    "check_distinct_keys",
     "mode_key",
     "resolve_input_mode",
 ]
@@ -68,6 +69,25 @@ def mode_key(mode: str, key: NestedKey | None) -> NestedKey:
         (('text', 'full'), 'chat')
     """
     return as_nested_key(MODE_KEYS[mode] if key is None else key, MODE_KEY_ARGS[mode])
+
+
+def check_distinct_keys(keys: Sequence[NestedKey]) -> None:
+    """Raises a ``ValueError`` naming the keys of ``keys`` (those a reward call reads or writes,
+    in canonical form) given for two inputs: each input needs its own key.
+
+    Examples:
+        >>> check_distinct_keys(["answer", ("history", "full")])
+        >>> check_distinct_keys(["answer", "answer"])
+        Traceback (most recent call last):
+        ...
+        ValueError: the key(s) ["'answer'"] are used for two inputs; give each input its own key.
+    """
+    keys = list(keys)
+    duplicates = sorted({repr(k) for k in keys if keys.count(k) > 1})
+    if duplicates:
+        raise ValueError(
+            signed(f"the key(s) {duplicates} are used for two inputs; give each input its own key.")
+        )
 
 
 @functools.cache

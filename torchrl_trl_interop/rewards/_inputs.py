@@ -13,7 +13,7 @@ completions instead: :func:`read_chats` (History) and :func:`read_chat_texts` (t
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -85,8 +85,29 @@ def _non_tensor_value(value: Any) -> Any:
     return value.tolist()
 
 
-def _flatten_rows(value: Any, what: str) -> tuple[list[torch.Tensor], tuple[int, ...]]:
-    """Flattens a (nested) list of tensors into 1-D rows and the leading (batch) shape."""
+def _nested_rows(
+    value: Any, what: str, leaf: Callable[[Any, str], tuple[list, tuple[int, ...]]], ragged: str
+) -> tuple[list, tuple[int, ...]]:
+    """``(rows, batch shape)`` of ``value``: what ``leaf`` reads of it, or of each item of nested
+    lists (a non-tensor entry read as its list), every item of a list of one batch shape, else
+    a ``ValueError`` saying ``ragged`` (``{inner}``: the first item's shape; ``{shape}``, ``{i}``:
+    the other one's and its index)."""
+    while is_non_tensor(value):
+        value = _non_tensor_value(value)
+    if not isinstance(value, (list, tuple)):
+        return leaf(value, what)
+    if not value:
+        return [], (0,)
+    parts = [_nested_rows(v, what, leaf, ragged) for v in value]
+    inner = parts[0][1]
+    for i, (_, shape) in enumerate(parts):
+        if shape != inner:
+            raise ValueError(signed(f"{what} " + ragged.format(inner=inner, shape=shape, i=i)))
+    return [row for rows, _ in parts for row in rows], (len(value), *inner)
+
+
+def _tensor_rows(value: Any, what: str) -> tuple[list[torch.Tensor], tuple[int, ...]]:
+    """A tensor's 1-D rows and its leading (batch) shape (a nested tensor's rows as a list)."""
     if isinstance(value, torch.Tensor):
         if value.is_nested:
             return _flatten_rows(list(value.unbind(0)), what)
@@ -101,28 +122,21 @@ def _flatten_rows(value: Any, what: str) -> tuple[list[torch.Tensor], tuple[int,
             return [value], ()
         shape = tuple(value.shape[:-1])
         return list(value.reshape(-1, value.shape[-1]).unbind(0)), shape
-    if is_non_tensor(value):
-        return _flatten_rows(_non_tensor_value(value), what)
-    if isinstance(value, (list, tuple)):
-        if not value:
-            return [], (0,)
-        parts = [_flatten_rows(v, what) for v in value]
-        inner = parts[0][1]
-        for i, (_, shape) in enumerate(parts):
-            if shape != inner:
-                raise ValueError(
-                    signed(
-                        f"{what} has rows with different batch shapes ({inner} at index 0, "
-                        f"{shape} at index {i}); only the last (sequence) dimension may be ragged."
-                    )
-                )
-        return [row for rows, _ in parts for row in rows], (len(value), *inner)
     raise TypeError(
         signed(
             f"{what} is a {type(value).__name__}; expected a tensor, a nested tensor, a lazy "
             "stack of tensors or a list of 1-D tensors."
         )
     )
+
+
+def _flatten_rows(value: Any, what: str) -> tuple[list[torch.Tensor], tuple[int, ...]]:
+    """Flattens a (nested) list of tensors into 1-D rows and the leading (batch) shape."""
+    ragged = (
+        "has rows with different batch shapes ({inner} at index 0, {shape} at index {i}); only "
+        "the last (sequence) dimension may be ragged."
+    )
+    return _nested_rows(value, what, _tensor_rows, ragged)
 
 
 def _read_padded(
@@ -143,25 +157,19 @@ def _read_padded(
     return padded, lengths, shape
 
 
-def _read_texts(value: Any, what: str) -> tuple[list[str], tuple[int, ...]]:
+def _text(value: Any, what: str) -> tuple[list[str], tuple[int, ...]]:
     if isinstance(value, str):
         return [value], ()
-    if is_non_tensor(value):
-        return _read_texts(_non_tensor_value(value), what)
-    if isinstance(value, (list, tuple)):
-        if not value:
-            return [], (0,)
-        parts = [_read_texts(v, what) for v in value]
-        inner = parts[0][1]
-        if any(shape != inner for _, shape in parts):
-            raise ValueError(signed(f"{what} is ragged above the string level."))
-        return [t for texts, _ in parts for t in texts], (len(value), *inner)
     raise TypeError(
         signed(
             f"{what} holds a {type(value).__name__}; expected strings (a str, a NonTensorStack of "
             "str or nested lists of str)."
         )
     )
+
+
+def _read_texts(value: Any, what: str) -> tuple[list[str], tuple[int, ...]]:
+    return _nested_rows(value, what, _text, "is ragged above the string level.")
 
 
 def _value_device(value: Any) -> torch.device | None:

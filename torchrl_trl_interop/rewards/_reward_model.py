@@ -29,12 +29,7 @@ from .._checks import (
     module_repr,
     signed,
 )
-from .._keys import (
-    ATTENTION_MASK_KEY,
-    REWARD_KEY,
-    TOKEN_KEY,
-    as_nested_key,
-)
+from .._keys import ATTENTION_MASK_KEY, REWARD_KEY, TOKEN_KEY, as_nested_key
 from ._input_mode import INPUT_MODES, MODE_KEY_ARGS, mode_key, resolve_input_mode
 from ._inputs import PackedInput, read_history, read_texts, read_tokens
 from ._pooling import (

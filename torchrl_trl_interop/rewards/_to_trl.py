@@ -16,14 +16,7 @@ from tensordict import TensorDictBase, set_list_to_stack
 from tensordict.nn import TensorDictModuleBase
 from tensordict.utils import NestedKey
 
-from .._checks import (
-    as_device,
-    as_mapping,
-    boundary,
-    check_positive_int,
-    check_tokenizer,
-    signed,
-)
+from .._checks import as_device, as_mapping, boundary, check_positive_int, check_tokenizer, signed
 from .._conversation import is_message_list
 from .._keys import (
     ATTENTION_MASK_KEY,
@@ -35,7 +28,13 @@ from .._keys import (
 )
 from .._padding import length_buckets, unbucket
 from ..data._rows import rows_to_tensordict
-from ._input_mode import INPUT_MODES, MODE_KEY_ARGS, mode_key, resolve_input_mode
+from ._input_mode import (
+    INPUT_MODES,
+    MODE_KEY_ARGS,
+    check_distinct_keys,
+    mode_key,
+    resolve_input_mode,
+)
 
 if TYPE_CHECKING:  # pragma: no cover
     from transformers import PreTrainedTokenizerBase
@@ -404,12 +403,7 @@ def as_trl_reward_func(
                 "module would receive no input. Set the key(s) the module reads."
             )
         )
-    used = list(keys.values()) + list(kwargs_keys.values())
-    duplicates = sorted({repr(k) for k in used if used.count(k) > 1})
-    if duplicates:
-        raise ValueError(
-            signed(f"the key(s) {duplicates} are used for two inputs; give each input its own key.")
-        )
+    check_distinct_keys([*keys.values(), *kwargs_keys.values()])
     return _ModuleRewardFunc(
         module,
         input_mode=input_mode,
