@@ -42,7 +42,7 @@ from .._keys import (
 from .._upstream._history_fields import history_fields
 from ._from_trl import TRLRewardFuncWrapper
 from ._input_mode import CHAT_MODES, resolve_input_mode
-from ._scoring import NONFINITE_MODES
+from ._scoring import check_nonfinite
 from ._to_trl import module_reward_key as _module_reward_key
 
 __all__ = ["RewardTransform", "as_reward_transform"]
@@ -176,8 +176,7 @@ class RewardTransform(Transform):
         kwargs_keys: Mapping[str, NestedKey] | None = None,
         nonfinite: str = "raise",
     ) -> None:
-        if nonfinite not in NONFINITE_MODES:
-            raise ValueError(signed(f"nonfinite={nonfinite!r}; expected one of {NONFINITE_MODES}."))
+        check_nonfinite(nonfinite)
         if isinstance(module, TensorDictModuleBase):
             func_args = {
                 "prompt_key": prompt_key,

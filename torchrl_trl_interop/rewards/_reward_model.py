@@ -39,7 +39,7 @@ from ._pooling import (
     guard_model_input,
     text_config,
 )
-from ._scoring import NONFINITE_MODES, report_nonfinite, score_packed
+from ._scoring import check_nonfinite, report_nonfinite, score_packed
 
 if TYPE_CHECKING:  # pragma: no cover
     from transformers import PreTrainedTokenizerBase
@@ -253,8 +253,7 @@ class HFRewardModelWrapper(TensorDictModuleBase):
             ("unsqueeze_reward", unsqueeze_reward),
         ):
             check_bool(value, flag)
-        if nonfinite not in NONFINITE_MODES:
-            raise ValueError(signed(f"nonfinite={nonfinite!r}; expected one of {NONFINITE_MODES}."))
+        check_nonfinite(nonfinite)
         reward_key = as_nested_key(reward_key, "reward_key")
         keys = {"tokens": token_key, "text": text_key, "history": history_key}
         in_keys = [mode_key(input_mode, keys[input_mode])]

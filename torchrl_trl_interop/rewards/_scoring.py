@@ -29,9 +29,30 @@ from ._pooling import (
     pooling_model,
 )
 
-__all__ = ["NONFINITE_MODES", "report_nonfinite", "score_packed", "scores_without_mask"]
+__all__ = [
+    "NONFINITE_MODES",
+    "check_nonfinite",
+    "report_nonfinite",
+    "score_packed",
+    "scores_without_mask",
+]
 
 NONFINITE_MODES = ("raise", "warn", "ignore")
+
+
+def check_nonfinite(nonfinite: str) -> None:
+    """Raises a ``ValueError`` unless ``nonfinite`` is one of :data:`NONFINITE_MODES`: what a
+    reward call does with a NaN or infinite reward.
+
+    Examples:
+        >>> check_nonfinite("warn")
+        >>> check_nonfinite("drop")
+        Traceback (most recent call last):
+        ...
+        ValueError: nonfinite='drop'; expected one of ('raise', 'warn', 'ignore').
+    """
+    if nonfinite not in NONFINITE_MODES:
+        raise ValueError(signed(f"nonfinite={nonfinite!r}; expected one of {NONFINITE_MODES}."))
 
 
 def score_packed(

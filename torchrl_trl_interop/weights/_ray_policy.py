@@ -26,7 +26,7 @@ from typing import Any
 import torch
 from tensordict import TensorDictBase, lazy_stack
 
-from .._checks import boundary, check_positive_int, require, signed
+from .._checks import as_mapping, boundary, check_positive_int, require, signed
 from .._keys import POLICY_VERSION_KEY
 from ._served import ServedPolicy
 from ._staging import Slots, StagingBuffer
@@ -188,15 +188,11 @@ class RayRemotePolicy(ServedPolicy):
     ) -> None:
         super().__init__(policy_factory, timeout=timeout, num_threads=num_threads)
         check_positive_int(num_replicas, "num_replicas")
-        if remote_config is not None and not isinstance(remote_config, dict):
-            raise TypeError(
-                signed(
-                    "remote_config must be a dict of Ray actor options (e.g. {'num_gpus': 1}), "
-                    f"got {type(remote_config).__name__}."
-                )
-            )
+        options = as_mapping(
+            remote_config, "remote_config", "of Ray actor options (e.g. {'num_gpus': 1})"
+        )
         self.num_replicas = num_replicas
-        self.remote_config = {"num_cpus": 1, **(remote_config or {})}
+        self.remote_config = {"num_cpus": 1, **options}
         self._actors: list = []
         self._layout: dict[str, tuple[int, ...]] = {}
         self._staging: StagingBuffer | None = None
