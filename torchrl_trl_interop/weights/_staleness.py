@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from .._checks import signed
+from .._checks import signed, speaking_for
 
 __all__ = [
     "STALENESS_MAX",
@@ -32,22 +32,22 @@ class StaleRolloutError(RuntimeError):
     """A rollout's weights are older than the ``max_staleness`` bound allows."""
 
 
-def _said(message: str, owner: str | None) -> str:
-    """``message`` opened by ``owner`` while a caller still passes one, else by the public call
-    being made (the transition to :func:`~torchrl_trl_interop._checks.boundary`)."""
-    return f"{owner}: {message}" if owner else signed(message)
-
-
 def check_max_staleness(value: Any, owner: str | None = None) -> None:
-    """Raises ``ValueError`` unless ``value`` is ``None`` or an int ``>= 0``."""
+    """Raises ``ValueError`` unless ``value`` is ``None`` or an int ``>= 0``.
+
+    The message opens with the public call being made, or with ``owner`` while a caller still
+    passes one (until it carries a :func:`~torchrl_trl_interop._checks.boundary`).
+    """
+    if owner is not None:
+        with speaking_for(owner):
+            return check_max_staleness(value)
     if value is None:
         return
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise ValueError(
-            _said(
+            signed(
                 "max_staleness must be None or an int >= 0 (optimizer steps), got "
-                f"max_staleness={value!r}.",
-                owner,
+                f"max_staleness={value!r}."
             )
         )
 
@@ -63,7 +63,8 @@ def check_staleness(
     """Per-row staleness against the trainer's optimizer ``step``; logs it; enforces the bound.
 
     The mean and max (``rollout/staleness_mean``, ``rollout/staleness_max``) go to ``log``
-    (the rollout function gives the trainer's metrics), before the bound is enforced.
+    (the rollout function gives the trainer's metrics), before the bound is enforced. Errors
+    open with the public call being made (``owner``: as :func:`check_max_staleness`).
 
     Raises:
         StaleRolloutError: if a row is older than ``max_staleness`` steps, or has no version.
@@ -79,13 +80,15 @@ def check_staleness(
         ...
         torchrl_trl_interop.weights._staleness.StaleRolloutError: row 0 was sampled by the weights of step 2, 3 steps behind the trainer (step 5); max_staleness=1. ...
     """
+    if owner is not None:
+        with speaking_for(owner):
+            return check_staleness(versions, step, max_staleness, log=log)
     missing = [i for i, v in enumerate(versions) if v is None]
     if missing:
         raise StaleRolloutError(
-            _said(
+            signed(
                 f"rows {missing[:8]} carry no policy version while others do; every turn of "
-                "every rollout must be stamped (one policy per rollout function).",
-                owner,
+                "every rollout must be stamped (one policy per rollout function)."
             )
         )
     staleness = [step - int(v) for v in versions]
@@ -99,12 +102,11 @@ def check_staleness(
     if max_staleness is not None and max(staleness) > max_staleness:
         i = max(range(len(staleness)), key=staleness.__getitem__)
         raise StaleRolloutError(
-            _said(
+            signed(
                 f"row {i} was sampled by the weights of step {versions[i]}, {staleness[i]} steps "
                 f"behind the trainer (step {step}); max_staleness={max_staleness}. The "
                 "generator's weights are pushed too rarely: use WeightSyncCallback(every_n_steps "
-                f"<= {max_staleness + 1}), or raise max_staleness.",
-                owner,
+                f"<= {max_staleness + 1}), or raise max_staleness."
             )
         )
     return staleness
