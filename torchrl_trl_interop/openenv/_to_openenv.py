@@ -103,9 +103,6 @@ class _TorchRLEnvironment(Environment[TorchRLChatAction, TorchRLChatObservation,
         self._steps, self._done = 0, False
         self._running: threading.Thread | None = None  # a step that outlived its timeout
 
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}(env={type(self.env).__name__}, steps={self._steps})"
-
     # -- OpenEnv's interface ---------------------------------------------------------------------
 
     def reset(
@@ -197,6 +194,9 @@ class _TorchRLEnvironment(Environment[TorchRLChatAction, TorchRLChatObservation,
         if self._owns:
             _OWNED.discard(self.env)
             self.env.close(raise_if_closed=False)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(env={type(self.env).__name__}, steps={self._steps})"
 
     # -- helpers ---------------------------------------------------------------------------------
 
