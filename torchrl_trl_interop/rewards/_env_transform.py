@@ -31,14 +31,7 @@ from .._checks import (
     signed,
     speaking_for,
 )
-from .._keys import (
-    DONE_KEY,
-    HISTORY_KEY,
-    PLACEHOLDER_ROLE,
-    REWARD_KEY,
-    as_nested_key,
-    keys_present,
-)
+from .._keys import DONE_KEY, HISTORY_KEY, PLACEHOLDER_ROLE, REWARD_KEY, as_nested_key, keys_present
 from .._upstream._history_fields import history_fields
 from ._from_trl import TRLRewardFuncWrapper
 from ._input_mode import CHAT_MODES, resolve_input_mode
@@ -321,66 +314,55 @@ class RewardTransform(Transform):
             scored &= next_tensordict.get(self.done_key).reshape(n, -1).any(-1).cpu()
         return scored
 
-    def _selected(self, tensordict: TensorDictBase, rows: torch.Tensor) -> TensorDictBase | None:
-        """What the module reads of the rows to score (``None``: no row to score)."""
-        if not rows.any():
-            return None
+    def _selected(self, tensordict: TensorDictBase, rows: torch.Tensor) -> TensorDictBase:
+        """What the module reads of the rows to score."""
         missing = [k for k in self.in_keys if k not in tensordict.keys(True)]
         if missing:
-            raise KeyError(
-                signed(
-                    f"the reward module reads {missing}, missing from the step's input (keys: "
-                    f"{keys_present(tensordict)})."
-                )
-            )
+            keys = keys_present(tensordict)
+            message = f"the reward module reads {missing}, missing from the step's input (keys: "
+            raise KeyError(signed(f"{message}{keys})."))
         flat = tensordict.reshape(-1) if tensordict.ndim != 1 else tensordict
         selected = flat.select(*self.in_keys)  # before indexing: only what the module reads
-        if not bool(rows.all()):
-            selected = selected[rows.nonzero().squeeze(-1)]
-        return selected
-
-    def _module_reward(self, out: Any, selected: TensorDictBase, n: int) -> torch.Tensor:
-        """The ``[n]`` rewards the module wrote (``out``: what it returned)."""
-        out = out if isinstance(out, TensorDictBase) else selected
-        reward = out.get(self.module_reward_key, None)
-        if not isinstance(reward, torch.Tensor) or reward.numel() != n:
-            raise ValueError(
-                signed(
-                    f"the module wrote {type(reward).__name__} at {self.module_reward_key!r}; "
-                    f"expected one reward per scored row ({n}). Pass module_reward_key=... naming "
-                    "its output."
-                )
-            )
-        return reward.detach().reshape(-1).float().cpu()
+        return selected if bool(rows.all()) else selected[rows.nonzero().squeeze(-1)]
 
     def _step(self, tensordict: TensorDictBase, next_tensordict: TensorDictBase) -> TensorDictBase:
         # this transform's errors name the call that built it; the module's, the module
         with speaking_for(self._built_by):
             self._check_done_is_final()
             rows = self._scored_rows(tensordict, next_tensordict)
-            selected = self._selected(tensordict, rows)
+            selected = self._selected(tensordict, rows) if rows.any() else None
         if selected is not None:
             with torch.no_grad(), set_list_to_stack(True):
                 out = self.module(selected)
+            out = out if isinstance(out, TensorDictBase) else selected
         with speaking_for(self._built_by):
-            shape = next_tensordict.batch_size
+            shape, n = next_tensordict.batch_size, int(rows.sum())
             reward = torch.zeros(shape.numel())
             if selected is not None:
-                reward[rows] = self._module_reward(out, selected, int(rows.sum()))
+                written = out.get(self.module_reward_key, None)
+                if not isinstance(written, torch.Tensor) or written.numel() != n:
+                    raise ValueError(
+                        signed(
+                            f"the module wrote {type(written).__name__} at "
+                            f"{self.module_reward_key!r}; expected one reward per scored row "
+                            f"({n}). Pass module_reward_key=... naming its output."
+                        )
+                    )
+                reward[rows] = written.detach().reshape(-1).float().cpu()
                 self._check_finite(reward)
             existing = next_tensordict.get(self.reward_key, None)
             target = existing.shape if existing is not None else (*shape, 1, 1)  # the spec's
             reward = reward.reshape(target).to(next_tensordict.device or "cpu")
-            if existing is not None:
-                if not self.accumulate:
-                    raise ValueError(
-                        signed(
-                            f"the step already holds a reward at {self.reward_key!r} (written by "
-                            "the environment or an earlier transform). Pass accumulate=True to "
-                            "add this one to it, or reward_key=... to write it elsewhere."
-                        )
+            if existing is not None and not self.accumulate:
+                raise ValueError(
+                    signed(
+                        f"the step already holds a reward at {self.reward_key!r} (written by the "
+                        "environment or an earlier transform). Pass accumulate=True to add this "
+                        "one to it, or reward_key=... to write it elsewhere."
                     )
-                reward = existing + reward.to(existing.dtype)
+                )
+        if existing is not None:
+            reward = existing + reward.to(existing.dtype)
         next_tensordict.set(self.reward_key, reward)
         return next_tensordict
 
