@@ -584,6 +584,16 @@ SIGNED = [
         lambda: _on_another_torchrl(_calculator_instance().add, a=2, b=3),
         "as_trl_environment_factory",
     ),
+    (  # the argument check is openenv_app's, which openenv_server calls
+        "openenv_server-max_concurrent_envs-0",
+        lambda: _served(max_concurrent_envs=0),
+        "openenv_server",
+    ),
+    (  # the environment check is as_openenv_environment's, which openenv_app calls
+        "openenv_app-env-of-batch-2",
+        lambda: _openenv_app(_chat_env_of_batch(2)),
+        "openenv_app",
+    ),
 ]
 
 
@@ -592,6 +602,28 @@ def test_signed_by_the_public_call(call, owner):
     with pytest.raises((TypeError, ValueError, KeyError, RuntimeError)) as info:
         call()
     assert info.value.args[0].startswith(f"{owner}: "), info.value.args[0]
+
+
+def _served(**kwargs):
+    pytest.importorskip("openenv")
+    from torchrl_trl_interop import openenv_server
+    from torchrl_trl_interop.testing import toy_tool_env
+
+    with openenv_server(toy_tool_env, **kwargs):
+        pass
+
+
+def _openenv_app(env):
+    pytest.importorskip("openenv")
+    from torchrl_trl_interop import openenv_app
+
+    return openenv_app(env)
+
+
+def _chat_env_of_batch(n):
+    from torchrl.envs.llm import ChatEnv
+
+    return ChatEnv(batch_size=(n,), input_mode="history")
 
 
 @pytest.mark.parametrize(

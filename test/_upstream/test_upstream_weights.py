@@ -97,7 +97,7 @@ class TestRayCollectorRead:
     def test_measured_branch_pushes_in_the_actor(self):
         collector = FakeRayCollector()
         assert ray_collector_handle(collector) is collector._collector
-        scheme = as_weight_sync_scheme(collector, "f")
+        scheme = as_weight_sync_scheme(collector)
         assert isinstance(scheme, TargetScheme) and scheme.route.__name__ == "_to_ray_collector"
 
     def test_plain_branch_uses_the_public_update(self):

@@ -60,8 +60,8 @@ def test_weights_of_another_size_raise_and_the_generator_keeps_serving(serving):
     with pytest.raises(ValueError) as info:
         WeightSyncCallback(policy).push(toy_causal_lm(**WIDER), 1)
     assert time.monotonic() - start < 10
-    assert (
-        "RemotePolicy: the weights do not fit the generator: parameter "
+    assert (  # the call made names the error; "the generator" names the receiver
+        "WeightSyncCallback: the weights do not fit the generator: parameter "
         "'model.layers.0.mlp.gate_proj.weight': trainer [128, 32], generator [64, 32]"
     ) in str(info.value)
     # nothing was sent: the generator still serves the weights it had

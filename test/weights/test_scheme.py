@@ -87,7 +87,7 @@ class TestStagingWeightSyncScheme:
         sender, receiver = pair(generator_model)
         wider = toy_causal_lm(tokenizer=toy_tokenizer(), intermediate_size=128)
         with pytest.raises(ValueError, match="parameter 'model.layers.0.mlp.gate_proj.weight'"):
-            sender.send(wider, policy_version=1, owner="push")
+            sender.send(wider, policy_version=1)
         assert receiver.receive(timeout=0.2) is None  # nothing was committed
         assert weights_checksum(generator_model) == checksum
 
@@ -168,7 +168,7 @@ class TestInTorchRLCollector:
 class TestEveryTargetIsAScheme:
     def test_remote_policy_exposes_its_staging_scheme(self):
         policy = RemotePolicy(partial(toy_causal_lm, tokenizer=toy_tokenizer(), seed=1))
-        scheme = as_weight_sync_scheme(policy, "f")
+        scheme = as_weight_sync_scheme(policy)
         assert scheme is policy.weight_sync_scheme
         assert isinstance(scheme, StagingWeightSyncScheme) and scheme.initialized_on_sender
 
@@ -185,15 +185,15 @@ class TestEveryTargetIsAScheme:
         sender = VLLMWeightSyncScheme(master_port=29998).create_sender()
         try:
             for target in (collector, sender):
-                scheme = as_weight_sync_scheme(target, "f")
+                scheme = as_weight_sync_scheme(target)
                 assert isinstance(scheme, TargetScheme) and scheme.target is target
         finally:
             collector.shutdown()
 
     def test_schemes_pass_through_and_modules_are_copied(self):
         scheme = StagingWeightSyncScheme()
-        assert as_weight_sync_scheme(scheme, "f") is scheme
-        assert as_weight_sync_scheme(torch.nn.Linear(2, 2), "f") is None
+        assert as_weight_sync_scheme(scheme) is scheme
+        assert as_weight_sync_scheme(torch.nn.Linear(2, 2)) is None
 
     def test_a_scheme_is_a_callback_target(self):
         """WeightSyncCallback(scheme): ours takes the trainer's step as its version."""

@@ -21,7 +21,7 @@ from tensordict import TensorDict, TensorDictBase, lazy_stack, set_list_to_stack
 from tensordict.utils import NestedKey
 from torchrl.envs import EnvBase
 
-from .._checks import as_mapping, check_positive_int, check_real, require
+from .._checks import as_mapping, boundary, check_positive_int, check_real, require, signed
 from .._conversation import is_message_list, messages_to_history, row_values
 from .._keys import (
     DONE_KEY,
@@ -37,7 +37,6 @@ from ._sessions import Reply, close_quietly, open_sessions
 
 __all__ = ["OpenEnvChatEnv"]
 
-_OWNER = "OpenEnvChatEnv"
 _RESET_KEY = "_reset"
 
 
@@ -51,9 +50,11 @@ def _observed_messages(observation: dict[str, Any]) -> list[dict[str, Any]]:
     :func:`as_openenv_environment` writes them)."""
     if "messages" not in observation:
         raise KeyError(
-            f"{_OWNER}: the observation has no 'messages' (it holds {sorted(observation)}). Pass "
-            "observation_fn=... turning this environment's observations into the messages they "
-            "add to the conversation."
+            signed(
+                f"the observation has no 'messages' (it holds {sorted(observation)}). Pass "
+                "observation_fn=... turning this environment's observations into the messages "
+                "they add to the conversation."
+            )
         )
     return observation["messages"]
 
@@ -165,6 +166,7 @@ class OpenEnvChatEnv(EnvBase):
     input_mode: str = "history"
     policy_role: str = "assistant"
 
+    @boundary("OpenEnvChatEnv")
     def __init__(
         self,
         env: Any,
@@ -177,20 +179,20 @@ class OpenEnvChatEnv(EnvBase):
         connect_timeout_s: float = 10.0,
         message_timeout_s: float = 60.0,
     ) -> None:
-        require("openenv", _OWNER)
-        check_positive_int(batch_size, "batch_size", _OWNER)
+        require("openenv", "OpenEnvChatEnv")
+        check_positive_int(batch_size, "batch_size")
         for arg, fn in (("action_fn", action_fn), ("observation_fn", observation_fn)):
             if fn is not None and not callable(fn):
-                raise TypeError(f"{_OWNER}: {arg} must be callable, got {fn!r:.100}.")
+                raise TypeError(signed(f"{arg} must be callable, got {fn!r:.100}."))
         if prompt_kwarg is not None and not isinstance(prompt_kwarg, str):
-            raise TypeError(f"{_OWNER}: prompt_kwarg must be a str or None, got {prompt_kwarg!r}.")
-        mapping = as_mapping(reset_kwargs_keys, "reset_kwargs_keys", "{reset keyword: key}", _OWNER)
+            raise TypeError(signed(f"prompt_kwarg must be a str or None, got {prompt_kwarg!r}."))
+        mapping = as_mapping(reset_kwargs_keys, "reset_kwargs_keys", "{reset keyword: key}")
         for arg, value in (
             ("connect_timeout_s", connect_timeout_s),
             ("message_timeout_s", message_timeout_s),
         ):
-            if check_real(value, arg, _OWNER) <= 0:
-                raise ValueError(f"{_OWNER}: {arg} must be > 0, got {value!r}.")
+            if check_real(value, arg) <= 0:
+                raise ValueError(signed(f"{arg} must be > 0, got {value!r}."))
         super().__init__(batch_size=torch.Size([batch_size]))
         self.action_fn = action_fn or _content_action
         self.observation_fn = observation_fn or _observed_messages
@@ -201,7 +203,6 @@ class OpenEnvChatEnv(EnvBase):
         self._sessions = open_sessions(
             env,
             batch_size,
-            _OWNER,
             connect_timeout_s=float(connect_timeout_s),
             message_timeout_s=float(message_timeout_s),
         )
@@ -255,26 +256,31 @@ class OpenEnvChatEnv(EnvBase):
             return [None] * n
         if self.prompt_kwarg is None:
             raise ValueError(
-                f"{_OWNER}: the reset input holds a prompt at {self.data_key!r}, but "
-                "prompt_kwarg=None sends none. Pass prompt_kwarg='<reset keyword>', or reset "
-                "without it."
+                signed(
+                    f"the reset input holds a prompt at {self.data_key!r}, but prompt_kwarg=None "
+                    "sends none. Pass prompt_kwarg='<reset keyword>', or reset without it."
+                )
             )
         prompts = _to_messages(value) if isinstance(value, History) else to_python(value)
         if isinstance(prompts, str):
             prompts = [prompts] * n
         if not isinstance(prompts, list) or len(prompts) != n:
             raise ValueError(
-                f"{_OWNER}: expected {n} prompts at {self.data_key!r}, one per row, got "
-                f"{prompts!r:.200}."
+                signed(
+                    f"expected {n} prompts at {self.data_key!r}, one per row, got {prompts!r:.200}."
+                )
             )
         for p in prompts:
             if not (isinstance(p, str) or is_message_list(p)):
                 raise TypeError(
-                    f"{_OWNER}: a prompt at {self.data_key!r} must be a str or a list of "
-                    f"messages, got {p!r:.100} of type {type(p).__name__}."
+                    signed(
+                        f"a prompt at {self.data_key!r} must be a str or a list of messages, got "
+                        f"{p!r:.100} of type {type(p).__name__}."
+                    )
                 )
         return prompts
 
+    @boundary("OpenEnvChatEnv")  # torchrl's reset calls it: its errors name this environment
     def _reset(self, tensordict: TensorDictBase | None = None, **kwargs: Any) -> TensorDictBase:
         n = self.batch_size[0]
         rows = range(n)
@@ -283,7 +289,7 @@ class OpenEnvChatEnv(EnvBase):
             rows = [i for i in rows if mask[i]]
         prompts = self._row_prompts(tensordict)
         columns = {
-            name: [to_python(v) for v in row_values(tensordict, key_parts(key), name, _OWNER)]
+            name: [to_python(v) for v in row_values(tensordict, key_parts(key), name)]
             for name, key in self.reset_kwargs_keys.items()
         }
         seed, self._seed = self._seed, None
@@ -300,9 +306,11 @@ class OpenEnvChatEnv(EnvBase):
                 chat = [{"role": "user", "content": p}] if isinstance(p, str) else list(p)
             if not chat:
                 raise ValueError(
-                    f"{_OWNER}: {self._sessions[i].where} returned no messages at reset and no "
-                    f"prompt was sent; pass a prompt at {self.data_key!r} or an observation_fn "
-                    "reading the reset observation's prompt."
+                    signed(
+                        f"{self._sessions[i].where} returned no messages at reset and no prompt "
+                        f"was sent; pass a prompt at {self.data_key!r} or an observation_fn "
+                        "reading the reset observation's prompt."
+                    )
                 )
             self._chats[i], self._done[i] = chat, False
         with set_list_to_stack(True):
@@ -328,6 +336,7 @@ class OpenEnvChatEnv(EnvBase):
 
     # -- step ------------------------------------------------------------------------------------
 
+    @boundary("OpenEnvChatEnv")  # torchrl's step calls it
     def _step(self, tensordict: TensorDictBase) -> TensorDictBase:
         n = self.batch_size[0]
         rewards, rewarded = torch.zeros(n), torch.zeros(n, dtype=torch.bool)
@@ -363,14 +372,16 @@ class OpenEnvChatEnv(EnvBase):
         """The content of the policy's one new turn in row ``i``'s conversation."""
         known = self._chats[i]
         if known is None:
-            raise RuntimeError(f"{_OWNER}: step before reset (row {i}); call env.reset() first.")
+            raise RuntimeError(signed(f"step before reset (row {i}); call env.reset() first."))
         new, extends = chat[len(known) :], chat[: len(known)] == known
         if not extends or len(new) != 1 or new[0]["role"] != self.policy_role:
             raise ValueError(
-                f"{_OWNER}: row {i}'s ('history', 'full') should be the environment's "
-                f"conversation plus one {self.policy_role!r} turn (an OpenEnv step takes one "
-                f"message), got {len(new)} new turns {[m['role'] for m in new]} after "
-                f"{len(known)} known ones{'' if extends else ' (which differ)'}."
+                signed(
+                    f"row {i}'s ('history', 'full') should be the environment's conversation plus "
+                    f"one {self.policy_role!r} turn (an OpenEnv step takes one message), got "
+                    f"{len(new)} new turns {[m['role'] for m in new]} after {len(known)} known "
+                    f"ones{'' if extends else ' (which differ)'}."
+                )
             )
         return new[0]["content"]
 
@@ -378,8 +389,10 @@ class OpenEnvChatEnv(EnvBase):
         messages = self.observation_fn(reply.observation)
         if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
             raise ValueError(
-                f"{_OWNER}: observation_fn returned {messages!r:.200} for row {i}'s {what}; "
-                "expected a list of {'role': ..., 'content': ...} messages."
+                signed(
+                    f"observation_fn returned {messages!r:.200} for row {i}'s {what}; expected a "
+                    "list of {'role': ..., 'content': ...} messages."
+                )
             )
         if messages:
             messages_to_history(messages)  # raises naming the bad message

@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
-from .._checks import check_positive_int, check_real, require
+from .._checks import boundary, check_positive_int, check_real, require, signed
 
 if TYPE_CHECKING:  # pragma: no cover
     from fastapi import FastAPI
@@ -29,6 +29,7 @@ __all__ = ["load_env_factory", "openenv_app", "openenv_server", "serve"]
 _STOP_TIMEOUT_S = 10.0
 
 
+@boundary("openenv_app")
 def openenv_app(
     make_env: Callable[[], EnvBase] | EnvBase | type,
     *,
@@ -77,18 +78,17 @@ def _environment_class(make_env: Any, max_concurrent_envs: int, session_timeout_
 
     from ._to_openenv import as_openenv_environment
 
-    check_positive_int(max_concurrent_envs, "max_concurrent_envs", "openenv_app")
-    if (
-        session_timeout_s is not None
-        and check_real(session_timeout_s, "session_timeout_s", "openenv_app") <= 0
-    ):
-        raise ValueError(f"openenv_app: session_timeout_s must be > 0, got {session_timeout_s!r}.")
+    check_positive_int(max_concurrent_envs, "max_concurrent_envs")
+    if session_timeout_s is not None and check_real(session_timeout_s, "session_timeout_s") <= 0:
+        raise ValueError(signed(f"session_timeout_s must be > 0, got {session_timeout_s!r}."))
     is_class = isinstance(make_env, type) and issubclass(make_env, Environment)
     cls = make_env if is_class else as_openenv_environment(make_env)
     if max_concurrent_envs > 1 and not cls.SUPPORTS_CONCURRENT_SESSIONS:
         raise ValueError(
-            f"openenv_app: max_concurrent_envs={max_concurrent_envs}, but every session would "
-            "share one environment. Pass a function building a new environment per session."
+            signed(
+                f"max_concurrent_envs={max_concurrent_envs}, but every session would share one "
+                "environment. Pass a function building a new environment per session."
+            )
         )
     return cls
 
@@ -155,6 +155,7 @@ def _uvicorn_server(app: Any, log_level: str, announce: str | None = None) -> An
 
 
 @contextmanager
+@boundary("openenv_server")  # signed per step: never across the with block
 def openenv_server(
     make_env: Callable[[], EnvBase] | EnvBase | type,
     *,
@@ -199,8 +200,8 @@ def openenv_server(
         ...         client.reset(prompt="What is 2 plus 3?").observation["messages"]
         [{'role': 'user', 'content': 'What is 2 plus 3?'}]
     """
-    if check_real(startup_timeout_s, "startup_timeout_s", "openenv_server") <= 0:
-        raise ValueError(f"openenv_server: startup_timeout_s must be > 0, got {startup_timeout_s}.")
+    if check_real(startup_timeout_s, "startup_timeout_s") <= 0:
+        raise ValueError(signed(f"startup_timeout_s must be > 0, got {startup_timeout_s}."))
     app = openenv_app(
         make_env, max_concurrent_envs=max_concurrent_envs, session_timeout_s=session_timeout_s
     )
@@ -214,10 +215,10 @@ def openenv_server(
         deadline = time.monotonic() + startup_timeout_s
         while not server.started:
             if not thread.is_alive():
-                raise RuntimeError(f"openenv_server: the server on {host}:{port} failed to start.")
+                raise RuntimeError(signed(f"the server on {host}:{port} failed to start."))
             if time.monotonic() > deadline:
                 raise TimeoutError(
-                    f"openenv_server: the server did not start within {startup_timeout_s} s."
+                    signed(f"the server did not start within {startup_timeout_s} s.")
                 )
             time.sleep(0.01)
         bound = sock.getsockname()[1]
@@ -254,6 +255,7 @@ def load_env_factory(spec: str) -> Any:
     return obj
 
 
+@boundary("serve")  # the CLI's command
 def serve(
     spec: str,
     *,

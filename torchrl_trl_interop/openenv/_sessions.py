@@ -15,6 +15,8 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
+from .._checks import signed
+
 __all__ = ["ClientSession", "LocalSession", "Reply", "close_quietly", "open_sessions"]
 
 #: the WebSocket sessions this process holds open, per server URL
@@ -35,9 +37,8 @@ class Reply(NamedTuple):
 class LocalSession:
     """An OpenEnv ``Environment`` instance in this process."""
 
-    def __init__(self, environment: Any, owner: str) -> None:
+    def __init__(self, environment: Any) -> None:
         self.environment = environment
-        self.owner = owner
         self.where = f"the in-process {type(environment).__name__}"
 
     def _reply(self, observation: Any) -> Reply:
@@ -56,9 +57,11 @@ class LocalSession:
             action_type = getattr(type(self.environment), "action_type", None)
             if action_type is None:
                 raise TypeError(
-                    f"{self.owner}: action_fn returned a {type(action).__name__}, and "
-                    f"{self.where} declares no action_type to validate it with; make action_fn "
-                    "return an instance of the environment's Action class."
+                    signed(
+                        f"action_fn returned a {type(action).__name__}, and {self.where} declares "
+                        "no action_type to validate it with; make action_fn return an instance "
+                        "of the environment's Action class."
+                    )
                 )
             action = action_type.model_validate(action)
         return self._reply(self.environment.step(action))
@@ -70,9 +73,8 @@ class LocalSession:
 class ClientSession:
     """A WebSocket session of a served environment, through OpenEnv's synchronous client."""
 
-    def __init__(self, client: Any, owner: str) -> None:
+    def __init__(self, client: Any) -> None:
         self.client = client
-        self.owner = owner
         self.where = f"the OpenEnv server at {client.base_url}"
         self.held = False  # counted in _HELD
         self.group: list = [self]  # the sessions of its environment, for the capacity hint
@@ -109,7 +111,7 @@ class ClientSession:
                     continue
                 hint = self._capacity_hint() if full else ""
                 raise RuntimeError(
-                    f"{self.owner}: {self.where} refused the {what}: {err}.{hint}"
+                    signed(f"{self.where} refused the {what}: {err}.{hint}")
                 ) from err
             except ConnectionClosed as err:
                 # a refused session's error frame may be lost when its close beats our send
@@ -130,8 +132,10 @@ class ClientSession:
             else f"went away ({type(err).__name__}: {err})"
         )
         return ConnectionError(
-            f"{self.owner}: {self.where} {cause} during the {what}. The session and its "
-            "episode are lost: check the server (its log, whether it still runs), then reset."
+            signed(
+                f"{self.where} {cause} during the {what}. The session and its episode are lost: "
+                "check the server (its log, whether it still runs), then reset."
+            )
         )
 
     def connect(self) -> None:
@@ -141,9 +145,11 @@ class ClientSession:
             _HELD[self.client.base_url] += 1
         except (ConnectionError, OSError) as err:
             raise ConnectionError(
-                f"{self.owner}: could not connect to {self.where} ({err}). Is it running? "
-                "Serve a TorchRL environment with `python -m torchrl_trl_interop.openenv serve "
-                "MODULE:make_env --port N`."
+                signed(
+                    f"could not connect to {self.where} ({err}). Is it running? Serve a TorchRL "
+                    "environment with `python -m torchrl_trl_interop.openenv serve "
+                    "MODULE:make_env --port N`."
+                )
             ) from err
 
     def reset(self, **kwargs: Any) -> Reply:
@@ -171,39 +177,41 @@ def close_quietly(sessions: list) -> None:
     sessions.clear()
 
 
-def _session_of(value: Any, owner: str, **client_kwargs: Any) -> LocalSession | ClientSession:
+def _session_of(value: Any, **client_kwargs: Any) -> LocalSession | ClientSession:
     from openenv.core.env_client import EnvClient
     from openenv.core.env_server.interfaces import Environment
     from openenv.core.generic_client import GenericEnvClient
     from openenv.core.sync_client import SyncEnvClient
 
     if isinstance(value, Environment):
-        return LocalSession(value, owner)
+        return LocalSession(value)
     if isinstance(value, str):
         value = GenericEnvClient(base_url=value, **client_kwargs)
     if isinstance(value, EnvClient):
         value = value.sync()
     if isinstance(value, SyncEnvClient):
-        session = ClientSession(value, owner)
+        session = ClientSession(value)
         session.connect()
         return session
     raise TypeError(
-        f"{owner}: expected an OpenEnv Environment, an OpenEnv client (EnvClient, "
-        f"GenericEnvClient) or a server URL, got {value!r:.100} of type {type(value).__name__}."
+        signed(
+            "expected an OpenEnv Environment, an OpenEnv client (EnvClient, GenericEnvClient) or "
+            f"a server URL, got {value!r:.100} of type {type(value).__name__}."
+        )
     )
 
 
 def open_sessions(
     env: Any,
     n: int,
-    owner: str,
     *,
     connect_timeout_s: float,
     message_timeout_s: float,
 ) -> list[LocalSession | ClientSession]:
     """``n`` sessions of ``env``: a server URL (``n`` WebSocket sessions), an ``Environment``
     instance or a client (one session: ``n`` must be 1), or a zero-argument callable returning
-    either (called ``n`` times; an ``Environment`` subclass is one).
+    either (called ``n`` times; an ``Environment`` subclass is one). Errors, here and in the
+    sessions' calls, open with the public call being made (:func:`~torchrl_trl_interop._checks.signed`).
 
     Raises:
         TypeError: if ``env`` (or what the callable returns) is none of these.
@@ -218,20 +226,24 @@ def open_sessions(
     if isinstance(env, (Environment, EnvClient, SyncEnvClient)):
         if n != 1:
             raise ValueError(
-                f"{owner}: one {type(env).__name__} is one OpenEnv session, but batch_size={n}. "
-                "Pass a function (or class) building one per row, or the server's URL."
+                signed(
+                    f"one {type(env).__name__} is one OpenEnv session, but batch_size={n}. Pass a "
+                    "function (or class) building one per row, or the server's URL."
+                )
             )
-        return [_session_of(env, owner, **client_kwargs)]
+        return [_session_of(env, **client_kwargs)]
     if not isinstance(env, str) and not callable(env):
         raise TypeError(
-            f"{owner}: env must be an OpenEnv server URL, Environment or client, or a function "
-            f"building one, got {env!r:.100} of type {type(env).__name__}."
+            signed(
+                "env must be an OpenEnv server URL, Environment or client, or a function "
+                f"building one, got {env!r:.100} of type {type(env).__name__}."
+            )
         )
     sessions: list[LocalSession | ClientSession] = []
     try:
         for _ in range(n):
             made = env if isinstance(env, str) else env()
-            sessions.append(_session_of(made, owner, **client_kwargs))
+            sessions.append(_session_of(made, **client_kwargs))
     except BaseException:
         for session in sessions:
             session.close()

@@ -17,7 +17,7 @@ import weakref
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from .._checks import check_real, require, speaking_for
+from .._checks import boundary, check_real, require, signed, speaking_for
 
 require("openenv", "as_openenv_environment")
 
@@ -54,7 +54,6 @@ from ._wire import (  # noqa: E402
 
 __all__ = ["as_openenv_environment"]
 
-_OWNER = "as_openenv_environment"
 _END_KEYS = ("terminated", "truncated")
 _ONE_EPISODE = (
     "an OpenEnv session plays one episode (the server runs one environment per session: "
@@ -80,30 +79,29 @@ class _TorchRLEnvironment(Environment[TorchRLChatAction, TorchRLChatObservation,
     _reward_key: NestedKey = NEXT_REWARD_KEY  # in the step's output, under "next"
     _done_key: NestedKey = NEXT_DONE_KEY
 
+    @boundary("as_openenv_environment")  # OpenEnv's server builds one per session
     def __init__(self) -> None:
         super().__init__()
         owns = self._shared_env is None
         env = self._make_env() if owns else self._shared_env
-        with speaking_for(_OWNER):
-            self._base = check_chat_env(env, _ONE_EPISODE)
+        self._base = check_chat_env(env, _ONE_EPISODE)
         if owns:
             if env in _OWNED:
                 raise ValueError(
-                    f"{_OWNER}: make_env returned an environment another live instance already "
-                    "plays, so two sessions would share one episode. Build a new environment in "
-                    "each call, or pass the environment itself (one session at a time)."
+                    signed(
+                        "make_env returned an environment another live instance already plays, "
+                        "so two sessions would share one episode. Build a new environment in "
+                        "each call, or pass the environment itself (one session at a time)."
+                    )
                 )
             _OWNED.add(env)
         self.env, self._owns = env, owns
         self._primed = has_prompt_source(env)
-        self._tools = tool_schemas(env, _OWNER)
+        self._tools = tool_schemas(env)
         self._td: TensorDictBase | None = None
         self._episode_id: str | None = None
         self._steps, self._done = 0, False
         self._running: threading.Thread | None = None  # a step that outlived its timeout
-
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}(env={type(self.env).__name__}, steps={self._steps})"
 
     # -- OpenEnv's interface ---------------------------------------------------------------------
 
@@ -150,7 +148,8 @@ class _TorchRLEnvironment(Environment[TorchRLChatAction, TorchRLChatObservation,
             )
         action = self._as_action(action)
         if timeout_s is not None:
-            timeout_s = check_real(timeout_s, "timeout_s", f"{name}.step")
+            with speaking_for(f"{name}.step"):  # the class: named by the user
+                timeout_s = check_real(timeout_s, "timeout_s")
             if timeout_s <= 0:
                 raise RequestValueError(f"{name}.step: timeout_s must be > 0, got {timeout_s}.")
         self._check_idle()
@@ -195,6 +194,9 @@ class _TorchRLEnvironment(Environment[TorchRLChatAction, TorchRLChatObservation,
         if self._owns:
             _OWNED.discard(self.env)
             self.env.close(raise_if_closed=False)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(env={type(self.env).__name__}, steps={self._steps})"
 
     # -- helpers ---------------------------------------------------------------------------------
 
@@ -271,6 +273,7 @@ class _TorchRLEnvironment(Environment[TorchRLChatAction, TorchRLChatObservation,
         return box["out"]
 
 
+@boundary("as_openenv_environment")
 def as_openenv_environment(
     make_env: Callable[[], EnvBase] | EnvBase,
     *,
@@ -368,14 +371,15 @@ def as_openenv_environment(
     shared = make_env if isinstance(make_env, EnvBase) else None
     if shared is None and not callable(make_env):
         raise TypeError(
-            f"{_OWNER}: make_env must be a function building a torchrl environment (or the "
-            f"environment itself), got {make_env!r:.100} of type {type(make_env).__name__}."
+            signed(
+                "make_env must be a function building a torchrl environment (or the environment "
+                f"itself), got {make_env!r:.100} of type {type(make_env).__name__}."
+            )
         )
     if shared is not None:
-        with speaking_for(_OWNER):
-            check_chat_env(shared, _ONE_EPISODE)
+        check_chat_env(shared, _ONE_EPISODE)
     if not isinstance(name, str) or not name.isidentifier():
-        raise ValueError(f"{_OWNER}: name must be a Python identifier, got {name!r}.")
+        raise ValueError(signed(f"name must be a Python identifier, got {name!r}."))
     attrs = {
         "__module__": __name__,
         "__doc__": f"{make_env!r:.200} as an OpenEnv environment (as_openenv_environment).",

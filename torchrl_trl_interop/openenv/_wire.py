@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .._checks import require, speaking_for
+from .._checks import require
 
 require("openenv", "torchrl_trl_interop's OpenEnv adapters")
 
@@ -78,7 +78,7 @@ class TorchRLChatObservation(Observation):
     )
 
 
-def tool_schemas(env: Any, owner: str) -> list[dict[str, Any]]:
+def tool_schemas(env: Any) -> list[dict[str, Any]]:
     """The JSON schemas of the tools of ``env``'s tool transforms, in order, named as the
     environment reads them in a call.
 
@@ -91,11 +91,10 @@ def tool_schemas(env: Any, owner: str) -> list[dict[str, Any]]:
 
     Examples:
         >>> from torchrl_trl_interop.testing import toy_tool_env
-        >>> [s["function"]["name"] for s in tool_schemas(toy_tool_env(), "f")]
+        >>> [s["function"]["name"] for s in tool_schemas(toy_tool_env())]
         ['add']
     """
     from ..rollouts._tools import tool_catalogue, tool_transforms
 
-    with speaking_for(owner):
-        catalogue = tool_catalogue(tool_transforms(env), skip_unknown=True)
+    catalogue = tool_catalogue(tool_transforms(env), skip_unknown=True)  # signed by the caller
     return [entry.schema() for entry in catalogue]

@@ -22,19 +22,20 @@ from tensordict.utils import NestedKey
 from torchrl.data import Composite, Unbounded
 from torchrl.envs.transforms import Compose, Transform, TransformedEnv
 
-from .._checks import as_names, check_bool, check_keywords, public_call, speaking_for
-from .._keys import (
-    DONE_KEY,
-    HISTORY_KEY,
-    PLACEHOLDER_ROLE,
-    REWARD_KEY,
-    as_nested_key,
-    keys_present,
+from .._checks import (
+    as_names,
+    boundary,
+    check_bool,
+    check_keywords,
+    public_call,
+    signed,
+    speaking_for,
 )
+from .._keys import DONE_KEY, HISTORY_KEY, PLACEHOLDER_ROLE, REWARD_KEY, as_nested_key, keys_present
 from .._upstream._history_fields import history_fields
 from ._from_trl import TRLRewardFuncWrapper
 from ._input_mode import CHAT_MODES, resolve_input_mode
-from ._scoring import NONFINITE_MODES
+from ._scoring import check_nonfinite
 from ._to_trl import module_reward_key as _module_reward_key
 
 __all__ = ["RewardTransform", "as_reward_transform"]
@@ -147,6 +148,7 @@ class RewardTransform(Transform):
             out_keys=['reward'])
     """
 
+    @boundary("RewardTransform")
     def __init__(
         self,
         module: TensorDictModuleBase | Callable | Sequence[Callable],
@@ -167,11 +169,7 @@ class RewardTransform(Transform):
         kwargs_keys: Mapping[str, NestedKey] | None = None,
         nonfinite: str = "raise",
     ) -> None:
-        owner = public_call("RewardTransform")
-        if nonfinite not in NONFINITE_MODES:
-            raise ValueError(
-                f"{owner}: nonfinite={nonfinite!r}; expected one of {NONFINITE_MODES}."
-            )
+        check_nonfinite(nonfinite)
         if isinstance(module, TensorDictModuleBase):
             func_args = {
                 "prompt_key": prompt_key,
@@ -183,35 +181,38 @@ class RewardTransform(Transform):
             given = sorted(arg for arg, value in func_args.items() if value is not None)
             if given:
                 raise TypeError(
-                    f"{owner}: got {given}, which RewardTransform does not take with a TensorDict "
-                    "module (they configure TRL reward functions); configure the module itself "
-                    "instead."
+                    signed(
+                        f"got {given}, which RewardTransform does not take with a TensorDict "
+                        "module (they configure TRL reward functions); configure the module "
+                        "itself instead."
+                    )
                 )
             input_mode = resolve_input_mode(
-                owner, RewardTransform.__init__, locals(), modes=CHAT_MODES, default="history"
+                RewardTransform.__init__, locals(), modes=CHAT_MODES, default="history"
             )
         elif isinstance(module, torch.nn.Module) or not (
             callable(module) or isinstance(module, (list, tuple, str))  # str: a model id, refused
         ):
             raise TypeError(
-                f"{owner}: module is a {type(module).__name__}; expected TRL reward functions "
-                "f(prompts, completions, completion_ids, **kwargs) or a TensorDict module writing "
-                "a reward (TRLRewardFuncWrapper, HFRewardModelWrapper: wrap a reward model with "
-                "it)."
-            )
-        else:
-            with speaking_for(owner):  # the wrapper's argument errors name this call
-                module = TRLRewardFuncWrapper(
-                    module,
-                    input_mode=input_mode,
-                    history_key=HISTORY_KEY if history_key is None else history_key,
-                    prompt_key=prompt_key,
-                    completion_key=completion_key,
-                    completion_ids_key=completion_ids_key,
-                    kwargs_keys=kwargs_keys,
-                    weights=weights,
-                    completion_roles=completion_roles,
+                signed(
+                    f"module is a {type(module).__name__}; expected TRL reward functions "
+                    "f(prompts, completions, completion_ids, **kwargs) or a TensorDict module "
+                    "writing a reward (TRLRewardFuncWrapper, HFRewardModelWrapper: wrap a reward "
+                    "model with it)."
                 )
+            )
+        else:  # the wrapper's errors, built or run, name this call
+            module = TRLRewardFuncWrapper(
+                module,
+                input_mode=input_mode,
+                history_key=HISTORY_KEY if history_key is None else history_key,
+                prompt_key=prompt_key,
+                completion_key=completion_key,
+                completion_ids_key=completion_ids_key,
+                kwargs_keys=kwargs_keys,
+                weights=weights,
+                completion_roles=completion_roles,
+            )
             input_mode = module.input_mode
         self.input_mode = input_mode
         self.module_reward_key = (
@@ -225,15 +226,16 @@ class RewardTransform(Transform):
             if history_key is None or input_mode == "text"
             else as_nested_key(history_key, "history_key")
         )
-        self.completion_roles = as_names(completion_roles, "completion_roles", owner)
-        self.only_done = check_bool(only_done, "only_done", owner)
+        self.completion_roles = as_names(completion_roles, "completion_roles")
+        self.only_done = check_bool(only_done, "only_done")
         self.done_key = as_nested_key(done_key, "done_key")
-        self.accumulate = check_bool(accumulate, "accumulate", owner)
+        self.accumulate = check_bool(accumulate, "accumulate")
         self.nonfinite = nonfinite
         module_in_keys = [as_nested_key(k) for k in getattr(module, "in_keys", [])]
         super().__init__(in_keys=module_in_keys, out_keys=[self.reward_key])
         self.module = module
-        self._owner = owner
+        # the call its step errors name: this class, or the public call that built it
+        self._built_by = public_call("RewardTransform")
         self._order_checked = 0  # how many transforms the environment had when last checked
 
     def _call(self, next_tensordict: TensorDictBase) -> TensorDictBase:
@@ -242,7 +244,8 @@ class RewardTransform(Transform):
     def _reset(
         self, tensordict: TensorDictBase, tensordict_reset: TensorDictBase
     ) -> TensorDictBase:
-        self._check_done_is_final()
+        with speaking_for(self._built_by):
+            self._check_done_is_final()
         return tensordict_reset
 
     def _check_done_is_final(self) -> None:
@@ -275,7 +278,7 @@ class RewardTransform(Transform):
             if added or written:
                 names = [type(t).__name__ for t in later]
                 raise ValueError(
-                    f"{self._owner}(only_done=True) runs before {names} in the environment's "
+                    f"{self._built_by}(only_done=True) runs before {names} in the environment's "
                     f"transforms, which set the done entries {added or written}. TorchRL runs "
                     "transforms in order, so done is not final when the reward is computed and "
                     "every step would score 0.0. Append the reward transform after the step "
@@ -291,9 +294,11 @@ class RewardTransform(Transform):
         if self.history_key is not None:
             if self.history_key not in tensordict.keys(True):
                 raise KeyError(
-                    f"{self._owner}: no conversation at history_key={self.history_key!r} in the "
-                    f"step's input (keys: {keys_present(tensordict)}). Pass history_key=... (or "
-                    "None to score every row)."
+                    signed(
+                        f"no conversation at history_key={self.history_key!r} in the step's input "
+                        f"(keys: {keys_present(tensordict)}). Pass history_key=... (or None to "
+                        "score every row)."
+                    )
                 )
             flat = tensordict if tensordict.ndim == 1 else tensordict.reshape(-1)
             with set_list_to_stack(True):
@@ -309,47 +314,54 @@ class RewardTransform(Transform):
             scored &= next_tensordict.get(self.done_key).reshape(n, -1).any(-1).cpu()
         return scored
 
-    def _score(self, tensordict: TensorDictBase, rows: torch.Tensor) -> torch.Tensor:
+    def _selected(self, tensordict: TensorDictBase, rows: torch.Tensor) -> TensorDictBase:
+        """What the module reads of the rows to score."""
         missing = [k for k in self.in_keys if k not in tensordict.keys(True)]
         if missing:
-            raise KeyError(
-                f"{self._owner}: the reward module reads {missing}, missing from the step's "
-                f"input (keys: {keys_present(tensordict)})."
-            )
+            keys = keys_present(tensordict)
+            message = f"the reward module reads {missing}, missing from the step's input (keys: "
+            raise KeyError(signed(f"{message}{keys})."))
         flat = tensordict.reshape(-1) if tensordict.ndim != 1 else tensordict
         selected = flat.select(*self.in_keys)  # before indexing: only what the module reads
-        if not bool(rows.all()):
-            selected = selected[rows.nonzero().squeeze(-1)]
-        with torch.no_grad(), set_list_to_stack(True):
-            out = self.module(selected)
-        out = out if isinstance(out, TensorDictBase) else selected
-        reward = out.get(self.module_reward_key, None)
-        if not isinstance(reward, torch.Tensor) or reward.numel() != int(rows.sum()):
-            raise ValueError(
-                f"{self._owner}: the module wrote {type(reward).__name__} at "
-                f"{self.module_reward_key!r}; expected one reward per scored row "
-                f"({int(rows.sum())}). Pass module_reward_key=... naming its output."
-            )
-        return reward.detach().reshape(-1).float().cpu()
+        return selected if bool(rows.all()) else selected[rows.nonzero().squeeze(-1)]
 
     def _step(self, tensordict: TensorDictBase, next_tensordict: TensorDictBase) -> TensorDictBase:
-        self._check_done_is_final()
-        shape = next_tensordict.batch_size
-        rows = self._scored_rows(tensordict, next_tensordict)
-        reward = torch.zeros(shape.numel())
-        if rows.any():
-            reward[rows] = self._score(tensordict, rows)
-            self._check_finite(reward)
-        existing = next_tensordict.get(self.reward_key, None)
-        target = existing.shape if existing is not None else (*shape, 1, 1)  # the spec's shape
-        reward = reward.reshape(target).to(next_tensordict.device or "cpu")
-        if existing is not None:
-            if not self.accumulate:
+        # this transform's errors name the call that built it; the module's, the module
+        with speaking_for(self._built_by):
+            self._check_done_is_final()
+            rows = self._scored_rows(tensordict, next_tensordict)
+            selected = self._selected(tensordict, rows) if rows.any() else None
+        if selected is not None:
+            with torch.no_grad(), set_list_to_stack(True):
+                out = self.module(selected)
+            out = out if isinstance(out, TensorDictBase) else selected
+        with speaking_for(self._built_by):
+            shape, n = next_tensordict.batch_size, int(rows.sum())
+            reward = torch.zeros(shape.numel())
+            if selected is not None:
+                written = out.get(self.module_reward_key, None)
+                if not isinstance(written, torch.Tensor) or written.numel() != n:
+                    raise ValueError(
+                        signed(
+                            f"the module wrote {type(written).__name__} at "
+                            f"{self.module_reward_key!r}; expected one reward per scored row "
+                            f"({n}). Pass module_reward_key=... naming its output."
+                        )
+                    )
+                reward[rows] = written.detach().reshape(-1).float().cpu()
+                self._check_finite(reward)
+            existing = next_tensordict.get(self.reward_key, None)
+            target = existing.shape if existing is not None else (*shape, 1, 1)  # the spec's
+            reward = reward.reshape(target).to(next_tensordict.device or "cpu")
+            if existing is not None and not self.accumulate:
                 raise ValueError(
-                    f"{self._owner}: the step already holds a reward at {self.reward_key!r} "
-                    "(written by the environment or an earlier transform). Pass accumulate=True "
-                    "to add this one to it, or reward_key=... to write it elsewhere."
+                    signed(
+                        f"the step already holds a reward at {self.reward_key!r} (written by the "
+                        "environment or an earlier transform). Pass accumulate=True to add this "
+                        "one to it, or reward_key=... to write it elsewhere."
+                    )
                 )
+        if existing is not None:
             reward = existing + reward.to(existing.dtype)
         next_tensordict.set(self.reward_key, reward)
         return next_tensordict
@@ -362,12 +374,12 @@ class RewardTransform(Transform):
         if not bool(bad.any()):
             return
         rows = bad.nonzero().flatten().tolist()
-        message = (
-            f"{self._owner}: the reward of {len(rows)} of {reward.numel()} row(s) is NaN or "
-            f"infinite (rows {rows[:8]}): a TRL reward function returning None for every "
-            "function writes NaN. MCAdvantage would spread it over the row's group and GRPOLoss "
-            "would be NaN. Return a float for every row, or pass nonfinite='warn' or 'ignore' "
-            "(and leave such rows out before the advantage)."
+        message = signed(
+            f"the reward of {len(rows)} of {reward.numel()} row(s) is NaN or infinite (rows "
+            f"{rows[:8]}): a TRL reward function returning None for every function writes NaN. "
+            "MCAdvantage would spread it over the row's group and GRPOLoss would be NaN. Return "
+            "a float for every row, or pass nonfinite='warn' or 'ignore' (and leave such rows "
+            "out before the advantage)."
         )
         if self.nonfinite == "raise":
             raise ValueError(message)
@@ -389,6 +401,7 @@ _KEYWORDS = tuple(
 )
 
 
+@boundary("as_reward_transform")
 def as_reward_transform(
     module: TensorDictModuleBase | Callable | Sequence[Callable], **kwargs: Any
 ) -> RewardTransform:
@@ -428,8 +441,7 @@ def as_reward_transform(
         "as_reward_transform(module, **kwargs) is deprecated and will be removed in the next "
         "release: use RewardTransform(module, **kwargs), the same transform.",
         DeprecationWarning,
-        stacklevel=2,
+        stacklevel=3,  # the caller's line, past boundary's wrapper
     )
-    check_keywords(kwargs, _KEYWORDS, "as_reward_transform")
-    with speaking_for("as_reward_transform"):
-        return RewardTransform(module, **kwargs)
+    check_keywords(kwargs, _KEYWORDS)
+    return RewardTransform(module, **kwargs)

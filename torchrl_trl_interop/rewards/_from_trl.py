@@ -23,10 +23,13 @@ from tensordict.utils import NestedKey
 from .._checks import (
     as_mapping,
     as_names,
+    boundary,
     check_real,
     check_tensordict,
     module_repr,
     public_call,
+    signed,
+    speaking_for,
 )
 from .._conversation import row_values
 from .._keys import (
@@ -37,7 +40,7 @@ from .._keys import (
     as_nested_key,
     to_python,
 )
-from ._input_mode import CHAT_MODES, resolve_input_mode
+from ._input_mode import CHAT_MODES, check_distinct_keys, resolve_input_mode
 from ._inputs import read_chat_texts, read_chats
 
 __all__ = ["TRLRewardFuncWrapper"]
@@ -72,40 +75,48 @@ def _run_coroutines(coroutines: list) -> list:
         return pool.submit(asyncio.run, gather()).result()
 
 
-def _check_reward_funcs(reward_funcs: Any, owner: str) -> list[Callable]:
+def _check_reward_funcs(reward_funcs: Any) -> list[Callable]:
     """``reward_funcs`` as a non-empty list of TRL reward functions (not models, not model ids)."""
     funcs = list(reward_funcs) if isinstance(reward_funcs, (list, tuple)) else [reward_funcs]
     if not funcs:
-        raise ValueError(f"{owner}: reward_funcs is empty; pass at least one.")
+        raise ValueError(signed("reward_funcs is empty; pass at least one."))
     for i, func in enumerate(funcs):
         if isinstance(func, str):
             raise TypeError(
-                f"{owner}: reward_funcs[{i}] is the string {func!r} (a model id). Load the reward "
-                "model offline and wrap it with HFRewardModelWrapper instead."
+                signed(
+                    f"reward_funcs[{i}] is the string {func!r} (a model id). Load the reward "
+                    "model offline and wrap it with HFRewardModelWrapper instead."
+                )
             )
         if isinstance(func, torch.nn.Module) or not callable(func):
             raise TypeError(
-                f"{owner}: reward_funcs[{i}] is a {type(func).__name__}; expected a TRL reward "
-                "function f(prompts, completions, completion_ids, **kwargs). Wrap a reward model "
-                "with HFRewardModelWrapper (a TensorDict module) instead."
+                signed(
+                    f"reward_funcs[{i}] is a {type(func).__name__}; expected a TRL reward "
+                    "function f(prompts, completions, completion_ids, **kwargs). Wrap a reward "
+                    "model with HFRewardModelWrapper (a TensorDict module) instead."
+                )
             )
     return funcs
 
 
-def _check_weights(weights: Any, n: int, owner: str) -> list[float]:
+def _check_weights(weights: Any, n: int) -> list[float]:
     """One finite float per reward function, as ``GRPOConfig.reward_weights``; ``None``: 1.0 each."""
     if weights is None:
         return [1.0] * n
     if isinstance(weights, (str, bytes)) or not isinstance(weights, (Sequence, torch.Tensor)):
         raise TypeError(
-            f"{owner}: weights must be a list of floats (one per reward function), got "
-            f"{type(weights).__name__}."
+            signed(
+                "weights must be a list of floats (one per reward function), got "
+                f"{type(weights).__name__}."
+            )
         )
-    weights = [check_real(w, f"weights[{i}]", owner) for i, w in enumerate(weights)]
+    weights = [check_real(w, f"weights[{i}]") for i, w in enumerate(weights)]
     if len(weights) != n:
         raise ValueError(
-            f"{owner}: got {len(weights)} weights for {n} reward functions; pass one weight per "
-            "function (as GRPOConfig.reward_weights)."
+            signed(
+                f"got {len(weights)} weights for {n} reward functions; pass one weight per "
+                "function (as GRPOConfig.reward_weights)."
+            )
         )
     return weights
 
@@ -212,6 +223,7 @@ class TRLRewardFuncWrapper(TensorDictModuleBase):
         tensor([-1., -2.])
     """
 
+    @boundary("TRLRewardFuncWrapper")
     def __init__(
         self,
         reward_funcs: Callable | Sequence[Callable],
@@ -227,21 +239,21 @@ class TRLRewardFuncWrapper(TensorDictModuleBase):
         weights: Sequence[float] | None = None,
         completion_roles: Sequence[str] = ("assistant",),
     ) -> None:
-        # the call the user made: this class, or the public call that built it for them
-        owner = public_call(type(self).__name__)
         implied = input_mode is None
         input_mode = resolve_input_mode(  # first: it reads the arguments as passed
-            owner, TRLRewardFuncWrapper.__init__, locals(), modes=CHAT_MODES, default="history"
+            TRLRewardFuncWrapper.__init__, locals(), modes=CHAT_MODES, default="history"
         )
-        funcs = _check_reward_funcs(reward_funcs, owner)
-        weights = _check_weights(weights, len(funcs), owner)
+        funcs = _check_reward_funcs(reward_funcs)
+        weights = _check_weights(weights, len(funcs))
         if input_mode == "text":
             if implied and (prompt_key is None or completion_key is None):
                 raise ValueError(
-                    f"{owner}: text mode needs both prompt_key and completion_key (got "
-                    f"prompt_key={prompt_key!r}, completion_key={completion_key!r}). Pass both, "
-                    "or input_mode='text' to read TorchRL's ('text', 'prompt') and "
-                    "('text', 'response') where a key is not given."
+                    signed(
+                        "text mode needs both prompt_key and completion_key (got "
+                        f"prompt_key={prompt_key!r}, completion_key={completion_key!r}). Pass "
+                        "both, or input_mode='text' to read TorchRL's ('text', 'prompt') and "
+                        "('text', 'response') where a key is not given."
+                    )
                 )
             history_key = None
             prompt_key = as_nested_key(
@@ -254,8 +266,10 @@ class TRLRewardFuncWrapper(TensorDictModuleBase):
         else:
             if history_key is None:
                 raise ValueError(
-                    f"{owner}: history_key=None needs prompt_key= and completion_key= "
-                    "(input_mode='text'); otherwise there is no input to read."
+                    signed(
+                        "history_key=None needs prompt_key= and completion_key= "
+                        "(input_mode='text'); otherwise there is no input to read."
+                    )
                 )
             history_key = as_nested_key(history_key, "history_key")
             in_keys = [history_key]
@@ -264,27 +278,22 @@ class TRLRewardFuncWrapper(TensorDictModuleBase):
             in_keys.append(completion_ids_key)
         kwargs_keys = {
             str(name): as_nested_key(key, f"kwargs_keys[{name!r}]")
-            for name, key in as_mapping(
-                kwargs_keys, "kwargs_keys", "{kwarg name: key}", owner
-            ).items()
+            for name, key in as_mapping(kwargs_keys, "kwargs_keys", "{kwarg name: key}").items()
         }
         reserved = {"prompts", "completions", "completion_ids"} & set(kwargs_keys)
         if reserved:
             raise ValueError(
-                f"{owner}: kwargs_keys uses the reserved name(s) {sorted(reserved)}; they are "
-                "filled from the History/text keys."
+                signed(
+                    f"kwargs_keys uses the reserved name(s) {sorted(reserved)}; they are filled "
+                    "from the History/text keys."
+                )
             )
         in_keys.extend(kwargs_keys.values())
-        duplicates = sorted({repr(k) for k in in_keys if in_keys.count(k) > 1})
-        if duplicates:
-            raise ValueError(
-                f"{owner}: the key(s) {duplicates} are used for two inputs; give each input its "
-                "own key."
-            )
+        check_distinct_keys(in_keys)
         reward_key = as_nested_key(reward_key, "reward_key")
         if reward_per_func_key is not None:
             reward_per_func_key = as_nested_key(reward_per_func_key, "reward_per_func_key")
-        completion_roles = as_names(completion_roles, "completion_roles", owner)
+        completion_roles = as_names(completion_roles, "completion_roles")
 
         super().__init__()
         self.reward_funcs = funcs
@@ -292,7 +301,9 @@ class TRLRewardFuncWrapper(TensorDictModuleBase):
         self.weights = weights
         self.completion_roles = completion_roles
         self.input_mode = input_mode
-        self._owner = owner
+        # the call its errors name when it runs: this class, or the public call that built it
+        # for the user (RewardTransform given TRL reward functions)
+        self._built_by = public_call("TRLRewardFuncWrapper")
         self._history_key = history_key
         self._prompt_key = prompt_key
         self._completion_key = completion_key
@@ -308,23 +319,19 @@ class TRLRewardFuncWrapper(TensorDictModuleBase):
         return module_repr(self, [*fields, f"input_mode={self.input_mode!r}"])
 
     def _read(self, td: TensorDictBase) -> tuple[list, list, list | None, dict[str, list]]:
-        owner = self._owner
         if self.input_mode == "text":
-            prompts, completions = read_chat_texts(
-                td, self._prompt_key, self._completion_key, owner
-            )
+            prompts, completions = read_chat_texts(td, self._prompt_key, self._completion_key)
         else:
-            prompts, completions = read_chats(td, self._history_key, self.completion_roles, owner)
+            prompts, completions = read_chats(td, self._history_key, self.completion_roles)
         completion_ids = (
             None
             if self._completion_ids_key is None
             else [
-                to_python(v)
-                for v in row_values(td, self._completion_ids_key, "completion_ids_key", owner)
+                to_python(v) for v in row_values(td, self._completion_ids_key, "completion_ids_key")
             ]
         )
         kwargs = {
-            name: [to_python(v) for v in row_values(td, key, f"kwargs_keys[{name!r}]", owner)]
+            name: [to_python(v) for v in row_values(td, key, f"kwargs_keys[{name!r}]")]
             for name, key in self._kwargs_keys.items()
         }
         return prompts, completions, completion_ids, kwargs
@@ -333,30 +340,39 @@ class TRLRewardFuncWrapper(TensorDictModuleBase):
         name = self.reward_func_names[index]
         if not isinstance(output, (list, tuple)) and not isinstance(output, torch.Tensor):
             raise TypeError(
-                f"{self._owner}: reward function {name!r} returned a "
-                f"{type(output).__name__}; expected a list with one float (or None) per completion."
+                signed(
+                    f"reward function {name!r} returned a {type(output).__name__}; expected a "
+                    "list with one float (or None) per completion."
+                )
             )
         if isinstance(output, torch.Tensor) and output.ndim != 1:
             raise ValueError(
-                f"{self._owner}: reward function {name!r} returned a tensor of shape "
-                f"{list(output.shape)}; expected one float per completion, shape [{n}]."
+                signed(
+                    f"reward function {name!r} returned a tensor of shape {list(output.shape)}; "
+                    f"expected one float per completion, shape [{n}]."
+                )
             )
         output = output.tolist() if isinstance(output, torch.Tensor) else list(output)
         if len(output) != n:
             raise ValueError(
-                f"{self._owner}: reward function {name!r} returned {len(output)} rewards "
-                f"but {n} were expected (one per completion)."
+                signed(
+                    f"reward function {name!r} returned {len(output)} rewards but {n} were "
+                    "expected (one per completion)."
+                )
             )
-        owner = f"{self._owner}: reward function {name!r}"
         rewards = [
-            float("nan") if r is None else check_real(r, f"reward [{i}]", owner, finite=False)
+            float("nan")
+            if r is None
+            else check_real(r, f"reward function {name!r}: reward [{i}]", finite=False)
             for i, r in enumerate(output)
         ]
         bad = [i for i, r in enumerate(rewards) if math.isinf(r)]
         if bad:
             raise ValueError(
-                f"{owner} returned infinite reward(s) at {bad[:8]}; return a finite float, or "
-                "None for a completion it does not score."
+                signed(
+                    f"reward function {name!r} returned infinite reward(s) at {bad[:8]}; return a "
+                    "finite float, or None for a completion it does not score."
+                )
             )
         return rewards
 
@@ -372,7 +388,11 @@ class TRLRewardFuncWrapper(TensorDictModuleBase):
                 match the batch, or a function returns the wrong number of rewards, a tensor
                 that is not 1-D, or an infinite reward.
         """
-        check_tensordict(tensordict, "tensordict", self._owner)
+        with speaking_for(self._built_by):  # errors name the call that built this module
+            return self._score(tensordict)
+
+    def _score(self, tensordict: TensorDictBase) -> TensorDictBase:
+        check_tensordict(tensordict, "tensordict")
         with set_list_to_stack(True):  # reading History needs it; scoped, never global
             prompts, completions, completion_ids, kwargs = self._read(tensordict)
         n = len(prompts)

@@ -23,6 +23,7 @@ from typing import Any
 
 from tensordict.utils import NestedKey
 
+from .._checks import signed
 from .._keys import HISTORY_KEY, TEXT_KEY, TOKEN_KEY, as_nested_key
 
 __all__ = [
@@ -31,6 +32,7 @@ __all__ = [
     "KEY_ARG_MODES",
     "MODE_KEYS",
     "MODE_KEY_ARGS",
+    "check_distinct_keys",
     "mode_key",
     "resolve_input_mode",
 ]
@@ -69,6 +71,25 @@ def mode_key(mode: str, key: NestedKey | None) -> NestedKey:
     return as_nested_key(MODE_KEYS[mode] if key is None else key, MODE_KEY_ARGS[mode])
 
 
+def check_distinct_keys(keys: Sequence[NestedKey]) -> None:
+    """Raises a ``ValueError`` naming the keys of ``keys`` (those a reward call reads or writes,
+    in canonical form) given for two inputs: each input needs its own key.
+
+    Examples:
+        >>> check_distinct_keys(["answer", ("history", "full")])
+        >>> check_distinct_keys(["answer", "answer"])
+        Traceback (most recent call last):
+        ...
+        ValueError: the key(s) ["'answer'"] are used for two inputs; give each input its own key.
+    """
+    keys = list(keys)
+    duplicates = sorted({repr(k) for k in keys if keys.count(k) > 1})
+    if duplicates:
+        raise ValueError(
+            signed(f"the key(s) {duplicates} are used for two inputs; give each input its own key.")
+        )
+
+
 @functools.cache
 def _key_arg_defaults(call: Callable) -> dict[str, Any]:
     """``{key argument: its default}`` of ``call``'s signature, in signature order."""
@@ -85,7 +106,6 @@ def _is_set(value: Any, default: Any, arg: str) -> bool:
 
 
 def resolve_input_mode(
-    owner: str,
     call: Callable,
     arguments: Mapping[str, Any],
     *,
@@ -94,8 +114,9 @@ def resolve_input_mode(
 ) -> str:
     """The input mode of a reward class, from ``input_mode`` and the key arguments set.
 
+    Errors open with the public call being made (:func:`~torchrl_trl_interop._checks.signed`).
+
     Args:
-        owner (str): the public call, named by the errors.
         call (callable): the public callable (a class's ``__init__``, a function): its signature
             says which key arguments it takes (those of :data:`KEY_ARG_MODES`) and their
             defaults; a key argument that is ``None`` or equal to its default is not set.
@@ -115,9 +136,10 @@ def resolve_input_mode(
             than ``input_mode`` is set, or (without ``input_mode``) key arguments of two modes are.
 
     Examples:
-        >>> def scorer(*, input_mode=None, token_key=("tokens", "full"), text_key=None):
-        ...     return resolve_input_mode("scorer", scorer, locals(), modes=INPUT_MODES,
-        ...                               default="tokens")
+        >>> from torchrl_trl_interop._checks import boundary
+        >>> @boundary("scorer")
+        ... def scorer(*, input_mode=None, token_key=("tokens", "full"), text_key=None):
+        ...     return resolve_input_mode(scorer, locals(), modes=INPUT_MODES, default="tokens")
         >>> scorer(), scorer(text_key="text"), scorer(input_mode="text")
         ('tokens', 'text', 'text')
         >>> scorer(input_mode="tokens", text_key="text")
@@ -128,8 +150,10 @@ def resolve_input_mode(
     input_mode = arguments["input_mode"]
     if input_mode is not None and (not isinstance(input_mode, str) or input_mode not in modes):
         raise ValueError(
-            f"{owner}: input_mode={input_mode!r}; expected one of {list(modes)} (TorchRL's "
-            "input forms), or None to infer it from the key argument given."
+            signed(
+                f"input_mode={input_mode!r}; expected one of {list(modes)} (TorchRL's input "
+                "forms), or None to infer it from the key argument given."
+            )
         )
     given = [
         (arg, KEY_ARG_MODES[arg], arguments[arg])
@@ -140,18 +164,22 @@ def resolve_input_mode(
         for arg, mode, value in given:
             if mode != input_mode:
                 raise ValueError(
-                    f"{owner}: {arg}={value!r} is the key of input_mode={mode!r}, but "
-                    f"input_mode={input_mode!r}: it would be ignored. Drop {arg}=, or pass "
-                    f"input_mode={mode!r}."
+                    signed(
+                        f"{arg}={value!r} is the key of input_mode={mode!r}, but "
+                        f"input_mode={input_mode!r}: it would be ignored. Drop {arg}=, or pass "
+                        f"input_mode={mode!r}."
+                    )
                 )
         return input_mode
     first, *others = given or [(None, default, None)]
     for arg, mode, value in others:
         if mode != first[1]:
             raise ValueError(
-                f"{owner}: got both {first[0]}={first[2]!r} and {arg}={value!r}, which select "
-                f"two different inputs (input_mode={first[1]!r} and {mode!r}): one would be "
-                "ignored. Pass only the key of the input to read, or input_mode=... with its "
-                "key."
+                signed(
+                    f"got both {first[0]}={first[2]!r} and {arg}={value!r}, which select two "
+                    f"different inputs (input_mode={first[1]!r} and {mode!r}): one would be "
+                    "ignored. Pass only the key of the input to read, or input_mode=... with its "
+                    "key."
+                )
             )
     return first[1]

@@ -13,7 +13,7 @@ completions instead: :func:`read_chats` (History) and :func:`read_chat_texts` (t
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -21,6 +21,7 @@ import torch
 from tensordict import TensorDictBase, is_non_tensor, set_list_to_stack
 from tensordict.utils import NestedKey
 
+from .._checks import public_call, signed
 from .._conversation import history_to_messages, row_values, split_prompt_completion
 from .._keys import flatten_nested, get_entry
 from .._padding import pack_right, position_mask
@@ -37,8 +38,6 @@ __all__ = [
     "read_texts",
     "read_tokens",
 ]
-
-_OWNER = "HFRewardModelWrapper"
 
 
 @dataclass
@@ -62,16 +61,19 @@ class PackedInput:
 def empty_rows_error(lengths: torch.Tensor, hint: str) -> ValueError:
     """The error for rows of ``lengths`` 0: a reward model cannot score an empty sequence.
 
-    ``hint`` names the argument read and why a row can be empty.
+    ``hint`` names the argument read and why a row can be empty; the message opens with the
+    public call being made (:func:`~torchrl_trl_interop._checks.signed`).
 
     Examples:
         >>> print(empty_rows_error(torch.tensor([2, 0]), "token_key='ids' (a row holds no token)"))
-        HFRewardModelWrapper: token_key='ids' (a row holds no token): row(s) [1] (flattened index) have no real token. A reward model cannot score an empty sequence; drop these rows first.
+        token_key='ids' (a row holds no token): row(s) [1] (flattened index) have no real token. A reward model cannot score an empty sequence; drop these rows first.
     """
     empty = (lengths == 0).nonzero().flatten()[:8].tolist()
     return ValueError(
-        f"{_OWNER}: {hint}: row(s) {empty} (flattened index) have no real token. A reward model "
-        "cannot score an empty sequence; drop these rows first."
+        signed(
+            f"{hint}: row(s) {empty} (flattened index) have no real token. A reward model cannot "
+            "score an empty sequence; drop these rows first."
+        )
     )
 
 
@@ -87,39 +89,58 @@ def _non_tensor_value(value: Any) -> Any:
     return value.tolist()
 
 
-def _flatten_rows(value: Any, what: str) -> tuple[list[torch.Tensor], tuple[int, ...]]:
-    """Flattens a (nested) list of tensors into 1-D rows and the leading (batch) shape."""
+def _nested_rows(
+    value: Any, what: str, leaf: Callable[[Any, str], tuple[list, tuple[int, ...]]], ragged: str
+) -> tuple[list, tuple[int, ...]]:
+    """``(rows, batch shape)`` of ``value``: what ``leaf`` reads of it, or of each item of nested
+    lists (a non-tensor entry read as its list), every item of a list of one batch shape, else
+    a ``ValueError`` saying ``ragged`` (``{inner}``: the first item's shape; ``{shape}``, ``{i}``:
+    the other one's and its index)."""
+    while is_non_tensor(value):
+        value = _non_tensor_value(value)
+    if not isinstance(value, (list, tuple)):
+        return leaf(value, what)
+    if not value:
+        return [], (0,)
+    parts = [_nested_rows(v, what, leaf, ragged) for v in value]
+    inner = parts[0][1]
+    for i, (_, shape) in enumerate(parts):
+        if shape != inner:
+            raise ValueError(signed(f"{what} " + ragged.format(inner=inner, shape=shape, i=i)))
+    return [row for rows, _ in parts for row in rows], (len(value), *inner)
+
+
+def _tensor_rows(value: Any, what: str) -> tuple[list[torch.Tensor], tuple[int, ...]]:
+    """A tensor's 1-D rows and its leading (batch) shape (a nested tensor's rows as a list)."""
     if isinstance(value, torch.Tensor):
         if value.is_nested:
             return _flatten_rows(list(value.unbind(0)), what)
         if value.ndim == 0:
             raise ValueError(
-                f"HFRewardModelWrapper: {what} is a 0-d tensor; expected a sequence dimension "
-                "last, e.g. shape [L], [B, L] or [E, G, L]."
+                signed(
+                    f"{what} is a 0-d tensor; expected a sequence dimension last, e.g. shape [L], "
+                    "[B, L] or [E, G, L]."
+                )
             )
         if value.ndim == 1:
             return [value], ()
         shape = tuple(value.shape[:-1])
         return list(value.reshape(-1, value.shape[-1]).unbind(0)), shape
-    if is_non_tensor(value):
-        return _flatten_rows(_non_tensor_value(value), what)
-    if isinstance(value, (list, tuple)):
-        if not value:
-            return [], (0,)
-        parts = [_flatten_rows(v, what) for v in value]
-        inner = parts[0][1]
-        for i, (_, shape) in enumerate(parts):
-            if shape != inner:
-                raise ValueError(
-                    f"HFRewardModelWrapper: {what} has rows with different batch shapes "
-                    f"({inner} at index 0, {shape} at index {i}); only the last (sequence) "
-                    "dimension may be ragged."
-                )
-        return [row for rows, _ in parts for row in rows], (len(value), *inner)
     raise TypeError(
-        f"HFRewardModelWrapper: {what} is a {type(value).__name__}; expected a tensor, a nested "
-        "tensor, a lazy stack of tensors or a list of 1-D tensors."
+        signed(
+            f"{what} is a {type(value).__name__}; expected a tensor, a nested tensor, a lazy "
+            "stack of tensors or a list of 1-D tensors."
+        )
     )
+
+
+def _flatten_rows(value: Any, what: str) -> tuple[list[torch.Tensor], tuple[int, ...]]:
+    """Flattens a (nested) list of tensors into 1-D rows and the leading (batch) shape."""
+    ragged = (
+        "has rows with different batch shapes ({inner} at index 0, {shape} at index {i}); only "
+        "the last (sequence) dimension may be ragged."
+    )
+    return _nested_rows(value, what, _tensor_rows, ragged)
 
 
 def _read_padded(
@@ -140,23 +161,19 @@ def _read_padded(
     return padded, lengths, shape
 
 
-def _read_texts(value: Any, what: str) -> tuple[list[str], tuple[int, ...]]:
+def _text(value: Any, what: str) -> tuple[list[str], tuple[int, ...]]:
     if isinstance(value, str):
         return [value], ()
-    if is_non_tensor(value):
-        return _read_texts(_non_tensor_value(value), what)
-    if isinstance(value, (list, tuple)):
-        if not value:
-            return [], (0,)
-        parts = [_read_texts(v, what) for v in value]
-        inner = parts[0][1]
-        if any(shape != inner for _, shape in parts):
-            raise ValueError(f"HFRewardModelWrapper: {what} is ragged above the string level.")
-        return [t for texts, _ in parts for t in texts], (len(value), *inner)
     raise TypeError(
-        f"HFRewardModelWrapper: {what} holds a {type(value).__name__}; expected strings (a str, "
-        "a NonTensorStack of str or nested lists of str)."
+        signed(
+            f"{what} holds a {type(value).__name__}; expected strings (a str, a NonTensorStack of "
+            "str or nested lists of str)."
+        )
     )
+
+
+def _read_texts(value: Any, what: str) -> tuple[list[str], tuple[int, ...]]:
+    return _nested_rows(value, what, _text, "is ragged above the string level.")
 
 
 def _value_device(value: Any) -> torch.device | None:
@@ -185,16 +202,19 @@ def _check_mask(
         if bad.numel():
             row = int(bad[0])
             raise ValueError(
-                f"{_OWNER}: the mask at {mask_key!r} does not match the tokens at "
-                f"{token_key!r}: row {row} (flattened) has {int(t_len[row])} tokens "
-                f"but a mask of length {int(m_len[row])}."
+                signed(
+                    f"the mask at {mask_key!r} does not match the tokens at {token_key!r}: row "
+                    f"{row} (flattened) has {int(t_len[row])} tokens but a mask of length "
+                    f"{int(m_len[row])}."
+                )
             )
     elif mask_shape != batch_shape or mask.shape != ids.shape:
         raise ValueError(
-            f"{_OWNER}: the mask at {mask_key!r} (shape "
-            f"{[*mask_shape, mask.shape[-1]]}) does not match the tokens at "
-            f"{token_key!r} (shape {[*batch_shape, ids.shape[-1]]}). The mask needs "
-            "one entry per token."
+            signed(
+                f"the mask at {mask_key!r} (shape {[*mask_shape, mask.shape[-1]]}) does not match "
+                f"the tokens at {token_key!r} (shape {[*batch_shape, ids.shape[-1]]}). The mask "
+                "needs one entry per token."
+            )
         )
 
 
@@ -218,16 +238,16 @@ def read_tokens(
         (tensor([[5, 6, 0],
                 [7, 8, 9]]), tensor([2, 3]))
     """
-    value = get_entry(td, token_key, "token_key", _OWNER)
+    # _keys imports nothing of the package: it is handed the public call's name
+    value = get_entry(td, token_key, "token_key", public_call(""))
     ids, tok_lengths, batch_shape = _read_padded(value, f"token_key={token_key!r}")
     if ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool:
         raise TypeError(
-            f"{_OWNER}: token_key={token_key!r} holds {ids.dtype} values; expected "
-            "integer token ids."
+            signed(f"token_key={token_key!r} holds {ids.dtype} values; expected integer token ids.")
         )
     real = None if tok_lengths is None else position_mask(tok_lengths, ids.shape[-1])
     if mask_key is not None:
-        mask_value = get_entry(td, mask_key, "attention_mask_key", _OWNER)
+        mask_value = get_entry(td, mask_key, "attention_mask_key", public_call(""))
         mask, mask_lengths, mask_shape = _read_padded(
             mask_value, f"attention_mask_key={mask_key!r}"
         )
@@ -255,8 +275,10 @@ def _pack(token_lists: Sequence[Sequence[int]], what: str) -> tuple[torch.Tensor
     if 0 in sizes:
         empty = [i for i, size in enumerate(sizes) if size == 0][:8]
         raise ValueError(
-            f"{_OWNER}: {what}: row(s) {empty} (flattened index) tokenize to no token at all; a "
-            "reward model cannot score an empty sequence. Drop these rows first."
+            signed(
+                f"{what}: row(s) {empty} (flattened index) tokenize to no token at all; a reward "
+                "model cannot score an empty sequence. Drop these rows first."
+            )
         )
     ids = torch.nn.utils.rnn.pad_sequence(rows, batch_first=True, padding_value=0)
     return ids, lengths
@@ -270,13 +292,12 @@ def read_texts(
 
     With ``append_eos``, the tokenizer's EOS is appended to texts that do not end with it.
     """
-    value = get_entry(td, text_key, "text_key", _OWNER)
+    value = get_entry(td, text_key, "text_key", public_call(""))
     texts, batch_shape = _read_texts(value, f"text_key={text_key!r}")
     for i, text in enumerate(texts):
         if not isinstance(text, str):
             raise TypeError(
-                f"{_OWNER}: text_key={text_key!r} row {i} is a "
-                f"{type(text).__name__}; expected a str."
+                signed(f"text_key={text_key!r} row {i} is a {type(text).__name__}; expected a str.")
             )
     eos = tokenizer.eos_token
     if append_eos:
@@ -296,12 +317,14 @@ def read_history(
     from torchrl.data.llm import History
 
     with set_list_to_stack(True):  # scoped: reading a ragged History needs the mode
-        history = get_entry(td, history_key, "history_key", _OWNER)
+        history = get_entry(td, history_key, "history_key", public_call(""))
         messages = history_to_messages(history) if isinstance(history, History) else None
     if not isinstance(history, History):
         raise TypeError(
-            f"{_OWNER}: history_key={history_key!r} holds a "
-            f"{type(history).__name__}; expected a torchrl.data.llm.History."
+            signed(
+                f"history_key={history_key!r} holds a {type(history).__name__}; expected a "
+                "torchrl.data.llm.History."
+            )
         )
     batch_shape = tuple(history.batch_size[:-1])
     conversations = flatten_nested(messages, len(batch_shape))
@@ -322,33 +345,33 @@ def read_history(
 
 
 def read_chats(
-    td: TensorDictBase, history_key: NestedKey, completion_roles: tuple[str, ...], owner: str
+    td: TensorDictBase, history_key: NestedKey, completion_roles: tuple[str, ...]
 ) -> tuple[list, list]:
     """``input_mode="history"``: each conversation split into TRL's prompt and completion
     (message lists; the completion is the trailing ``completion_roles`` turns), row-major."""
     prompts, completions = [], []
-    for i, conversation in enumerate(row_values(td, history_key, "history_key", owner)):
+    for i, conversation in enumerate(row_values(td, history_key, "history_key")):
         try:
             prompt, completion = split_prompt_completion(
                 conversation, completion_roles=completion_roles
             )
         except ValueError as err:
-            raise ValueError(f"{owner}: rollout {i} (flattened): {err}") from err
+            raise ValueError(signed(f"rollout {i} (flattened): {err}")) from err
         prompts.append(prompt)
         completions.append(completion)
     return prompts, completions
 
 
 def read_chat_texts(
-    td: TensorDictBase, prompt_key: NestedKey, completion_key: NestedKey, owner: str
+    td: TensorDictBase, prompt_key: NestedKey, completion_key: NestedKey
 ) -> tuple[list, list]:
     """``input_mode="text"``: prompt and completion strings, TRL's standard format, row-major.
 
     Examples:
         >>> from tensordict import TensorDict
         >>> td = TensorDict({"text": {"prompt": ["2+2="], "response": ["4"]}}, batch_size=[1])
-        >>> read_chat_texts(td, ("text", "prompt"), ("text", "response"), "example")
+        >>> read_chat_texts(td, ("text", "prompt"), ("text", "response"))
         (['2+2='], ['4'])
     """
-    prompts = row_values(td, prompt_key, "prompt_key", owner)
-    return prompts, row_values(td, completion_key, "completion_key", owner)
+    prompts = row_values(td, prompt_key, "prompt_key")
+    return prompts, row_values(td, completion_key, "completion_key")

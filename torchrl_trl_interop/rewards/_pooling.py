@@ -15,6 +15,8 @@ from typing import Any
 
 import torch
 
+from .._checks import signed
+
 __all__ = [
     "RewardOutputError",
     "RewardShapeError",
@@ -66,9 +68,11 @@ def extract_reward(out: Any) -> torch.Tensor:
     if isinstance(out, (tuple, list)) and out and isinstance(out[0], torch.Tensor):
         return out[0]
     raise RewardOutputError(
-        "HFRewardModelWrapper: could not extract reward from model output: it is of type "
-        f"{type(out).__name__}. Expected a tensor, an output with a 'logits' or 'rewards' tensor "
-        "attribute (or mapping entry), or a tuple whose first element is the reward tensor."
+        signed(
+            f"could not extract reward from model output: it is of type {type(out).__name__}. "
+            "Expected a tensor, an output with a 'logits' or 'rewards' tensor attribute (or "
+            "mapping entry), or a tuple whose first element is the reward tensor."
+        )
     )
 
 
@@ -85,8 +89,10 @@ def check_reward_shape(model: Any, reward: torch.Tensor, n: int) -> torch.Tensor
         else ""
     )
     raise RewardShapeError(
-        "HFRewardModelWrapper: expected one scalar reward per input (one scalar reward per row, "
-        f"shape [{n}] or [{n}, 1]), but the model returned shape {list(reward.shape)}.{hint}"
+        signed(
+            f"expected one scalar reward per input (one scalar reward per row, shape [{n}] or "
+            f"[{n}, 1]), but the model returned shape {list(reward.shape)}.{hint}"
+        )
     )
 
 
@@ -125,7 +131,7 @@ def check_model_input(model: Any, ids: torch.Tensor, lengths: torch.Tensor, arg:
         >>> check_model_input(toy_reward_model(), torch.tensor([[-1]]), torch.tensor([1]), "ids")
         Traceback (most recent call last):
         ...
-        ValueError: HFRewardModelWrapper: ids holds token id -1 (row 0); the reward model's vocabulary has ids 0 to 383. Tokenize with the reward model's own tokenizer.
+        ValueError: ids holds token id -1 (row 0); the reward model's vocabulary has ids 0 to 383. Tokenize with the reward model's own tokenizer.
     """
     if ids.numel() == 0:
         return
@@ -133,9 +139,11 @@ def check_model_input(model: Any, ids: torch.Tensor, lengths: torch.Tensor, arg:
     if positions is not None and int(lengths.max()) > positions:
         row = int(lengths.argmax())
         raise ValueError(
-            f"HFRewardModelWrapper: {arg} holds a row of {int(lengths.max())} tokens (row {row}, "
-            f"flattened); the reward model takes at most {positions} (max_position_embeddings). "
-            "Truncate or drop longer rows first."
+            signed(
+                f"{arg} holds a row of {int(lengths.max())} tokens (row {row}, flattened); the "
+                f"reward model takes at most {positions} (max_position_embeddings). Truncate or "
+                "drop longer rows first."
+            )
         )
     if vocab is not None:
         low, high = int(ids.min()), int(ids.max())  # padding is 0: inside the vocabulary
@@ -143,9 +151,10 @@ def check_model_input(model: Any, ids: torch.Tensor, lengths: torch.Tensor, arg:
             bad = low if low < 0 else high
             row = int(((ids == bad).any(-1)).nonzero()[0])
             raise ValueError(
-                f"HFRewardModelWrapper: {arg} holds token id {bad} (row {row}); the reward "
-                f"model's vocabulary has ids 0 to {vocab - 1}. Tokenize with the reward model's "
-                "own tokenizer."
+                signed(
+                    f"{arg} holds token id {bad} (row {row}); the reward model's vocabulary has "
+                    f"ids 0 to {vocab - 1}. Tokenize with the reward model's own tokenizer."
+                )
             )
 
 

@@ -20,18 +20,15 @@ from torch import nn
 
 from .._checks import (
     as_mapping,
+    boundary,
     check_bool,
     check_positive_int,
     check_tensordict,
     check_tokenizer,
     module_repr,
+    signed,
 )
-from .._keys import (
-    ATTENTION_MASK_KEY,
-    REWARD_KEY,
-    TOKEN_KEY,
-    as_nested_key,
-)
+from .._keys import ATTENTION_MASK_KEY, REWARD_KEY, TOKEN_KEY, as_nested_key
 from ._input_mode import INPUT_MODES, MODE_KEY_ARGS, mode_key, resolve_input_mode
 from ._inputs import PackedInput, read_history, read_texts, read_tokens
 from ._pooling import (
@@ -41,7 +38,7 @@ from ._pooling import (
     guard_model_input,
     text_config,
 )
-from ._scoring import NONFINITE_MODES, report_nonfinite, score_packed, scores_without_mask
+from ._scoring import check_nonfinite, report_nonfinite, score_packed, scores_without_mask
 
 if TYPE_CHECKING:  # pragma: no cover
     from transformers import PreTrainedTokenizerBase
@@ -213,6 +210,7 @@ class HFRewardModelWrapper(TensorDictModuleBase):
         replaces.
     """
 
+    @boundary("HFRewardModelWrapper")
     def __init__(
         self,
         model: nn.Module,
@@ -231,32 +229,30 @@ class HFRewardModelWrapper(TensorDictModuleBase):
         unsqueeze_reward: bool = False,
         nonfinite: str = "raise",
     ) -> None:
-        owner = "HFRewardModelWrapper"
         input_mode = resolve_input_mode(  # first: it reads the arguments as passed
-            owner, HFRewardModelWrapper.__init__, locals(), modes=INPUT_MODES, default="tokens"
+            HFRewardModelWrapper.__init__, locals(), modes=INPUT_MODES, default="tokens"
         )
         if not callable(model):
             raise TypeError(
-                f"{owner}: model should be a callable nn.Module (a reward model), got "
-                f"{type(model).__name__}."
+                signed(
+                    "model should be a callable nn.Module (a reward model), got "
+                    f"{type(model).__name__}."
+                )
             )
-        check_positive_int(max_batch_size, "max_batch_size", owner, allow_none=True)
-        check_tokenizer(tokenizer, "tokenizer", owner)
+        check_positive_int(max_batch_size, "max_batch_size", allow_none=True)
+        check_tokenizer(tokenizer, "tokenizer")
         chat_template_kwargs = (
             None
             if chat_template_kwargs is None
-            else as_mapping(chat_template_kwargs, "chat_template_kwargs", "{name: value}", owner)
+            else as_mapping(chat_template_kwargs, "chat_template_kwargs", "{name: value}")
         )
         for flag, value in (
             ("inference_mode", inference_mode),
             ("append_eos", append_eos),
             ("unsqueeze_reward", unsqueeze_reward),
         ):
-            check_bool(value, flag, owner)
-        if nonfinite not in NONFINITE_MODES:
-            raise ValueError(
-                f"{owner}: nonfinite={nonfinite!r}; expected one of {NONFINITE_MODES}."
-            )
+            check_bool(value, flag)
+        check_nonfinite(nonfinite)
         reward_key = as_nested_key(reward_key, "reward_key")
         keys = {"tokens": token_key, "text": text_key, "history": history_key}
         in_keys = [mode_key(input_mode, keys[input_mode])]
@@ -266,25 +262,33 @@ class HFRewardModelWrapper(TensorDictModuleBase):
             in_keys.append(as_nested_key(attention_mask_key, "attention_mask_key"))
         if input_mode == "tokens" and tokenizer is not None:
             raise ValueError(
-                f"{owner}: tokenizer= is only used with text_key= or history_key= "
-                "(input_mode='text' or 'history'); token input is read as it is, so it would be "
-                "ignored. Pass input_mode='text' or 'history', or drop tokenizer=."
+                signed(
+                    "tokenizer= is only used with text_key= or history_key= (input_mode='text' "
+                    "or 'history'); token input is read as it is, so it would be ignored. Pass "
+                    "input_mode='text' or 'history', or drop tokenizer=."
+                )
             )
         if input_mode != "tokens" and tokenizer is None:
             raise ValueError(
-                f"{owner}: input_mode={input_mode!r} ({MODE_KEY_ARGS[input_mode]}={in_keys[0]!r}) "
-                "needs the reward model's tokenizer: pass tokenizer=... (the one the reward model "
-                "was trained with, which is often not the policy's)."
+                signed(
+                    f"input_mode={input_mode!r} ({MODE_KEY_ARGS[input_mode]}={in_keys[0]!r}) "
+                    "needs the reward model's tokenizer: pass tokenizer=... (the one the reward "
+                    "model was trained with, which is often not the policy's)."
+                )
             )
         if input_mode == "text" and append_eos and tokenizer.eos_token is None:
             raise ValueError(
-                f"{owner}: append_eos=True but tokenizer {type(tokenizer).__name__} has no "
-                "eos_token. Set tokenizer.eos_token or pass append_eos=False."
+                signed(
+                    f"append_eos=True but tokenizer {type(tokenizer).__name__} has no eos_token. "
+                    "Set tokenizer.eos_token or pass append_eos=False."
+                )
             )
         if chat_template_kwargs is not None and input_mode != "history":
             raise ValueError(
-                f"{owner}: chat_template_kwargs= is only used with history_key= "
-                f"(input_mode='history'); with input_mode={input_mode!r} it would be ignored."
+                signed(
+                    "chat_template_kwargs= is only used with history_key= "
+                    f"(input_mode='history'); with input_mode={input_mode!r} it would be ignored."
+                )
             )
 
         super().__init__()
@@ -332,6 +336,7 @@ class HFRewardModelWrapper(TensorDictModuleBase):
     # forward
     # -----------------------------------------------------------------------------------------
 
+    @boundary("HFRewardModelWrapper")  # one context per call, never per row
     def forward(self, tensordict: TensorDictBase) -> TensorDictBase:
         """Scores every row of ``tensordict`` and writes the rewards to ``reward_key``.
 
@@ -360,7 +365,7 @@ class HFRewardModelWrapper(TensorDictModuleBase):
             RewardOutputError: (a :class:`TypeError` and a :class:`RuntimeError`) if the model
                 output holds no reward tensor.
         """
-        check_tensordict(tensordict, "tensordict", "HFRewardModelWrapper")
+        check_tensordict(tensordict, "tensordict")
         model = self.model
         config = self._pooling_config()
         packed = self._read(tensordict)

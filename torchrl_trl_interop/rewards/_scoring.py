@@ -18,6 +18,7 @@ import torch
 from tensordict.utils import NestedKey
 from torch import nn
 
+from .._checks import signed
 from .._padding import length_buckets, position_mask, unbucket
 from ._inputs import PackedInput, empty_rows_error
 from ._pooling import (
@@ -28,9 +29,30 @@ from ._pooling import (
     pooling_model,
 )
 
-__all__ = ["NONFINITE_MODES", "report_nonfinite", "score_packed", "scores_without_mask"]
+__all__ = [
+    "NONFINITE_MODES",
+    "check_nonfinite",
+    "report_nonfinite",
+    "score_packed",
+    "scores_without_mask",
+]
 
 NONFINITE_MODES = ("raise", "warn", "ignore")
+
+
+def check_nonfinite(nonfinite: str) -> None:
+    """Raises a ``ValueError`` unless ``nonfinite`` is one of :data:`NONFINITE_MODES`: what a
+    reward call does with a NaN or infinite reward.
+
+    Examples:
+        >>> check_nonfinite("warn")
+        >>> check_nonfinite("drop")
+        Traceback (most recent call last):
+        ...
+        ValueError: nonfinite='drop'; expected one of ('raise', 'warn', 'ignore').
+    """
+    if nonfinite not in NONFINITE_MODES:
+        raise ValueError(signed(f"nonfinite={nonfinite!r}; expected one of {NONFINITE_MODES}."))
 
 
 def score_packed(
@@ -101,10 +123,10 @@ def report_nonfinite(reward: torch.Tensor, reward_key: NestedKey, nonfinite: str
     """
     bad = ~torch.isfinite(reward.detach())
     where = bad.nonzero().tolist()[:8]
-    message = (
-        f"HFRewardModelWrapper: {int(bad.sum())} of {bad.numel()} reward(s) at "
-        f"{reward_key!r} are NaN or infinite (first indices: {where}). "
-        "Check the model's dtype and inputs, or pass nonfinite='warn' or 'ignore'."
+    message = signed(
+        f"{int(bad.sum())} of {bad.numel()} reward(s) at {reward_key!r} are NaN or infinite "
+        f"(first indices: {where}). Check the model's dtype and inputs, or pass nonfinite='warn' "
+        "or 'ignore'."
     )
     if nonfinite == "raise":
         raise ValueError(message)

@@ -16,7 +16,7 @@ from tensordict import TensorDictBase, set_list_to_stack
 from tensordict.nn import TensorDictModuleBase
 from tensordict.utils import NestedKey
 
-from .._checks import as_device, as_mapping, check_positive_int, check_tokenizer
+from .._checks import as_device, as_mapping, boundary, check_positive_int, check_tokenizer, signed
 from .._conversation import is_message_list
 from .._keys import (
     ATTENTION_MASK_KEY,
@@ -28,7 +28,13 @@ from .._keys import (
 )
 from .._padding import length_buckets, unbucket
 from ..data._rows import rows_to_tensordict
-from ._input_mode import INPUT_MODES, MODE_KEY_ARGS, mode_key, resolve_input_mode
+from ._input_mode import (
+    INPUT_MODES,
+    MODE_KEY_ARGS,
+    check_distinct_keys,
+    mode_key,
+    resolve_input_mode,
+)
 
 if TYPE_CHECKING:  # pragma: no cover
     from transformers import PreTrainedTokenizerBase
@@ -234,6 +240,7 @@ def module_reward_key(module: Any) -> NestedKey:
     return as_nested_key(out_keys[0]) if len(out_keys) == 1 else REWARD_KEY
 
 
+@boundary("as_trl_reward_func")
 def as_trl_reward_func(
     module: TensorDictModuleBase,
     *,
@@ -363,14 +370,13 @@ def as_trl_reward_func(
             "function can be given to TRL directly."
         )
     if name is not None and not isinstance(name, str):
-        raise TypeError(f"as_trl_reward_func: name must be a str, got {type(name).__name__}.")
-    owner = "as_trl_reward_func"
+        raise TypeError(signed(f"name must be a str, got {type(name).__name__}."))
     input_mode = resolve_input_mode(  # first: it reads the arguments as passed
-        owner, as_trl_reward_func, locals(), modes=INPUT_MODES, default="history"
+        as_trl_reward_func, locals(), modes=INPUT_MODES, default="history"
     )
-    check_positive_int(max_batch_size, "max_batch_size", owner, allow_none=True)
-    check_tokenizer(processing_class, "processing_class", owner)
-    kwargs_keys = as_mapping(kwargs_keys, "kwargs_keys", "{column: key}", owner)
+    check_positive_int(max_batch_size, "max_batch_size", allow_none=True)
+    check_tokenizer(processing_class, "processing_class")
+    kwargs_keys = as_mapping(kwargs_keys, "kwargs_keys", "{column: key}")
     kwargs_keys = {
         str(col): as_nested_key(key, f"kwargs_keys[{col!r}]") for col, key in kwargs_keys.items()
     }
@@ -383,23 +389,21 @@ def as_trl_reward_func(
         keys = {"token_key": token_key, "attention_mask_key": attention_mask_key}
         if processing_class is None:
             raise ValueError(
-                f"{owner}: token_key={token_key!r} (input_mode='tokens') needs processing_class= "
-                "(the tokenizer the module's model expects) to tokenize prompt + completion."
+                signed(
+                    f"token_key={token_key!r} (input_mode='tokens') needs processing_class= (the "
+                    "tokenizer the module's model expects) to tokenize prompt + completion."
+                )
             )
     keys["completion_ids_key"] = completion_ids_key
     keys = {arg: as_nested_key(k, arg) for arg, k in keys.items() if k is not None}
     if not keys:
         raise ValueError(
-            f"{owner}: history_key, text_key, token_key and completion_ids_key are all None, so "
-            "the module would receive no input. Set the key(s) the module reads."
+            signed(
+                "history_key, text_key, token_key and completion_ids_key are all None, so the "
+                "module would receive no input. Set the key(s) the module reads."
+            )
         )
-    used = list(keys.values()) + list(kwargs_keys.values())
-    duplicates = sorted({repr(k) for k in used if used.count(k) > 1})
-    if duplicates:
-        raise ValueError(
-            f"{owner}: the key(s) {duplicates} are used for two inputs; give each input its own "
-            "key."
-        )
+    check_distinct_keys([*keys.values(), *kwargs_keys.values()])
     return _ModuleRewardFunc(
         module,
         input_mode=input_mode,
@@ -412,6 +416,6 @@ def as_trl_reward_func(
         ),
         processing_class=processing_class,
         max_batch_size=max_batch_size,
-        device=as_device(device, "device", owner),
+        device=as_device(device, "device"),
         name=name if name is not None else _default_name(module),
     )

@@ -18,6 +18,7 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 from torchrl.weight_update import WeightSyncScheme
 
+from .._checks import boundary, signed
 from .._upstream._weights import ray_collector_handle
 from ._remote_collector import push_to_remote_collector
 from ._staleness import set_policy_version
@@ -44,10 +45,10 @@ class TargetScheme(WeightSyncScheme):
 
     Args:
         target: the torchrl object that receives.
-        route (Callable): ``route(target, weights, version, *, owner, partial)``: the push.
+        route (Callable): ``route(target, weights, version, *, partial)``: the push.
 
     Examples:
-        >>> scheme = as_weight_sync_scheme(torch.nn.Linear(2, 2), "f")
+        >>> scheme = as_weight_sync_scheme(torch.nn.Linear(2, 2))
         >>> scheme is None  # a module is copied into, not sent to
         True
     """
@@ -70,16 +71,20 @@ class TargetScheme(WeightSyncScheme):
     def _setup_connection_and_weights_on_sender_impl(self, **kwargs: Any) -> None:
         """Nothing to exchange."""
 
+    @boundary("TargetScheme")  # torchrl's init_on_receiver calls it
     def _init_on_receiver_impl(self, *args: Any, **kwargs: Any) -> None:
         raise RuntimeError(
-            f"TargetScheme: {type(self.target).__name__} receives through torchrl's own "
-            "machinery; there is no receiver side to initialise."
+            signed(
+                f"{type(self.target).__name__} receives through torchrl's own machinery; there is "
+                "no receiver side to initialise."
+            )
         )
 
     def create_transport(self, **kwargs: Any) -> Any:
         """The target itself (its own API carries the weights)."""
         return self.target
 
+    @boundary("TargetScheme")
     def send(
         self,
         weights: Any = None,
@@ -87,21 +92,20 @@ class TargetScheme(WeightSyncScheme):
         *,
         policy_version: int,
         partial: bool = False,
-        owner: str = "TargetScheme",
     ) -> None:
         """Pushes ``weights`` into the target as ``policy_version`` (``worker_ids``: the target
         decides)."""
-        self.route(self.target, weights, policy_version, owner=owner, partial=partial)
+        self.route(self.target, weights, policy_version, partial=partial)
 
 
-def _to_ray_collector(target: Any, weights: Any, version: int, *, owner: str, partial: bool):
+def _to_ray_collector(target: Any, weights: Any, version: int, *, partial: bool):
     """``RayLLMCollector``: in its actor, checked against its policy, with its version."""
     layout, stream, partial = sendable(weights, None, partial=partial)
     handle = ray_collector_handle(target)
-    push_to_remote_collector(handle, layout, stream, version, owner=owner, partial=partial)
+    push_to_remote_collector(handle, layout, stream, version, partial=partial)
 
 
-def _to_collector(target: Any, weights: Any, version: int, *, owner: str, partial: bool):
+def _to_collector(target: Any, weights: Any, version: int, *, partial: bool):
     """A torchrl collector: its ``update_policy_weights_`` (one TensorDict, in the wrapper's
     layout when its policy is here), its integer ``PolicyVersion`` set to ``version``."""
     policy = getattr(target, "policy", None)
@@ -110,7 +114,7 @@ def _to_collector(target: Any, weights: Any, version: int, *, owner: str, partia
     receiver = weights_layout(model) if local else None
     layout, stream, partial = sendable(weights, receiver, partial=partial)
     if local:
-        check_weights_fit(layout, receiver, owner=owner, receiver_name="policy", partial=partial)
+        check_weights_fit(layout, receiver, receiver_name="policy", partial=partial)
     weights = whole(stream)
     if local and model is not policy:  # a torchrl LLM wrapper keeps its model under "model"
         weights = TensorDict({"model": weights}, batch_size=[])
@@ -118,28 +122,28 @@ def _to_collector(target: Any, weights: Any, version: int, *, owner: str, partia
     set_policy_version(getattr(target, "policy_version_tracker", None), version)
 
 
-def _to_vllm(target: Any, weights: Any, version: int, *, owner: str, partial: bool):
+def _to_vllm(target: Any, weights: Any, version: int, *, partial: bool):
     """torchrl's ``VLLMWeightSender``: NCCL into the engines (never partial)."""
-    push_to_vllm(target, weights, version, owner=owner)
+    push_to_vllm(target, weights, version)
 
 
-def as_weight_sync_scheme(target: Any, owner: str) -> WeightSyncScheme | None:
+def as_weight_sync_scheme(target: Any) -> WeightSyncScheme | None:
     """The scheme a push into ``target`` sends through, or ``None`` for a module (copied in
     place). See :class:`~torchrl_trl_interop.WeightSyncCallback` for the targets.
 
     Raises:
         TypeError: if ``target`` cannot receive weights (a ``vLLMWrapper``: pass its sender);
-            the message names ``owner``.
+            the message opens with the public call being made.
 
     Examples:
         >>> from torchrl_trl_interop import RemotePolicy
         >>> from functools import partial
-        >>> type(as_weight_sync_scheme(RemotePolicy(partial(torch.nn.Linear, 2, 2)), "f")).__name__
+        >>> type(as_weight_sync_scheme(RemotePolicy(partial(torch.nn.Linear, 2, 2)))).__name__
         'StagingWeightSyncScheme'
-        >>> as_weight_sync_scheme(object(), "f")
+        >>> as_weight_sync_scheme(object())
         Traceback (most recent call last):
         ...
-        TypeError: f: target=object cannot receive weights: ...
+        TypeError: target=object cannot receive weights: ...
     """
     if isinstance(target, WeightSyncScheme):  # ours or torchrl's
         return target
@@ -150,10 +154,12 @@ def as_weight_sync_scheme(target: Any, owner: str) -> WeightSyncScheme | None:
         return TargetScheme(target, _to_vllm)
     if is_vllm_wrapper(target):
         raise TypeError(
-            f"{owner}: a torchrl vLLMWrapper holds no weights here: its engines get them through "
-            "torchrl's vLLM weight sync. Pass its sender instead: sender = "
-            "VLLMWeightSyncScheme(...).create_sender(), joined with "
-            "sender.init_all_workers_group(get_model_metadata(model), vllm_engine=engine)."
+            signed(
+                "a torchrl vLLMWrapper holds no weights here: its engines get them through "
+                "torchrl's vLLM weight sync. Pass its sender instead: sender = "
+                "VLLMWeightSyncScheme(...).create_sender(), joined with "
+                "sender.init_all_workers_group(get_model_metadata(model), vllm_engine=engine)."
+            )
         )
     if ray_collector_handle(target) is not None:
         return TargetScheme(target, _to_ray_collector)
@@ -162,8 +168,10 @@ def as_weight_sync_scheme(target: Any, owner: str) -> WeightSyncScheme | None:
     if isinstance(target, torch.nn.Module):
         return None
     raise TypeError(
-        f"{owner}: target={type(target).__name__} cannot receive weights: it holds no module and "
-        "is no torchrl collector or weight-sync scheme. Pass a RemotePolicy, a torchrl collector "
-        "(with update_policy_weights_), a torchrl WeightSyncScheme initialised on the sender "
-        "side, or an nn.Module (a policy in this process: a torchrl LLM wrapper, a model)."
+        signed(
+            f"target={type(target).__name__} cannot receive weights: it holds no module and is no "
+            "torchrl collector or weight-sync scheme. Pass a RemotePolicy, a torchrl collector "
+            "(with update_policy_weights_), a torchrl WeightSyncScheme initialised on the sender "
+            "side, or an nn.Module (a policy in this process: a torchrl LLM wrapper, a model)."
+        )
     )

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from tensordict import TensorDictBase
 
-from .._checks import check_positive_int, require
+from .._checks import boundary, check_positive_int, require, signed
 from ._push import push, target_kind
 from ._stream import stream_weights
 
@@ -31,18 +31,18 @@ except ImportError:  # no transformers, no trainer to call it: push() still work
 
 __all__ = ["WeightSyncCallback"]
 
-_OWNER = "WeightSyncCallback"
-
 
 def _unwrap(model: Any) -> torch.nn.Module:
     """The model out of its DDP/accelerate wrapper (``.module``), as accelerate unwraps it."""
-    require("accelerate", _OWNER)
+    require("accelerate", "WeightSyncCallback")
     from accelerate.utils import extract_model_from_parallel
 
     if model is None:
         raise ValueError(
-            f"{_OWNER}: the trainer passed no model to the callback; add the callback to a "
-            "transformers Trainer (callbacks=[...]) or call push(model, step) yourself."
+            signed(
+                "the trainer passed no model to the callback; add the callback to a transformers "
+                "Trainer (callbacks=[...]) or call push(model, step) yourself."
+            )
         )
     return extract_model_from_parallel(model)
 
@@ -133,9 +133,10 @@ class WeightSyncCallback(TrainerCallback):
         >>> # In a trainer: Trainer(..., callbacks=[WeightSyncCallback(remote_policy)])
     """
 
+    @boundary("WeightSyncCallback")
     def __init__(self, target: Any, *, every_n_steps: int = 1, policy_version: Any = None) -> None:
-        check_positive_int(every_n_steps, "every_n_steps", _OWNER)
-        target_kind(target, _OWNER)  # a target that cannot receive weights raises here
+        check_positive_int(every_n_steps, "every_n_steps")
+        target_kind(target)  # a target that cannot receive weights raises here
         self.target = target
         self.every_n_steps = every_n_steps
         self.policy_version = policy_version
@@ -144,19 +145,22 @@ class WeightSyncCallback(TrainerCallback):
 
     def __repr__(self) -> str:
         return (
-            f"{_OWNER}(target={type(self.target).__name__}, every_n_steps={self.every_n_steps}, "
+            f"{type(self).__name__}(target={type(self.target).__name__}, every_n_steps={self.every_n_steps}, "
             f"version={self.version})"
         )
 
+    @boundary("WeightSyncCallback")  # the trainer calls it
     def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs):
         self.push(_unwrap(model), state.global_step, state)
         return control
 
+    @boundary("WeightSyncCallback")  # the trainer calls it
     def on_step_end(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs):
         if state.global_step % self.every_n_steps == 0 and state.global_step != self.version:
             self.push(_unwrap(model), state.global_step, state)
         return control
 
+    @boundary("WeightSyncCallback")
     def push(self, model: torch.nn.Module | TensorDictBase, step: int, state: Any = None) -> None:
         """Pushes ``model``'s weights (or a weights TensorDict) as version ``step``.
 
@@ -173,6 +177,6 @@ class WeightSyncCallback(TrainerCallback):
                 for _ in stream_weights(model):
                     pass
             return
-        push(self.target, model, step, owner=_OWNER, policy_version=self.policy_version)
+        push(self.target, model, step, policy_version=self.policy_version)
         self.version = step
         self.sync_seconds.append(time.perf_counter() - start)

@@ -20,6 +20,7 @@ from typing import Any
 import torch
 from tensordict import TensorDictBase
 
+from .._checks import speaking_for
 from ._adapters import as_weight_sync_scheme, whole
 from ._staleness import set_policy_version
 from ._stream import sendable
@@ -28,17 +29,24 @@ from ._tensors import check_weights_fit, named_tensors, policy_model
 __all__ = ["push", "target_kind"]
 
 
-def target_kind(target: Any, owner: str) -> str:
+def target_kind(target: Any, owner: str | None = None) -> str:
     """``"scheme"`` or ``"module"``: how :func:`push` sends (a check for constructors).
 
+    ``owner``, while a caller still passes one, names the errors as a
+    :func:`~torchrl_trl_interop._checks.boundary` would (the public call being made does
+    otherwise).
+
     Raises:
-        TypeError: if ``target`` can receive no weights; the message names ``owner``.
+        TypeError: if ``target`` can receive no weights.
 
     Examples:
-        >>> target_kind(torch.nn.Linear(2, 2), "f")
+        >>> target_kind(torch.nn.Linear(2, 2))
         'module'
     """
-    return "module" if as_weight_sync_scheme(target, owner) is None else "scheme"
+    if owner is not None:
+        with speaking_for(owner):
+            return target_kind(target)
+    return "module" if as_weight_sync_scheme(target) is None else "scheme"
 
 
 def push(
@@ -46,7 +54,7 @@ def push(
     weights: torch.nn.Module | TensorDictBase,
     version: int,
     *,
-    owner: str,
+    owner: str | None = None,
     partial: bool = False,
     policy_version: Any = None,
 ) -> None:
@@ -63,7 +71,9 @@ def push(
         version (int): the policy version rollouts sampled with these weights carry.
 
     Keyword Args:
-        owner (str): the public call, named in errors.
+        owner (str, optional): names the errors as a :func:`~torchrl_trl_interop._checks.boundary`
+            would, while a caller still passes one; ``None`` (the default): the public call
+            being made names them.
         partial (bool, optional): ``weights`` may hold a subset of the receiver's tensors (TRL
             streams trainable parameters only). Defaults to ``False``.
         policy_version (PolicyVersion, optional): one more integer torchrl ``PolicyVersion`` to
@@ -76,25 +86,28 @@ def push(
     Examples:
         >>> from tensordict import TensorDict
         >>> policy = torch.nn.Linear(2, 2)
-        >>> push(policy, TensorDict.from_module(torch.nn.Linear(2, 2)).data.zero_(), 1, owner="f")
+        >>> push(policy, TensorDict.from_module(torch.nn.Linear(2, 2)).data.zero_(), 1)
         >>> policy.weight.abs().sum().item()
         0.0
-        >>> push(policy, TensorDict.from_module(torch.nn.Linear(3, 2)).data, 2, owner="f")
+        >>> push(policy, TensorDict.from_module(torch.nn.Linear(3, 2)).data, 2)
         Traceback (most recent call last):
         ...
-        ValueError: f: the weights do not fit the policy: parameter 'weight': trainer [2, 3], policy [2, 2] (1 of 2 tensors differ). ...
+        ValueError: the weights do not fit the policy: parameter 'weight': trainer [2, 3], policy [2, 2] (1 of 2 tensors differ). ...
     """
-    scheme = as_weight_sync_scheme(target, owner)
+    if owner is not None:
+        with speaking_for(owner):
+            return push(target, weights, version, partial=partial, policy_version=policy_version)
+    scheme = as_weight_sync_scheme(target)
     if scheme is None:  # a module here: each tensor copied in place as it comes
         live = named_tensors(policy_model(target))
         receiver = {name: tuple(t.shape) for name, t in live.items()}
         layout, stream, partial = sendable(weights, receiver, partial=partial)
-        check_weights_fit(layout, receiver, owner=owner, receiver_name="policy", partial=partial)
+        check_weights_fit(layout, receiver, receiver_name="policy", partial=partial)
         with torch.no_grad():
             for name, tensor in stream:
                 live[name].copy_(tensor)
     elif getattr(scheme, "takes_policy_version", False):  # ours: checked, with the version
-        scheme.send(weights, policy_version=version, partial=partial, owner=owner)
+        scheme.send(weights, policy_version=version, partial=partial)
     else:  # torchrl's own scheme: one TensorDict
         scheme.send(whole(sendable(weights, None)[1]))
     set_policy_version(policy_version, version)

@@ -25,17 +25,14 @@ from typing import Any
 
 import torch
 from tensordict import TensorDictBase, lazy_stack
-from tensordict.nn import TensorDictModuleBase
 
-from .._checks import check_positive_int, require
+from .._checks import as_mapping, boundary, check_positive_int, require, signed
 from .._keys import POLICY_VERSION_KEY
-from ._scheme import StagingWeightSyncScheme
+from ._served import ServedPolicy
 from ._staging import Slots, StagingBuffer
 from ._tensors import named_tensors, policy_model, weights_checksum
 
 __all__ = ["PolicyActor", "RayRemotePolicy"]
-
-_OWNER = "RayRemotePolicy"
 
 
 class PolicyActor:
@@ -123,7 +120,7 @@ class _ActorsChannel:
         return version
 
 
-class RayRemotePolicy(TensorDictModuleBase):
+class RayRemotePolicy(ServedPolicy):
     """A torchrl LLM policy served by ``num_replicas`` Ray actors, called like the policy.
 
     Each actor builds the policy with ``policy_factory`` (a torchrl ``TransformersWrapper``, a
@@ -166,8 +163,7 @@ class RayRemotePolicy(TensorDictModuleBase):
 
     Attributes:
         policy_version (int or None): the version last committed in every replica.
-        weight_sync_scheme (StagingWeightSyncScheme): the sender side of the push (the one
-            :func:`~torchrl_trl_interop.weights._push.push` sends through).
+        weight_sync_scheme (StagingWeightSyncScheme): the sender side of the push.
 
     Examples:
         >>> from functools import partial
@@ -176,6 +172,11 @@ class RayRemotePolicy(TensorDictModuleBase):
         RayRemotePolicy(policy_factory=partial, num_replicas=2, started=False, policy_version=None)
     """
 
+    builds_in = "each Ray actor"
+    holds = "Ray actors and a staging buffer"
+    repr_fields = ("num_replicas",)
+
+    @boundary("RayRemotePolicy")
     def __init__(
         self,
         policy_factory: Callable[[], Any],
@@ -185,38 +186,16 @@ class RayRemotePolicy(TensorDictModuleBase):
         timeout: float = 600.0,
         num_threads: int | None = None,
     ) -> None:
-        super().__init__()
-        if not callable(policy_factory):
-            raise TypeError(
-                f"{_OWNER}: policy_factory must be a callable that builds the policy in each Ray "
-                f"actor, got {type(policy_factory).__name__}."
-            )
-        check_positive_int(num_replicas, "num_replicas", _OWNER)
-        if remote_config is not None and not isinstance(remote_config, dict):
-            raise TypeError(
-                f"{_OWNER}: remote_config must be a dict of Ray actor options (e.g. "
-                f"{{'num_gpus': 1}}), got {type(remote_config).__name__}."
-            )
-        self.policy_factory = policy_factory
+        super().__init__(policy_factory, timeout=timeout, num_threads=num_threads)
+        check_positive_int(num_replicas, "num_replicas")
+        options = as_mapping(
+            remote_config, "remote_config", "of Ray actor options (e.g. {'num_gpus': 1})"
+        )
         self.num_replicas = num_replicas
-        self.remote_config = {"num_cpus": 1, **(remote_config or {})}
-        self.timeout = float(timeout)
-        self.num_threads = num_threads
-        self.in_keys: list = []
-        self.out_keys: list = []
-        self.policy_version: int | None = None
+        self.remote_config = {"num_cpus": 1, **options}
         self._actors: list = []
         self._layout: dict[str, tuple[int, ...]] = {}
         self._staging: StagingBuffer | None = None
-        self._finalizer = None
-        self.weight_sync_scheme = self._new_scheme()
-
-    def __repr__(self) -> str:
-        factory = getattr(self.policy_factory, "__name__", type(self.policy_factory).__name__)
-        return (
-            f"{_OWNER}(policy_factory={factory}, num_replicas={self.num_replicas}, "
-            f"started={self.started}, policy_version={self.policy_version})"
-        )
 
     @property
     def started(self) -> bool:
@@ -239,14 +218,16 @@ class RayRemotePolicy(TensorDictModuleBase):
             ready, pending = ray.wait(pending, num_returns=1, timeout=left)
             if not ready:
                 raise TimeoutError(
-                    f"{_OWNER}: no reply to {what} from replicas "
-                    f"{sorted(index[r] for r in pending)} within timeout={self.timeout}s; "
-                    "their actors are alive but did not answer (raise timeout= for slow calls)"
-                    + (
-                        f", or Ray could not place them: each needs {self.remote_config} and "
-                        f"the cluster has {ray.available_resources()} free."
-                        if what == "its start"
-                        else "."
+                    signed(
+                        f"no reply to {what} from replicas "
+                        f"{sorted(index[r] for r in pending)} within timeout={self.timeout}s; "
+                        "their actors are alive but did not answer (raise timeout= for slow calls)"
+                        + (
+                            f", or Ray could not place them: each needs {self.remote_config} and "
+                            f"the cluster has {ray.available_resources()} free."
+                            if what == "its start"
+                            else "."
+                        )
                     )
                 )
             for ref in ready:
@@ -255,32 +236,32 @@ class RayRemotePolicy(TensorDictModuleBase):
                     results[i] = ray.get(ref)
                 except RayActorError as error:
                     raise RuntimeError(
-                        f"{_OWNER}: the Ray actor of replica {i} died during {what}: {error}. "
-                        "Build a new RayRemotePolicy; the actor's log says why it died."
+                        signed(
+                            f"the Ray actor of replica {i} died during {what}: {error}. Build a "
+                            "new RayRemotePolicy; the actor's log says why it died."
+                        )
                     ) from None
                 except RayTaskError as error:
-                    raise RuntimeError(
-                        f"{_OWNER}: replica {i} failed on {what}:\n{error}"
-                    ) from None
+                    raise RuntimeError(signed(f"replica {i} failed on {what}:\n{error}")) from None
         return results
 
     def _check_started(self) -> None:
         if not self._actors:
             raise RuntimeError(
-                f"{_OWNER}: the actors are not started; they start with the first weights: call "
-                "update_policy_weights_(model_or_weights, policy_version=0) first "
-                "(WeightSyncCallback does so when training begins)."
+                signed(
+                    "the actors are not started; they start with the first weights: call "
+                    "update_policy_weights_(model_or_weights, policy_version=0) first "
+                    "(WeightSyncCallback does so when training begins)."
+                )
             )
 
     # -- weights ---------------------------------------------------------------------------------
 
-    def _new_scheme(self) -> StagingWeightSyncScheme:
-        scheme = StagingWeightSyncScheme(timeout=self.timeout, owner=_OWNER)
-        scheme.init_on_sender(model_id="policy", channel=_ActorsChannel(self))
-        return scheme
+    def _channel(self) -> _ActorsChannel:
+        return _ActorsChannel(self)
 
     def _start(self) -> None:
-        require("ray", _OWNER)
+        require("ray", "RayRemotePolicy")
         import ray
 
         if not ray.is_initialized():
@@ -301,42 +282,14 @@ class RayRemotePolicy(TensorDictModuleBase):
         self.in_keys = infos[0]["in_keys"]
         self.out_keys = infos[0]["out_keys"] + [POLICY_VERSION_KEY]
 
-    def update_policy_weights_(
-        self,
-        weights: torch.nn.Module | TensorDictBase,
-        *,
-        policy_version: int,
-        partial: bool = False,
-    ) -> None:
-        """Sends ``weights`` to every replica and makes them live as ``policy_version``.
-
-        The first call starts the actors. A model is streamed one tensor at a time
-        (:func:`~torchrl_trl_interop.weights._stream.stream_weights`) into this process's flat
-        buffers, which go to Ray's object store once; each actor commits them between two calls.
-
-        Args:
-            weights (nn.Module or TensorDictBase): the trainer's model or its
-                ``TensorDict.from_module`` weights (keys as the actors' model).
-
-        Keyword Args:
-            policy_version (int): the version rows sampled from now on are stamped with.
-            partial (bool, optional): ``weights`` may hold a subset of the actors' tensors.
-                Defaults to ``False``.
-
-        Raises:
-            KeyError: if names differ from the actors' model's; nothing is sent.
-            ValueError: if shapes differ from the actors' model's; nothing is sent.
-            RuntimeError: if an actor died (its replica is named).
-            TimeoutError: if a replica does not commit within ``timeout``.
-        """
-        self.weight_sync_scheme.send(weights, policy_version=policy_version, partial=partial)
-
+    @boundary("RayRemotePolicy")
     def weights_checksums(self) -> list[tuple[int | None, str]]:
         """``(policy_version, checksum)`` of every replica's live weights, in replica order (see
         :func:`~torchrl_trl_interop.weights_checksum`)."""
         self._check_started()
         return self._wait([a.checksum.remote() for a in self._actors], "checksum")
 
+    @boundary("RayRemotePolicy")
     def forward(self, tensordict: TensorDictBase) -> TensorDictBase:
         self._check_started()
         rows = tensordict.shape[0] if tensordict.batch_dims else 1
@@ -347,15 +300,9 @@ class RayRemotePolicy(TensorDictModuleBase):
         outs = self._wait([a.call.remote(c) for a, c in zip(self._actors, chunks)], "a call")
         return lazy_stack([row for out in outs for row in out.unbind(0)])
 
-    def close(self) -> None:
-        """Ends the actors (also done when this object is garbage-collected)."""
-        if self._finalizer is not None:
-            self._finalizer()
-        self._actors = []
-        self.weight_sync_scheme = self._new_scheme()  # the next push starts new actors
+    # the shared push and close, members of this class too (autodoc documents a class's own)
+    update_policy_weights_ = ServedPolicy.update_policy_weights_
+    close = ServedPolicy.close
 
-    def __getstate__(self):
-        raise TypeError(
-            f"{_OWNER} holds Ray actors and a staging buffer and cannot be pickled; build one in "
-            "each process that calls it."
-        )
+    def _stopped(self) -> None:
+        self._actors = []

@@ -17,6 +17,7 @@ from typing import Any
 
 from tensordict import TensorDict, TensorDictBase
 
+from .._checks import signed
 from ._staleness import set_policy_version
 from ._tensors import Layout, check_weights_fit, policy_model, weights_layout
 
@@ -41,7 +42,7 @@ def _apply(collector: Any, weights: TensorDictBase, version: int) -> Any:
     return collector.policy_version
 
 
-def _get(ref: Any, what: str, owner: str) -> Any:
+def _get(ref: Any, what: str) -> Any:
     import ray
     from ray.exceptions import GetTimeoutError, RayActorError
 
@@ -49,17 +50,19 @@ def _get(ref: Any, what: str, owner: str) -> Any:
         return ray.get(ref, timeout=PUSH_TIMEOUT_S)
     except GetTimeoutError:
         raise TimeoutError(
-            f"{owner}: the collector's Ray actor did not answer {what} within "
-            f"{PUSH_TIMEOUT_S}s (it finishes the batch in flight first)."
+            signed(
+                f"the collector's Ray actor did not answer {what} within {PUSH_TIMEOUT_S}s (it "
+                "finishes the batch in flight first)."
+            )
         ) from None
     except RayActorError as error:
         raise RuntimeError(
-            f"{owner}: the collector's Ray actor died during {what}: {error}"
+            signed(f"the collector's Ray actor died during {what}: {error}")
         ) from None
 
 
 def push_to_remote_collector(
-    handle: Any, layout: Layout, stream: Any, version: int, *, owner: str, partial: bool
+    handle: Any, layout: Layout, stream: Any, version: int, *, partial: bool
 ) -> Any:
     """Sends the streamed weights to the collector's actor (``handle``) as version ``version``;
     returns the collector's version after the push.
@@ -70,9 +73,9 @@ def push_to_remote_collector(
         RuntimeError: if the actor died.
         TimeoutError: if the actor does not answer within :data:`PUSH_TIMEOUT_S`.
     """
-    receiver, wrapped = _get(handle.__ray_call__.remote(_receiver), "its policy's layout", owner)
-    check_weights_fit(layout, receiver, owner=owner, receiver_name="policy", partial=partial)
+    receiver, wrapped = _get(handle.__ray_call__.remote(_receiver), "its policy's layout")
+    check_weights_fit(layout, receiver, receiver_name="policy", partial=partial)
     weights = TensorDict(dict(stream), batch_size=[]).unflatten_keys(".")
     if wrapped:
         weights = TensorDict({"model": weights}, batch_size=[])
-    return _get(handle.__ray_call__.remote(_apply, weights, int(version)), "the push", owner)
+    return _get(handle.__ray_call__.remote(_apply, weights, int(version)), "the push")

@@ -25,17 +25,14 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-import torch
 from tensordict import TensorDictBase
-from tensordict.nn import TensorDictModuleBase
 
+from .._checks import boundary, signed
 from .._keys import POLICY_VERSION_KEY
 from ._generator_process import POLL_SECONDS, serve
-from ._scheme import StagingWeightSyncScheme
+from ._served import ServedPolicy
 
 __all__ = ["RemotePolicy"]
-
-_OWNER = "RemotePolicy"
 
 
 def _close(process: Any, requests: Any) -> None:
@@ -78,7 +75,7 @@ class _GeneratorChannel:
         return policy.policy_version
 
 
-class RemotePolicy(TensorDictModuleBase):
+class RemotePolicy(ServedPolicy):
     """A torchrl LLM policy running in another process, called like the policy itself.
 
     ``policy_factory`` runs in a spawned process and builds the policy there (e.g. a
@@ -121,16 +118,20 @@ class RemotePolicy(TensorDictModuleBase):
 
     Attributes:
         policy_version (int or None): the version last committed in the generator.
-        weight_sync_scheme (StagingWeightSyncScheme): the sender side of the push (the one
-            :func:`~torchrl_trl_interop.weights._push.push` sends through).
+        weight_sync_scheme (StagingWeightSyncScheme): the sender side of the push.
 
     Examples:
+        >>> import torch
         >>> from functools import partial
         >>> policy = RemotePolicy(partial(torch.nn.Linear, 2, 2))
         >>> policy
         RemotePolicy(policy_factory=partial, started=False, policy_version=None)
     """
 
+    builds_in = "the generator process"
+    holds = "a process and its queues"
+
+    @boundary("RemotePolicy")
     def __init__(
         self,
         policy_factory: Callable[[], Any],
@@ -138,32 +139,11 @@ class RemotePolicy(TensorDictModuleBase):
         timeout: float = 600.0,
         num_threads: int | None = None,
     ) -> None:
-        super().__init__()
-        if not callable(policy_factory):
-            raise TypeError(
-                f"{_OWNER}: policy_factory must be a callable that builds the policy in the "
-                f"generator process, got {type(policy_factory).__name__}."
-            )
-        self.policy_factory = policy_factory
-        self.timeout = float(timeout)
-        self.num_threads = num_threads
-        self.in_keys: list = []
-        self.out_keys: list = []
-        self.policy_version: int | None = None
+        super().__init__(policy_factory, timeout=timeout, num_threads=num_threads)
         self._process = None
         self._requests = self._replies = None
         self._stagings: list = []  # the generator's staging buffers
         self._layout: dict[str, tuple[int, ...]] = {}
-        self._finalizer = None
-        self.weight_sync_scheme = self._new_scheme()
-
-    def __repr__(self) -> str:
-        factory = type(self.policy_factory).__name__
-        factory = getattr(self.policy_factory, "__name__", factory)
-        return (
-            f"{_OWNER}(policy_factory={factory}, started={self.started}, "
-            f"policy_version={self.policy_version})"
-        )
 
     @property
     def started(self) -> bool:
@@ -174,15 +154,19 @@ class RemotePolicy(TensorDictModuleBase):
     def _check_alive(self, what: str) -> None:
         if self._process is None:
             raise RuntimeError(
-                f"{_OWNER}: the generator process is not started; it starts with the first "
-                "weights: call update_policy_weights_(model_or_weights, policy_version=0) first "
-                "(WeightSyncCallback does so when training begins)."
+                signed(
+                    "the generator process is not started; it starts with the first weights: "
+                    "call update_policy_weights_(model_or_weights, policy_version=0) first "
+                    "(WeightSyncCallback does so when training begins)."
+                )
             )
         if not self._process.is_alive():
             raise RuntimeError(
-                f"{_OWNER}: the generator process died (exit code {self._process.exitcode}) "
-                f"before {what}. Build a new RemotePolicy; the generator's own output says why "
-                "it died (exit code -9: killed, e.g. by the OOM killer)."
+                signed(
+                    f"the generator process died (exit code {self._process.exitcode}) before "
+                    f"{what}. Build a new RemotePolicy; the generator's own output says why it "
+                    "died (exit code -9: killed, e.g. by the OOM killer)."
+                )
             )
 
     def _get(self, source: Any, what: str) -> Any:
@@ -194,19 +178,23 @@ class RemotePolicy(TensorDictModuleBase):
             except queue.Empty:
                 if not self._process.is_alive():
                     raise RuntimeError(
-                        f"{_OWNER}: the generator process died (exit code "
-                        f"{self._process.exitcode}) while serving {what}."
+                        signed(
+                            f"the generator process died (exit code {self._process.exitcode}) "
+                            f"while serving {what}."
+                        )
                     ) from None
                 if time.monotonic() >= deadline:
                     raise TimeoutError(
-                        f"{_OWNER}: no reply to {what} within timeout={self.timeout}s; the "
-                        "generator is alive but did not answer (raise timeout= for slow calls)."
+                        signed(
+                            f"no reply to {what} within timeout={self.timeout}s; the generator is "
+                            "alive but did not answer (raise timeout= for slow calls)."
+                        )
                     ) from None
 
     def _reply(self, what: str) -> Any:
         status, reply = self._get(self._replies, what)
         if status == "error":
-            raise RuntimeError(f"{_OWNER}: the generator process failed on {what}:\n{reply}")
+            raise RuntimeError(signed(f"the generator process failed on {what}:\n{reply}"))
         return reply
 
     def _ask(self, kind: str, payload: Any = None) -> Any:
@@ -216,10 +204,8 @@ class RemotePolicy(TensorDictModuleBase):
 
     # -- weights ---------------------------------------------------------------------------------
 
-    def _new_scheme(self) -> StagingWeightSyncScheme:
-        scheme = StagingWeightSyncScheme(timeout=self.timeout, owner=_OWNER)
-        scheme.init_on_sender(model_id="policy", channel=_GeneratorChannel(self))
-        return scheme
+    def _channel(self) -> _GeneratorChannel:
+        return _GeneratorChannel(self)
 
     def _start(self) -> None:
         from torch import multiprocessing as mp
@@ -251,58 +237,19 @@ class RemotePolicy(TensorDictModuleBase):
         self.in_keys = info["in_keys"]
         self.out_keys = info["out_keys"] + [POLICY_VERSION_KEY]
 
-    def update_policy_weights_(
-        self,
-        weights: torch.nn.Module | TensorDictBase,
-        *,
-        policy_version: int,
-        partial: bool = False,
-    ) -> None:
-        """Sends ``weights`` to the generator and makes them live as ``policy_version``.
-
-        The first call starts the generator process. A model is streamed one tensor at a time
-        (:func:`~torchrl_trl_interop.weights._stream.stream_weights`: sharded parameters gathered
-        one by one, LoRA merged, or a PEFT adapter alone when the generator holds the same PEFT
-        model), each tensor copied straight into the shared staging buffer; the generator then
-        commits them between two calls.
-
-        Args:
-            weights (nn.Module or TensorDictBase): the trainer's model or its
-                ``TensorDict.from_module`` weights (keys as the generator's model).
-
-        Keyword Args:
-            policy_version (int): the version rollouts sampled from now on are stamped with.
-            partial (bool, optional): ``weights`` may hold a subset of the generator's tensors
-                (TRL streams trainable parameters only); the others keep their values.
-                Defaults to ``False``.
-
-        Raises:
-            KeyError: if names differ from the generator model's (e.g. a ``torch.compile`` or
-                PEFT prefix); nothing is sent.
-            ValueError: if shapes differ from the generator model's; nothing is sent.
-            RuntimeError: if the generator process died (its exit code is named).
-            TimeoutError: if the generator does not commit within ``timeout``.
-        """
-        self.weight_sync_scheme.send(weights, policy_version=policy_version, partial=partial)
-
+    @boundary("RemotePolicy")
     def weights_checksum(self) -> tuple[int | None, str]:
         """``(policy_version, checksum)`` of the generator's live weights (see
         :func:`~torchrl_trl_interop.weights_checksum`)."""
         return self._ask("checksum")
 
+    @boundary("RemotePolicy")
     def forward(self, tensordict: TensorDictBase) -> TensorDictBase:
-        out = pickle.loads(self._ask("call", pickle.dumps(tensordict)))
-        return out
+        return pickle.loads(self._ask("call", pickle.dumps(tensordict)))
 
-    def close(self) -> None:
-        """Stops the generator process (also done when this object is garbage-collected)."""
-        if self._finalizer is not None:
-            self._finalizer()
+    # the shared push and close, members of this class too (autodoc documents a class's own)
+    update_policy_weights_ = ServedPolicy.update_policy_weights_
+    close = ServedPolicy.close
+
+    def _stopped(self) -> None:
         self._process = None
-        self.weight_sync_scheme = self._new_scheme()  # the next push starts a new generator
-
-    def __getstate__(self):
-        raise TypeError(
-            f"{_OWNER} holds a process and its queues and cannot be pickled; build one in each "
-            "process that calls it."
-        )

@@ -34,6 +34,7 @@ from torchrl.weight_update.weight_sync_schemes import (
     register_weight_sync_backend,
 )
 
+from .._checks import boundary, signed
 from ._staging import StagingBuffer
 from ._staleness import set_policy_version
 from ._stream import sendable
@@ -91,9 +92,11 @@ class _QueueChannel:
                 self.acks.get(timeout=max(deadline - time.monotonic(), 0.0))
             except queue.Empty:
                 raise TimeoutError(
-                    f"StagingWeightSyncScheme: {done} of {len(self.commits)} workers committed "
-                    f"the weights of version {version} within timeout={self.timeout}s (raise "
-                    "timeout= for slow workers)."
+                    signed(
+                        f"{done} of {len(self.commits)} workers committed the weights of version "
+                        f"{version} within timeout={self.timeout}s (raise timeout= for slow "
+                        "workers)."
+                    )
                 ) from None
         return version
 
@@ -114,8 +117,9 @@ class StagingWeightSyncScheme(WeightSyncScheme):
     Keyword Args:
         timeout (float, optional): seconds the sender waits for a commit on its own channel
             (torchrl collectors). Defaults to ``600``.
-        owner (str, optional): the public object errors are named after (``"RemotePolicy"``);
-            ``None``: the call that sends. Defaults to ``None``.
+
+    Errors open with the public call being made: this class's method, or the call that sent
+    through it (``RemotePolicy``, ``WeightSyncCallback``).
 
     Examples:
         >>> import threading
@@ -135,10 +139,9 @@ class StagingWeightSyncScheme(WeightSyncScheme):
     #: ``send`` takes ``policy_version=`` and ``partial=`` (torchrl's schemes take neither)
     takes_policy_version = True
 
-    def __init__(self, *, timeout: float = 600.0, owner: str | None = None) -> None:
+    def __init__(self, *, timeout: float = 600.0) -> None:
         super().__init__(strategy="tensordict")
         self.timeout = float(timeout)
-        self.owner = owner
         self.policy_version: int | None = None
         self._channel: Any = None
         self._stagings: list[StagingBuffer] | None = None
@@ -177,6 +180,7 @@ class StagingWeightSyncScheme(WeightSyncScheme):
 
     # -- sender ----------------------------------------------------------------------------------
 
+    @boundary("StagingWeightSyncScheme")  # torchrl's init_on_sender calls it
     def _init_on_sender_impl(
         self,
         model_id: str = "policy",
@@ -198,9 +202,11 @@ class StagingWeightSyncScheme(WeightSyncScheme):
             model = model if model is not None else getattr(context, "policy", None)
             if not isinstance(policy_model(model), torch.nn.Module):
                 raise TypeError(
-                    f"StagingWeightSyncScheme: the sender needs the receiver's model to shape the "
-                    f"staging buffer: pass model=... or a context with a .policy module, got "
-                    f"model={type(model).__name__}, context={type(context).__name__}."
+                    signed(
+                        "the sender needs the receiver's model to shape the staging buffer: pass "
+                        "model=... or a context with a .policy module, got "
+                        f"model={type(model).__name__}, context={type(context).__name__}."
+                    )
                 )
             if num_workers is None:
                 num_workers = getattr(context, "num_workers", 1)
@@ -214,6 +220,7 @@ class StagingWeightSyncScheme(WeightSyncScheme):
     def _setup_connection_and_weights_on_sender_impl(self, **kwargs: Any) -> None:
         """Nothing to exchange: the buffers come with the first push (``open_staging``)."""
 
+    @boundary("StagingWeightSyncScheme")
     def send(
         self,
         weights: Any = None,
@@ -221,7 +228,6 @@ class StagingWeightSyncScheme(WeightSyncScheme):
         *,
         policy_version: int | None = None,
         partial: bool = False,
-        owner: str = "StagingWeightSyncScheme",
     ) -> int:
         """Checks ``weights``, streams them into the staging buffer and has the receiver commit
         them as ``policy_version``; returns the committed version.
@@ -235,7 +241,6 @@ class StagingWeightSyncScheme(WeightSyncScheme):
             policy_version (int, optional): the version to commit. Defaults to the last one + 1.
             partial (bool, optional): ``weights`` may hold a subset of the receiver's tensors.
                 Defaults to ``False``.
-            owner (str, optional): the public call, named in errors.
 
         Raises:
             RuntimeError: if the scheme is not initialised on the sender side.
@@ -244,10 +249,11 @@ class StagingWeightSyncScheme(WeightSyncScheme):
         """
         if not self.initialized_on_sender:
             raise RuntimeError(
-                f"{owner}: the StagingWeightSyncScheme is not initialised on the sender side: "
-                "call scheme.init_on_sender(model_id=..., model=... or channel=...) first."
+                signed(
+                    "the StagingWeightSyncScheme is not initialised on the sender side: call "
+                    "scheme.init_on_sender(model_id=..., model=... or channel=...) first."
+                )
             )
-        owner = self.owner or owner
         if weights is None:
             weights = getattr(self.context, "policy", None)
         if policy_version is None:
@@ -256,7 +262,7 @@ class StagingWeightSyncScheme(WeightSyncScheme):
         self._stagings, self._layout = self._channel.open_staging(version)  # receiver alive
         layout, stream, partial = sendable(weights, self._layout, partial=partial)
         try:
-            check_weights_fit(layout, self._layout, owner=owner, partial=partial)
+            check_weights_fit(layout, self._layout, partial=partial)
         except (KeyError, ValueError):
             if self.policy_version is None and hasattr(self._channel, "refuse_first"):
                 self._channel.refuse_first()  # a receiver that never had weights is stopped
@@ -333,14 +339,17 @@ class StagingWeightSyncScheme(WeightSyncScheme):
         self.policy_version = int(version)
         return self.policy_version
 
+    @boundary("StagingWeightSyncScheme")
     def receive(self, timeout: float | None = None) -> TensorDictBase | None:
         """Commits the pending push, if any (waiting up to ``timeout`` seconds for one; ``None``:
         the scheme's ``timeout``), acknowledges it, and returns the live weights (``None`` when
         none came)."""
         if not self.initialized_on_receiver:
             raise RuntimeError(
-                "StagingWeightSyncScheme: receive() needs init_on_receiver(model_id=..., "
-                "model=... or context=...) first."
+                signed(
+                    "receive() needs init_on_receiver(model_id=..., model=... or context=...) "
+                    "first."
+                )
             )
         commits = self._channel.commits[self.worker_idx or 0]
         deadline = time.monotonic() + (self.timeout if timeout is None else timeout)

@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from .._checks import signed, speaking_for
+
 __all__ = [
     "STALENESS_MAX",
     "STALENESS_MEAN",
@@ -30,14 +32,23 @@ class StaleRolloutError(RuntimeError):
     """A rollout's weights are older than the ``max_staleness`` bound allows."""
 
 
-def check_max_staleness(value: Any, owner: str) -> None:
-    """Raises ``ValueError`` unless ``value`` is ``None`` or an int ``>= 0``."""
+def check_max_staleness(value: Any, owner: str | None = None) -> None:
+    """Raises ``ValueError`` unless ``value`` is ``None`` or an int ``>= 0``.
+
+    The message opens with the public call being made, or with ``owner`` while a caller still
+    passes one (until it carries a :func:`~torchrl_trl_interop._checks.boundary`).
+    """
+    if owner is not None:
+        with speaking_for(owner):
+            return check_max_staleness(value)
     if value is None:
         return
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise ValueError(
-            f"{owner}: max_staleness must be None or an int >= 0 (optimizer steps), got "
-            f"max_staleness={value!r}."
+            signed(
+                "max_staleness must be None or an int >= 0 (optimizer steps), got "
+                f"max_staleness={value!r}."
+            )
         )
 
 
@@ -45,34 +56,40 @@ def check_staleness(
     versions: Sequence[int | None],
     step: int,
     max_staleness: int | None,
-    owner: str,
+    owner: str | None = None,
     *,
     log: Callable[[dict[str, list[float]]], None] | None = None,
 ) -> list[int]:
     """Per-row staleness against the trainer's optimizer ``step``; logs it; enforces the bound.
 
     The mean and max (``rollout/staleness_mean``, ``rollout/staleness_max``) go to ``log``
-    (the rollout function gives the trainer's metrics), before the bound is enforced.
+    (the rollout function gives the trainer's metrics), before the bound is enforced. Errors
+    open with the public call being made (``owner``: as :func:`check_max_staleness`).
 
     Raises:
         StaleRolloutError: if a row is older than ``max_staleness`` steps, or has no version.
 
     Examples:
         >>> logged = {}
-        >>> check_staleness([5, 4, 4], 5, 1, "f", log=logged.update)
+        >>> check_staleness([5, 4, 4], 5, 1, log=logged.update)
         [0, 1, 1]
         >>> logged
         {'rollout/staleness_mean': [0.6666666666666666], 'rollout/staleness_max': [1.0]}
-        >>> check_staleness([2], 5, 1, "f")
+        >>> check_staleness([2], 5, 1)
         Traceback (most recent call last):
         ...
-        torchrl_trl_interop.weights._staleness.StaleRolloutError: f: row 0 was sampled by the weights of step 2, 3 steps behind the trainer (step 5); max_staleness=1. ...
+        torchrl_trl_interop.weights._staleness.StaleRolloutError: row 0 was sampled by the weights of step 2, 3 steps behind the trainer (step 5); max_staleness=1. ...
     """
+    if owner is not None:
+        with speaking_for(owner):
+            return check_staleness(versions, step, max_staleness, log=log)
     missing = [i for i, v in enumerate(versions) if v is None]
     if missing:
         raise StaleRolloutError(
-            f"{owner}: rows {missing[:8]} carry no policy version while others do; every turn "
-            "of every rollout must be stamped (one policy per rollout function)."
+            signed(
+                f"rows {missing[:8]} carry no policy version while others do; every turn of "
+                "every rollout must be stamped (one policy per rollout function)."
+            )
         )
     staleness = [step - int(v) for v in versions]
     if log is not None:
@@ -85,10 +102,12 @@ def check_staleness(
     if max_staleness is not None and max(staleness) > max_staleness:
         i = max(range(len(staleness)), key=staleness.__getitem__)
         raise StaleRolloutError(
-            f"{owner}: row {i} was sampled by the weights of step {versions[i]}, "
-            f"{staleness[i]} steps behind the trainer (step {step}); max_staleness="
-            f"{max_staleness}. The generator's weights are pushed too rarely: use "
-            f"WeightSyncCallback(every_n_steps <= {max_staleness + 1}), or raise max_staleness."
+            signed(
+                f"row {i} was sampled by the weights of step {versions[i]}, {staleness[i]} steps "
+                f"behind the trainer (step {step}); max_staleness={max_staleness}. The "
+                "generator's weights are pushed too rarely: use WeightSyncCallback(every_n_steps "
+                f"<= {max_staleness + 1}), or raise max_staleness."
+            )
         )
     return staleness
 

@@ -14,6 +14,8 @@ from typing import Any
 import torch
 from tensordict import TensorDict, TensorDictBase
 
+from .._checks import signed
+
 __all__ = [
     "check_weights_fit",
     "model_weights",
@@ -132,7 +134,6 @@ def check_weights_fit(
     weights: TensorDictBase | Layout,
     receiver: Layout,
     *,
-    owner: str,
     receiver_name: str = "generator",
     partial: bool = False,
 ) -> None:
@@ -143,8 +144,9 @@ def check_weights_fit(
         weights (TensorDictBase or dict): what is sent (or its :func:`weights_layout`).
         receiver (dict): the receiving model's :func:`weights_layout`.
 
+    Errors open with the public call being made (:func:`~torchrl_trl_interop._checks.signed`).
+
     Keyword Args:
-        owner (str): the public call, named in the message.
         receiver_name (str, optional): what receives, in the message. Defaults to
             ``"generator"``.
         partial (bool, optional): the weights may be a subset of the receiver's (TRL streams its
@@ -157,10 +159,10 @@ def check_weights_fit(
 
     Examples:
         >>> small, big = torch.nn.Linear(2, 3), torch.nn.Linear(2, 4)
-        >>> check_weights_fit(model_weights(big), weights_layout(small), owner="push")
+        >>> check_weights_fit(model_weights(big), weights_layout(small))
         Traceback (most recent call last):
         ...
-        ValueError: push: the weights do not fit the generator: parameter 'weight': trainer [4, 2], generator [3, 2]; parameter 'bias': trainer [4], generator [3] (2 of 2 tensors differ). ...
+        ValueError: the weights do not fit the generator: parameter 'weight': trainer [4, 2], generator [3, 2]; parameter 'bias': trainer [4], generator [3] (2 of 2 tensors differ). ...
     """
     sent = weights if isinstance(weights, dict) else weights_layout(weights)
     unknown = [name for name in sent if name not in receiver]
@@ -182,9 +184,7 @@ def check_weights_fit(
         else:
             hint = f"The trainer and the {receiver_name} must be the same architecture."
         raise KeyError(
-            f"{owner}: the weights do not fit the {receiver_name}: "
-            + "; ".join(parts)
-            + f". {hint}"
+            signed(f"the weights do not fit the {receiver_name}: " + "; ".join(parts) + f". {hint}")
         )
     wrong = [name for name, shape in sent.items() if receiver[name] != shape]
     if wrong:
@@ -194,7 +194,9 @@ def check_weights_fit(
             for name in wrong[:_SHOWN]
         )
         raise ValueError(
-            f"{owner}: the weights do not fit the {receiver_name}: {shown} ({len(wrong)} of "
-            f"{len(sent)} tensors differ). The trainer and the {receiver_name} must be the same "
-            "model size (hidden size, layers, vocabulary)."
+            signed(
+                f"the weights do not fit the {receiver_name}: {shown} ({len(wrong)} of "
+                f"{len(sent)} tensors differ). The trainer and the {receiver_name} must be the "
+                "same model size (hidden size, layers, vocabulary)."
+            )
         )

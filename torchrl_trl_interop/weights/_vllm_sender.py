@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from .._checks import signed
 from .._upstream._weights import vllm_sender_collectors, vllm_sender_layout
 from ._staleness import set_policy_version
 from ._stream import sendable
@@ -40,7 +41,7 @@ def is_vllm_wrapper(target: Any) -> bool:
     return any(cls.__name__ == "vLLMWrapper" for cls in type(target).__mro__)
 
 
-def push_to_vllm(target: Any, weights: Any, version: int, *, owner: str) -> None:
+def push_to_vllm(target: Any, weights: Any, version: int) -> None:
     """Sends ``weights`` (a model, streamed, or a weights TensorDict) to the vLLM engines.
 
     Raises:
@@ -55,17 +56,19 @@ def push_to_vllm(target: Any, weights: Any, version: int, *, owner: str) -> None
     receiver = vllm_sender_layout(target)  # None: not known on this torchrl (nothing checked)
     if receiver == {}:
         raise RuntimeError(
-            f"{owner}: the VLLMWeightSender has not joined its engines' group: call "
-            "sender.init_all_workers_group(get_model_metadata(model), vllm_engine=engine) "
-            "(together with the engine's side) before training, as torchrl's "
-            "VLLMWeightSyncScheme documents."
+            signed(
+                "the VLLMWeightSender has not joined its engines' group: call "
+                "sender.init_all_workers_group(get_model_metadata(model), vllm_engine=engine) "
+                "(together with the engine's side) before training, as torchrl's "
+                "VLLMWeightSyncScheme documents."
+            )
         )
     layout, stream, _ = sendable(weights, receiver)
     # vLLM takes parameters: the model's buffers it does not hold (rotary tables) stay here
     buffers = {n for n, _ in weights.named_buffers()} if hasattr(weights, "named_buffers") else ()
     kept = {n: s for n, s in layout.items() if n in (receiver or ()) or n not in buffers}
     if receiver is not None:  # torchrl's broadcast sends every tensor: a push is never partial
-        check_weights_fit(kept, receiver, owner=owner, receiver_name="vLLM engine")
+        check_weights_fit(kept, receiver, receiver_name="vLLM engine")
     # a flat {name: tensor}, read in the metadata's order
     target.update_weights({name: tensor for name, tensor in stream if name in kept})
     for collector in vllm_sender_collectors(target):
