@@ -92,9 +92,9 @@ def signed(message: str) -> str:
     return f"{name}: {message}" if name else message
 
 
-def _prefix(owner: str | None) -> str:
-    """``"owner: "`` for a caller still naming itself, else the public call's (or nothing)."""
-    name = owner or _PUBLIC_CALL.get()
+def _prefix() -> str:
+    """``"Name: "`` inside a public call (:func:`boundary`), ``""`` outside one."""
+    name = _PUBLIC_CALL.get()
     return f"{name}: " if name else ""
 
 
@@ -168,14 +168,13 @@ def boundary(name: str) -> Callable[[_F], _F]:
 # -- argument checks -----------------------------------------------------------------------------
 
 
-def check_keywords(
-    kwargs: Iterable[str], accepted: Iterable[str], owner: str | None = None
-) -> None:
-    """Raises the :class:`TypeError` Python would, but naming ``owner`` (the call the user made),
-    the closest accepted name and every accepted one, if a keyword of ``kwargs`` is unknown.
+def check_keywords(kwargs: Iterable[str], accepted: Iterable[str]) -> None:
+    """Raises the :class:`TypeError` Python would, but naming the public call being made, the
+    closest accepted name and every accepted one, if a keyword of ``kwargs`` is unknown.
 
     Examples:
-        >>> check_keywords({"only_dne": True}, ["only_done", "reward_key"], "as_reward_transform")
+        >>> with speaking_for("as_reward_transform"):
+        ...     check_keywords({"only_dne": True}, ["only_done", "reward_key"])
         Traceback (most recent call last):
         ...
         TypeError: as_reward_transform() got an unexpected keyword argument 'only_dne' (did you mean 'only_done'?). It takes: ['only_done', 'reward_key'].
@@ -187,24 +186,22 @@ def check_keywords(
         if name not in accepted:
             close = difflib.get_close_matches(name, accepted, n=1)
             hint = f" (did you mean {close[0]!r}?)" if close else ""
+            call = _PUBLIC_CALL.get() or "the call"
             raise TypeError(
-                f"{owner or _PUBLIC_CALL.get() or 'the call'}() got an unexpected keyword argument {name!r}{hint}. It takes: "
-                f"{accepted}."
+                f"{call}() got an unexpected keyword argument {name!r}{hint}. It takes: {accepted}."
             )
 
 
-def check_positive_int(
-    value: Any, arg: str, owner: str | None = None, *, allow_none: bool = False
-) -> None:
+def check_positive_int(value: Any, arg: str, *, allow_none: bool = False) -> None:
     """Raises a :class:`ValueError` unless ``value`` is a positive int (or ``None`` if allowed)."""
     if value is None and allow_none:
         return
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
         expected = "a positive int or None" if allow_none else "a positive integer"  # upstream's
-        raise ValueError(f"{_prefix(owner)}{arg} must be {expected}, got {arg}={value!r}.")
+        raise ValueError(f"{_prefix()}{arg} must be {expected}, got {arg}={value!r}.")
 
 
-def check_real(value: Any, arg: str, owner: str | None = None, *, finite: bool = True) -> float:
+def check_real(value: Any, arg: str, *, finite: bool = True) -> float:
     """``value`` as a float; raises unless it is a real number (and finite, if asked).
 
     Raises:
@@ -215,16 +212,16 @@ def check_real(value: Any, arg: str, owner: str | None = None, *, finite: bool =
         value = value.item()
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(
-            f"{_prefix(owner)}{arg} must be a real number (int or float), got {value!r:.100} of type "
+            f"{_prefix()}{arg} must be a real number (int or float), got {value!r:.100} of type "
             f"{type(value).__name__}."
         )
     value = float(value)
     if finite and not math.isfinite(value):
-        raise ValueError(f"{_prefix(owner)}{arg} must be a finite number, got {arg}={value!r}.")
+        raise ValueError(f"{_prefix()}{arg} must be a finite number, got {arg}={value!r}.")
     return value
 
 
-def as_names(value: Any, arg: str, owner: str | None = None) -> tuple[str, ...]:
+def as_names(value: Any, arg: str) -> tuple[str, ...]:
     """A non-empty tuple of str from a str (one name, never its characters) or an iterable of str.
 
     Raises:
@@ -237,22 +234,22 @@ def as_names(value: Any, arg: str, owner: str | None = None) -> tuple[str, ...]:
         return (value,)
     if not isinstance(value, Iterable) or isinstance(value, (bytes, dict)):
         raise TypeError(
-            f"{_prefix(owner)}{arg} must be a str or a list of str, got {value!r:.100} of type "
+            f"{_prefix()}{arg} must be a str or a list of str, got {value!r:.100} of type "
             f"{type(value).__name__}."
         )
     names = tuple(value)
     bad = [v for v in names if not isinstance(v, str)]
     if bad:
         raise TypeError(
-            f"{_prefix(owner)}{arg} must be a str or a list of str, got {value!r:.100} (holding "
+            f"{_prefix()}{arg} must be a str or a list of str, got {value!r:.100} (holding "
             f"{type(bad[0]).__name__})."
         )
     if not names:
-        raise ValueError(f"{_prefix(owner)}{arg} is empty; pass at least one name.")
+        raise ValueError(f"{_prefix()}{arg} is empty; pass at least one name.")
     return names
 
 
-def as_mapping(value: Any, arg: str, what: str, owner: str | None = None) -> dict:
+def as_mapping(value: Any, arg: str, what: str) -> dict:
     """``value`` as a dict (``None``: empty); raises a :class:`TypeError` naming ``arg`` and
     ``what`` it should map (e.g. ``"{column: key}"``) unless it is a mapping."""
     from collections.abc import Mapping
@@ -261,22 +258,22 @@ def as_mapping(value: Any, arg: str, what: str, owner: str | None = None) -> dic
         return {}
     if not isinstance(value, Mapping):
         raise TypeError(
-            f"{_prefix(owner)}{arg} must be a dict {what}, got {value!r:.100} of type "
+            f"{_prefix()}{arg} must be a dict {what}, got {value!r:.100} of type "
             f"{type(value).__name__}."
         )
     return dict(value)
 
 
-def check_tensordict(value: Any, arg: str, owner: str | None = None) -> None:
+def check_tensordict(value: Any, arg: str) -> None:
     """Raises a :class:`TypeError` naming ``arg`` unless ``value`` is a TensorDict."""
     if not isinstance(value, TensorDictBase):
         raise TypeError(
-            f"{_prefix(owner)}{arg} must be a TensorDict (e.g. TensorDict({{...}}, batch_size=[n])), got "
+            f"{_prefix()}{arg} must be a TensorDict (e.g. TensorDict({{...}}, batch_size=[n])), got "
             f"{type(value).__name__}."
         )
 
 
-def check_tokenizer(value: Any, arg: str, owner: str | None = None) -> None:
+def check_tokenizer(value: Any, arg: str) -> None:
     """Raises a :class:`TypeError` naming ``arg`` unless ``value`` looks like an HF tokenizer."""
     looks_like = hasattr(value, "pad_token_id") or hasattr(value, "tokenizer")  # or a processor
     if value is not None and (not callable(value) or not looks_like):
@@ -284,12 +281,12 @@ def check_tokenizer(value: Any, arg: str, owner: str | None = None) -> None:
             " Load it first: AutoTokenizer.from_pretrained(...)." if isinstance(value, str) else ""
         )
         raise TypeError(
-            f"{_prefix(owner)}{arg} must be a Hugging Face tokenizer (a PreTrainedTokenizerBase), got "
+            f"{_prefix()}{arg} must be a Hugging Face tokenizer (a PreTrainedTokenizerBase), got "
             f"{value!r:.100} of type {type(value).__name__}.{hint}"
         )
 
 
-def as_device(value: Any, arg: str, owner: str | None = None) -> torch.device | None:
+def as_device(value: Any, arg: str) -> torch.device | None:
     """``value`` as a :class:`torch.device` (``None`` passes); a :class:`TypeError` naming ``arg``
     for anything that is not a device."""
     if value is None or isinstance(value, torch.device):
@@ -298,17 +295,17 @@ def as_device(value: Any, arg: str, owner: str | None = None) -> torch.device | 
         return torch.device(value)
     except (TypeError, RuntimeError) as err:
         raise TypeError(
-            f"{_prefix(owner)}{arg} must be a torch.device or a device string such as 'cpu' or "
+            f"{_prefix()}{arg} must be a torch.device or a device string such as 'cpu' or "
             f"'cuda:0', got {value!r:.100} of type {type(value).__name__}."
         ) from err
 
 
-def check_bool(value: Any, arg: str, owner: str | None = None) -> bool:
+def check_bool(value: Any, arg: str) -> bool:
     """``value`` if it is a bool (or a numpy bool); raises a :class:`TypeError` otherwise."""
     if isinstance(value, bool) or type(value).__name__ == "bool_":
         return bool(value)
     raise TypeError(
-        f"{_prefix(owner)}{arg} must be a bool (True or False), got {value!r:.100} of type "
+        f"{_prefix()}{arg} must be a bool (True or False), got {value!r:.100} of type "
         f"{type(value).__name__}."
     )
 

@@ -422,11 +422,11 @@ def read_entry(
         raise KeyError(signed(err.args[0])) from None
 
 
-def row_values(td: TensorDictBase, key: NestedKey, arg: str, owner: str | None = None) -> list:
+def row_values(td: TensorDictBase, key: NestedKey, arg: str) -> list:
     """One Python value per element of ``td``'s batch, row-major (History -> message lists).
 
     Works for any batch shape (``[]``, ``[B]``, ``[E, G]``) and ragged lazy stacks. Errors are
-    signed by the public call being made (``owner``, optional, opens them instead).
+    signed by the public call being made.
 
     Raises:
         TypeError: if ``key`` is not a key, or the entry is not a History, strings or a tensor.
@@ -442,21 +442,18 @@ def row_values(td: TensorDictBase, key: NestedKey, arg: str, owner: str | None =
     """
     from torchrl.data.llm import History
 
-    def sign(message: str) -> str:
-        return f"{owner}: {message}" if owner else signed(message)
-
     hint = f"Pass {arg}=... naming where the rollouts hold it."
     try:
         key = as_nested_key(key, arg)
         value = get_entry(td, key_parts(key), arg, hint=hint)
     except (TypeError, KeyError) as err:
-        raise type(err)(sign(err.args[0])) from None
+        raise type(err)(signed(err.args[0])) from None
     if isinstance(value, list):  # a ragged lazy stack of tensors: go row by row
-        return [v for sub in td.unbind(0) for v in row_values(sub, key, arg, owner)]
+        return [v for sub in td.unbind(0) for v in row_values(sub, key, arg)]
     if isinstance(value, History):
         if value.ndim != td.ndim + 1:
             raise ValueError(
-                sign(
+                signed(
                     f"{arg}={key!r} holds a History of batch size {tuple(value.batch_size)}; "
                     f"expected the tensordict's {tuple(td.batch_size)} plus one turn dimension."
                 )
@@ -465,7 +462,7 @@ def row_values(td: TensorDictBase, key: NestedKey, arg: str, owner: str | None =
     if isinstance(value, torch.Tensor):
         if value.shape[: td.ndim] != td.batch_size:
             raise ValueError(
-                sign(
+                signed(
                     f"{arg}={key!r} has shape {tuple(value.shape)}; expected leading dims "
                     f"{tuple(td.batch_size)}."
                 )
@@ -476,7 +473,7 @@ def row_values(td: TensorDictBase, key: NestedKey, arg: str, owner: str | None =
             return [value.tolist() if isinstance(value, NonTensorStack) else value.data]
         return flatten_nested(value.tolist(), td.ndim)
     raise TypeError(
-        sign(
+        signed(
             f"{arg}={key!r} holds a {type(value).__name__}; expected a History, strings or a "
             "tensor."
         )

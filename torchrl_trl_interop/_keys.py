@@ -133,13 +133,12 @@ def get_entry(
     td: TensorDictBase,
     key: NestedKey,
     arg: str,
-    owner: str | None = None,
     hint: str = "",
     where: str = "the input tensordict",
 ) -> Any:
     """``td.get(key)``, as a list of rows when the entry is a ragged lazy stack.
 
-    ``owner`` (optional) opens the message. This module cannot know the public call being made:
+    This module cannot know the public call being made:
     :func:`~torchrl_trl_interop._conversation.read_entry` is this read with its error signed.
 
     Raises:
@@ -158,7 +157,7 @@ def get_entry(
     if key not in td.keys(include_nested=True):
         hint = hint or f"Pass {arg}=... naming the entry that holds it."
         message = f"{arg}={unravel_key(key)!r} not found in {where} (found {keys_present(td)}). "
-        raise KeyError(f"{owner}: {message}{hint}" if owner else message + hint)
+        raise KeyError(message + hint)
     try:
         return td.get(key)
     except RuntimeError:

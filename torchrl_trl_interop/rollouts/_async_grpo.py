@@ -29,8 +29,6 @@ from ._trainer_policy import TrainerModelPolicy, score_tokens
 
 __all__ = ["TorchRLRolloutWorker", "group_advantages"]
 
-_OWNER = "TorchRLRolloutWorker"  # for weights/'s max_staleness check, which still takes owner
-
 
 def _rollout_sample_cls():
     from trl.experimental.async_grpo.async_rollout_worker import RolloutSample
@@ -172,7 +170,7 @@ class TorchRLRolloutWorker:
         drop_zero_std: bool = False,
     ) -> None:
         check_positive_int(num_generations, "num_generations")
-        check_max_staleness(max_staleness, _OWNER)
+        check_max_staleness(max_staleness)
         check_candidate_group_size(candidate_group_size, group_size=num_generations)
         check_bool(drop_zero_std, "drop_zero_std")
         if isinstance(queue_maxsize, bool) or not isinstance(queue_maxsize, int):

@@ -48,8 +48,6 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = ["as_trl_rollout_func"]
 
-_OWNER = "as_trl_rollout_func"  # for weights/'s staleness checks, which still take owner
-
 
 class _EnvRolloutFunc:
     """The callable :func:`as_trl_rollout_func` returns (see there)."""
@@ -211,7 +209,7 @@ class _EnvRolloutFunc:
             out[POLICY_VERSION_KEY] = versions
             step = global_step(trainer)
             log = functools.partial(log_metrics, trainer)
-            check_staleness(every, step, self.max_staleness, _OWNER, log=log)
+            check_staleness(every, step, self.max_staleness, log=log)
         if self.max_turns > 1 and not self._warned:
             self._warned = True
             warn_completions_only(trainer_reward_funcs(trainer), self.max_turns)
@@ -408,7 +406,7 @@ def as_trl_rollout_func(
         check_bool(recompute_logprobs, "recompute_logprobs")
     if policy is not None:
         check_policy(policy, max_turns, recompute_logprobs)
-    check_max_staleness(max_staleness, _OWNER)
+    check_max_staleness(max_staleness)
     check_candidate_group_size(candidate_group_size)
     if env_seed is not None and (isinstance(env_seed, bool) or not isinstance(env_seed, int)):
         raise TypeError(

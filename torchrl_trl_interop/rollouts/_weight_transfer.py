@@ -18,8 +18,6 @@ from ._async_grpo import TorchRLRolloutWorker
 
 __all__ = ["TorchRLWeightTransfer"]
 
-_OWNER = "TorchRLWeightTransfer"  # for weights/'s push, which still takes owner
-
 
 class TorchRLWeightTransfer:
     """TRL's ``WeightTransferProtocol`` onto a TorchRL policy.
@@ -58,7 +56,7 @@ class TorchRLWeightTransfer:
 
     @boundary("TorchRLWeightTransfer")
     def __init__(self, target: Any, *, worker: TorchRLRolloutWorker | None = None) -> None:
-        target_kind(target, _OWNER)  # a target that cannot receive weights raises here
+        target_kind(target)  # a target that cannot receive weights raises here
         self.target = target
         self.worker = worker
         self.version = 0
@@ -66,7 +64,7 @@ class TorchRLWeightTransfer:
         self._paused = False
 
     def __repr__(self) -> str:
-        return f"{_OWNER}(target={type(self.target).__name__}, version={self.version})"
+        return f"TorchRLWeightTransfer(target={type(self.target).__name__}, version={self.version})"
 
     def init_weight_transfer(self) -> None:
         """Nothing to set up: torchrl's schemes connect on the first send."""
@@ -81,7 +79,7 @@ class TorchRLWeightTransfer:
         named = [(name, tensor.detach()) for name, tensor in iterator]
         self.sent_names = [name for name, _ in named]
         weights = TensorDict(dict(named), batch_size=[]).unflatten_keys(".")
-        push(self.target, weights, self.version + 1, owner=_OWNER, partial=True)
+        push(self.target, weights, self.version + 1, partial=True)
         self.version += 1
 
     def resume(self) -> None:

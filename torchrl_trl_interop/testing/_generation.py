@@ -154,12 +154,14 @@ class ToyGenerator:
         return version
 
     def _apply_pending(self) -> None:
+        from .._checks import speaking_for
         from ..weights._push import push
 
         with self.lock:
             pending, self.pending = self.pending, None
         if pending is not None:
-            push(self.collector, *pending, owner="ToyGenerator")
+            with speaking_for("ToyGenerator"):
+                push(self.collector, *pending)
 
     def checksum(self) -> tuple:
         """``(policy_version, weights checksum)`` of the live policy, staged weights applied."""

@@ -20,7 +20,6 @@ from typing import Any
 import torch
 from tensordict import TensorDictBase
 
-from .._checks import speaking_for
 from ._adapters import as_weight_sync_scheme, whole
 from ._staleness import set_policy_version
 from ._stream import sendable
@@ -29,12 +28,8 @@ from ._tensors import check_weights_fit, named_tensors, policy_model
 __all__ = ["push", "target_kind"]
 
 
-def target_kind(target: Any, owner: str | None = None) -> str:
+def target_kind(target: Any) -> str:
     """``"scheme"`` or ``"module"``: how :func:`push` sends (a check for constructors).
-
-    ``owner``, while a caller still passes one, names the errors as a
-    :func:`~torchrl_trl_interop._checks.boundary` would (the public call being made does
-    otherwise).
 
     Raises:
         TypeError: if ``target`` can receive no weights.
@@ -43,9 +38,6 @@ def target_kind(target: Any, owner: str | None = None) -> str:
         >>> target_kind(torch.nn.Linear(2, 2))
         'module'
     """
-    if owner is not None:
-        with speaking_for(owner):
-            return target_kind(target)
     return "module" if as_weight_sync_scheme(target) is None else "scheme"
 
 
@@ -54,7 +46,6 @@ def push(
     weights: torch.nn.Module | TensorDictBase,
     version: int,
     *,
-    owner: str | None = None,
     partial: bool = False,
     policy_version: Any = None,
 ) -> None:
@@ -71,9 +62,6 @@ def push(
         version (int): the policy version rollouts sampled with these weights carry.
 
     Keyword Args:
-        owner (str, optional): names the errors as a :func:`~torchrl_trl_interop._checks.boundary`
-            would, while a caller still passes one; ``None`` (the default): the public call
-            being made names them.
         partial (bool, optional): ``weights`` may hold a subset of the receiver's tensors (TRL
             streams trainable parameters only). Defaults to ``False``.
         policy_version (PolicyVersion, optional): one more integer torchrl ``PolicyVersion`` to
@@ -94,9 +82,6 @@ def push(
         ...
         ValueError: the weights do not fit the policy: parameter 'weight': trainer [2, 3], policy [2, 2] (1 of 2 tensors differ). ...
     """
-    if owner is not None:
-        with speaking_for(owner):
-            return push(target, weights, version, partial=partial, policy_version=policy_version)
     scheme = as_weight_sync_scheme(target)
     if scheme is None:  # a module here: each tensor copied in place as it comes
         live = named_tensors(policy_model(target))

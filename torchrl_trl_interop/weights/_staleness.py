@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from .._checks import signed, speaking_for
+from .._checks import signed
 
 __all__ = [
     "STALENESS_MAX",
@@ -32,15 +32,9 @@ class StaleRolloutError(RuntimeError):
     """A rollout's weights are older than the ``max_staleness`` bound allows."""
 
 
-def check_max_staleness(value: Any, owner: str | None = None) -> None:
-    """Raises ``ValueError`` unless ``value`` is ``None`` or an int ``>= 0``.
-
-    The message opens with the public call being made, or with ``owner`` while a caller still
-    passes one (until it carries a :func:`~torchrl_trl_interop._checks.boundary`).
-    """
-    if owner is not None:
-        with speaking_for(owner):
-            return check_max_staleness(value)
+def check_max_staleness(value: Any) -> None:
+    """Raises ``ValueError`` unless ``value`` is ``None`` or an int ``>= 0`` (signed by the
+    public call being made)."""
     if value is None:
         return
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
@@ -56,7 +50,6 @@ def check_staleness(
     versions: Sequence[int | None],
     step: int,
     max_staleness: int | None,
-    owner: str | None = None,
     *,
     log: Callable[[dict[str, list[float]]], None] | None = None,
 ) -> list[int]:
@@ -64,7 +57,7 @@ def check_staleness(
 
     The mean and max (``rollout/staleness_mean``, ``rollout/staleness_max``) go to ``log``
     (the rollout function gives the trainer's metrics), before the bound is enforced. Errors
-    open with the public call being made (``owner``: as :func:`check_max_staleness`).
+    open with the public call being made.
 
     Raises:
         StaleRolloutError: if a row is older than ``max_staleness`` steps, or has no version.
@@ -80,9 +73,6 @@ def check_staleness(
         ...
         torchrl_trl_interop.weights._staleness.StaleRolloutError: row 0 was sampled by the weights of step 2, 3 steps behind the trainer (step 5); max_staleness=1. ...
     """
-    if owner is not None:
-        with speaking_for(owner):
-            return check_staleness(versions, step, max_staleness, log=log)
     missing = [i for i, v in enumerate(versions) if v is None]
     if missing:
         raise StaleRolloutError(
