@@ -216,7 +216,7 @@ class TestAgreement:
         ranks = Ranks(0, 2, accelerator=two_rank_accelerator([3, 3]))
         metrics = {}
         every = ranks.gather_versions([5, 4])
-        assert check_staleness(every, 5, None, "f", log=metrics.update) == [0, 1, 2, 2]
+        assert check_staleness(every, 5, None, log=metrics.update) == [0, 1, 2, 2]
         assert metrics["rollout/staleness_max"] == [2.0]  # the other rank's rows
 
 

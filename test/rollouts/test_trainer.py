@@ -188,7 +188,7 @@ class TestPrivateReads:
         before = dict(trainer._pending_metrics)
         try:
             log = lambda metrics: log_metrics(trainer, metrics)  # noqa: E731
-            assert check_staleness([1, 0], global_step(trainer), None, "f", log=log) == [0, 1]
+            assert check_staleness([1, 0], global_step(trainer), None, log=log) == [0, 1]
             assert trainer._pending_metrics["rollout/staleness_mean"] == [0.5]
             assert trainer._pending_metrics["rollout/staleness_max"] == [1.0]
         finally:
