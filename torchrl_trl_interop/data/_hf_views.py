@@ -40,7 +40,7 @@ __all__ = [
 ]
 
 #: ``read(slots, num_slots, epoch, skip)`` yields the rows of those slots in that epoch, as dicts
-#: of plain Python values (converted once per batch and column, not per row).
+#: of plain Python values (each batch's columns gathered once, each row's lists made when read).
 SlotReader = Callable[[list[int], int, int, int], Iterator[dict[str, Any]]]
 
 

@@ -11,8 +11,9 @@ public call being made; rows read later, by iterating a view, by the call that m
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from itertools import repeat
 from typing import Any
 
 import torch
@@ -148,14 +149,15 @@ class BufferReader:
         mask_key = self.selection.attention_mask_key
         return schema.names, walk_columns(batch, schema.columns, mask_key)
 
-    def rows(self, batch: TensorDictBase, view: View = TORCH_VIEW) -> list[dict[str, Any]]:
+    def rows(self, batch: TensorDictBase, view: View = TORCH_VIEW) -> Iterable[dict[str, Any]]:
         """The rows of a batch, one dict each, in the form ``view`` asks for (converted once
-        per column, not once per row)."""
+        per column, not once per row). Python rows are built as they are read (see
+        ``_arrow.python_columns``), with no Python call of ours per row."""
         names, columns = self.walk(batch)
         if view.python:
             values = python_columns(columns, names, view.declared)
-        else:
-            values = [column.rows(self.device) for column in columns]
+            return map(dict, map(zip, repeat(names), zip(*values)))
+        values = [column.rows(self.device) for column in columns]
         return [dict(zip(names, row)) for row in zip(*values)]
 
     def arrow_table(self, batch: TensorDictBase) -> Any:
