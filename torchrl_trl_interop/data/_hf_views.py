@@ -136,6 +136,14 @@ class BufferExamplesIterable(_BaseExamplesIterable):
     def num_shards(self) -> int:
         return len(self.slots)
 
+    @property
+    def sleep_on_threads_shutdown(self) -> bool:
+        # datasets' multi-source iterables (interleave_datasets) read it of each source when they
+        # close; its base class asks the source's own ``ex_iterable(s)``, which a source has not
+        # (an AttributeError, lost as an unraisable exception). Rows are read in the caller's
+        # thread: no thread to wait for, as datasets' own ExamplesIterable says by default.
+        return False
+
 
 def iterable_view(read: SlotReader, num_slots: int, features: Features | None) -> IterableDataset:
     """A streaming :class:`datasets.IterableDataset` whose ``num_slots`` shards ``read`` serves.
