@@ -7,6 +7,7 @@ seconds of worker start-up on a small machine, so there are only a handful.
 
 from __future__ import annotations
 
+import gc
 import json
 import sys
 import threading
@@ -193,6 +194,22 @@ class TestEpoch:
             got.append([r["row_id"] for r in hf])
         assert got[0] and got[1] and not set(got[0]) & set(got[1])
         assert sorted(got[0] + got[1]) == list(range(30))
+
+    def test_hf_view_interleaved_and_closed_early(self, monkeypatch):
+        """``interleave_datasets`` of two views, left after two rows: closing it asks each view
+        whether to wait for threads (it raised an AttributeError, lost as unraisable)."""
+        from datasets import interleave_datasets
+
+        lost = []
+        monkeypatch.setattr(sys, "unraisablehook", lost.append)
+        mixed = interleave_datasets(
+            [TorchRLBufferDataset(buffer(8), 3, epoch=True).as_hf_dataset() for _ in range(2)]
+        )
+        rows = iter(mixed)
+        assert [next(rows)["row_id"], next(rows)["row_id"]] == [0, 0]  # one row of each view
+        rows.close()
+        gc.collect()
+        assert [(u.exc_type, str(u.exc_value)) for u in lost] == []
 
     def test_interleaved_shard_order(self):
         order = interleaved_shard_order(64)

@@ -40,7 +40,7 @@ __all__ = [
 ]
 
 #: ``read(slots, num_slots, epoch, skip)`` yields the rows of those slots in that epoch, as dicts
-#: of plain Python values (converted once per batch and column, not per row).
+#: of plain Python values (each batch's columns gathered once, each row's lists made when read).
 SlotReader = Callable[[list[int], int, int, int], Iterator[dict[str, Any]]]
 
 
@@ -135,6 +135,14 @@ class BufferExamplesIterable(_BaseExamplesIterable):
     @property
     def num_shards(self) -> int:
         return len(self.slots)
+
+    @property
+    def sleep_on_threads_shutdown(self) -> bool:
+        # datasets' multi-source iterables (interleave_datasets) read it of each source when they
+        # close; its base class asks the source's own ``ex_iterable(s)``, which a source has not
+        # (an AttributeError, lost as an unraisable exception). Rows are read in the caller's
+        # thread: no thread to wait for, as datasets' own ExamplesIterable says by default.
+        return False
 
 
 def iterable_view(read: SlotReader, num_slots: int, features: Features | None) -> IterableDataset:
