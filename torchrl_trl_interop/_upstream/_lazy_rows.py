@@ -6,7 +6,8 @@ torchrl's attribute assignment runs one validated ``set`` per row and field (its
 as ``NonTensorData``'s constructor builds them, without its argument handling, and a
 ``ChatHistory`` without the ``__post_init__`` check that changes nothing on these rows);
 :func:`extend_history` appends a row's answer to its prompt as ``History.extend`` does, over the
-same leaves, without tensordict's concatenation (~240 us a row, ~10x this).
+same leaves, without tensordict's concatenation (~240 us a row, ~10x this); :func:`text_stack` is
+``NonTensorStack.from_list`` of str with those fast leaves (``messages_to_history``'s columns).
 
 Both read tensordict's internals (``TensorDict._new_unsafe``,
 ``NonTensorStack._new_lazy_unsafe``, a tensorclass's ``_tensordict``, ``_non_tensordict``,
@@ -32,7 +33,7 @@ from ._gate import TENSORDICT_MEASURED, use_fast
 
 _SCALAR = torch.Size(())
 
-__all__ = ["extend_history", "holds_field", "stack_rows", "tensorclass_over"]
+__all__ = ["extend_history", "holds_field", "stack_rows", "tensorclass_over", "text_stack"]
 
 #: the internals this module reads (test/test_layout.py checks the list against the code)
 READS = (
@@ -94,6 +95,19 @@ def _text_leaf(value: str) -> NonTensorData:
     )
     leaf.__dict__["_is_initialized"] = True
     return leaf
+
+
+def text_stack(values: list) -> NonTensorStack:
+    """``NonTensorStack.from_list(values)``; a list of str gets its leaves as
+    ``NonTensorData``'s constructor builds them (see :func:`stack_rows`), ~3x faster.
+
+    Examples:
+        >>> text_stack(["user", "assistant"]).tolist()
+        ['user', 'assistant']
+    """
+    if not use_fast(TENSORDICT_MEASURED) or not all(type(v) is str for v in values):
+        return NonTensorStack.from_list(values)
+    return NonTensorStack(*[_text_leaf(v) for v in values])
 
 
 def _post_init_is_noop(cls: Any, columns: dict[str, list]) -> bool:
