@@ -119,18 +119,19 @@ def read_policy_rows(
         )
     scores = None if scores is None else _rows(scores)
     masks = td.get(keys.attention_mask, None, as_list=True)
-    masks = None if masks is None else _rows(masks)
-    for i, mask in enumerate(masks or ()):
-        n_prompt, n_response = len(prompts[i]), len(responses[i])
-        if mask.numel() != n_prompt + n_response:
-            raise ValueError(
-                f"{owner}: row {i}'s {keys.attention_mask!r} has {mask.numel()} entries, its "
-                f"prompt and response {n_prompt} + {n_response} tokens; expected a mask over "
-                "the prompt then the response, as torchrl's LLM wrappers write it."
-            )
-    if masks and not bool(torch.cat(masks).bool().all()):  # padded rows: cut them (else whole)
+    if masks is not None:
+        masks = _rows(masks)
+        whole = not masks or bool(torch.cat(masks).all())  # no padding: every row stays whole
         for i, mask in enumerate(masks):
-            n_prompt = len(prompts[i])
+            n_prompt, n_response = len(prompts[i]), len(responses[i])
+            if mask.numel() != n_prompt + n_response:
+                raise ValueError(
+                    f"{owner}: row {i}'s {keys.attention_mask!r} has {mask.numel()} entries, its "
+                    f"prompt and response {n_prompt} + {n_response} tokens; expected a mask over "
+                    "the prompt then the response, as torchrl's LLM wrappers write it."
+                )
+            if whole:
+                continue
             mask = mask.bool()
             prompts[i] = prompts[i][mask[:n_prompt]]
             responses[i] = responses[i][mask[n_prompt:]]
