@@ -26,7 +26,7 @@ from torchrl_trl_interop._upstream import (
     use_fast,
 )
 from torchrl_trl_interop._upstream._history_fields import non_tensor_payloads, row_entries
-from torchrl_trl_interop._upstream._lazy_rows import holds_field, tensorclass_over
+from torchrl_trl_interop._upstream._lazy_rows import holds_field, tensorclass_over, text_stack
 
 pytestmark = pytest.mark.usefixtures("upstream_branch")
 
@@ -81,6 +81,18 @@ class TestTensordictReaders:
         ours = tensorclass_over(History, dict(fields), size)
         assert type(ours) is History and ours.batch_size == size
         assert ours.tolist() == History.from_tensordict(TensorDict(fields, size)).tolist()
+
+    @pytest.mark.parametrize("values", [["user", "assistant"], ["Hi"], ["a", 1]])
+    def test_text_stack_is_from_list(self, values):
+        """The same stack as ``NonTensorStack.from_list``, leaf by leaf (each leaf's fields as
+        ``NonTensorData(data=...)`` sets them)."""
+        ours, theirs = text_stack(values), NonTensorStack.from_list(values)
+        assert type(ours) is type(theirs) and ours.batch_size == theirs.batch_size
+        assert ours.stack_dim == theirs.stack_dim and ours.tolist() == theirs.tolist() == values
+        for a, b in zip(ours.tensordicts, theirs.tensordicts, strict=True):
+            assert type(a) is type(b) and a.__dict__.keys() == b.__dict__.keys()
+            assert a._non_tensordict == b._non_tensordict
+            assert a._tensordict.batch_size == b._tensordict.batch_size
 
     @pytest.mark.parametrize("chat", [0, 1])
     def test_holds_field(self, chat):

@@ -36,7 +36,7 @@ from ._keys import as_nested_key, flatten_nested, get_entry, key_parts
 from ._message_fields import MessageHistory
 from ._tool_calls import has_turn_fields, message_turns, messages_of_turns
 from ._upstream._history_fields import history_fields
-from ._upstream._lazy_rows import tensorclass_over
+from ._upstream._lazy_rows import tensorclass_over, text_stack
 
 if TYPE_CHECKING:  # pragma: no cover
     from torchrl.data.llm import History
@@ -247,8 +247,8 @@ def _construct(parsed: Any, depth: int, cls: type) -> History:
     if turns is None:  # the fields History's constructor sets, built directly (half its time)
         size = torch.Size([len(messages)])
         fields = {
-            "role": NonTensorStack.from_list([m["role"] for m in messages]),
-            "content": NonTensorStack.from_list([m["content"] for m in messages]),
+            "role": text_stack([m["role"] for m in messages]),
+            "content": text_stack([m["content"] for m in messages]),
             "is_complete": NonTensorData(True, batch_size=size),
         }
         return tensorclass_over(cls, fields, size)

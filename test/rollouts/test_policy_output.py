@@ -11,6 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 from tensordict import (
+    NonTensorData,
     TensorDict,
     is_tensor_collection,
     is_tensorclass,
@@ -84,6 +85,25 @@ def test_stack_rows_is_torchrls_layout(kind, n):
                 assert list(read) == column
             else:
                 assert all(torch.equal(a, b) for a, b in zip(read, column))
+
+
+def test_stack_rows_objects_hold_what_their_constructors_give():
+    """Beyond the layout: each str leaf holds what ``NonTensorData(data=...)`` holds, and the
+    tensorclass what ``_from_tensordict`` (``__post_init__`` included) gives over the rows."""
+    with set_list_to_stack(True):
+        text = stack_rows(Text, prompt=["p0", "p1"], full=["f0", "f1"])
+        for row in text._tensordict.tensordicts:
+            for value in ("prompt", "full"):
+                leaf = row.get(value)
+                made = NonTensorData(data=leaf.data)
+                assert type(leaf) is type(made) and leaf.__dict__.keys() == made.__dict__.keys()
+                assert leaf._non_tensordict == made._non_tensordict
+                assert leaf._tensordict.batch_size == made._tensordict.batch_size == ()
+        chat = stack_rows(ChatHistory, prompt=_histories(2), full=_histories(2))
+        made = ChatHistory._from_tensordict(chat._tensordict)
+        assert chat.__dict__.keys() == made.__dict__.keys()
+        assert chat._non_tensordict == made._non_tensordict == {"response": None}
+        assert chat.full.batch_size == made.full.batch_size == (2, -1)  # ragged: 1 and 2 turns
 
 
 def test_stack_rows_needs_one_value_per_row():

@@ -124,7 +124,9 @@ def read_policy_rows(
     scores = None if scores is None else _rows(scores)
     masks = td.get(keys.attention_mask, None, as_list=True)
     if masks is not None:
-        for i, mask in enumerate(_rows(masks)):
+        masks = _rows(masks)
+        whole = not masks or bool(torch.cat(masks).all())  # no padding: every row stays whole
+        for i, mask in enumerate(masks):
             n_prompt, n_response = len(prompts[i]), len(responses[i])
             if mask.numel() != n_prompt + n_response:
                 raise ValueError(
@@ -134,6 +136,8 @@ def read_policy_rows(
                         "prompt then the response, as torchrl's LLM wrappers write it."
                     )
                 )
+            if whole:
+                continue
             mask = mask.bool()
             prompts[i] = prompts[i][mask[:n_prompt]]
             responses[i] = responses[i][mask[n_prompt:]]
