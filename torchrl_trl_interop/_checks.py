@@ -201,6 +201,24 @@ def check_positive_int(value: Any, arg: str, *, allow_none: bool = False) -> Non
         raise ValueError(f"{_prefix()}{arg} must be {expected}, got {arg}={value!r}.")
 
 
+def check_optional_int(value: Any, arg: str, *, minimum: int, counts: str) -> None:
+    """Raises a :class:`ValueError` unless ``value`` is ``None`` or an int ``>= minimum``; the
+    message says what ``arg`` ``counts``.
+
+    Examples:
+        >>> check_optional_int(-1, "max_staleness", minimum=0, counts="optimizer steps")
+        Traceback (most recent call last):
+        ...
+        ValueError: max_staleness must be None or an int >= 0 (optimizer steps), got max_staleness=-1.
+    """
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(
+            f"{_prefix()}{arg} must be None or an int >= {minimum} ({counts}), got {arg}={value!r}."
+        )
+
+
 def check_real(value: Any, arg: str, *, finite: bool = True) -> float:
     """``value`` as a float; raises unless it is a real number (and finite, if asked).
 

@@ -47,7 +47,6 @@ __all__ = [
     "is_conversational",
     "is_message_list",
     "messages_to_history",
-    "read_entry",
     "row_values",
     "split_completion",
     "split_prompt_completion",
@@ -402,26 +401,6 @@ def split_completion(
     return prompt, completion
 
 
-def read_entry(
-    td: TensorDictBase,
-    key: NestedKey,
-    arg: str,
-    hint: str = "",
-    where: str = "the input tensordict",
-) -> Any:
-    """:func:`~torchrl_trl_interop._keys.get_entry` (``td.get(key)``, a list of rows for a ragged
-    lazy stack), its error signed by the public call being made.
-
-    Raises:
-        KeyError: if ``key`` is absent; the message names ``arg``, ``where`` it was looked for,
-            the keys present, and ``hint`` (what to do) or a default hint.
-    """
-    try:
-        return get_entry(td, key, arg, hint=hint, where=where)
-    except KeyError as err:
-        raise KeyError(signed(err.args[0])) from None
-
-
 def row_values(td: TensorDictBase, key: NestedKey, arg: str) -> list:
     """One Python value per element of ``td``'s batch, row-major (History -> message lists).
 
@@ -445,9 +424,9 @@ def row_values(td: TensorDictBase, key: NestedKey, arg: str) -> list:
     hint = f"Pass {arg}=... naming where the rollouts hold it."
     try:
         key = as_nested_key(key, arg)
-        value = get_entry(td, key_parts(key), arg, hint=hint)
-    except (TypeError, KeyError) as err:
-        raise type(err)(signed(err.args[0])) from None
+    except TypeError as err:
+        raise TypeError(signed(err.args[0])) from None
+    value = get_entry(td, key_parts(key), arg, hint=hint)
     if isinstance(value, list):  # a ragged lazy stack of tensors: go row by row
         return [v for sub in td.unbind(0) for v in row_values(sub, key, arg)]
     if isinstance(value, History):

@@ -1,7 +1,8 @@
 """TorchRL's LLM key layout and the package's one key form; reading entries by key.
 
 The keys TorchRL's LLM wrappers write (``TransformersWrapper``, ``vLLMWrapper``, ``ChatEnv``) are
-declared here once; every module takes them from here. This module imports nothing of the package.
+declared here once; every module takes them from here. This module imports only ``_checks`` (to
+sign its errors with the public call being made).
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ from typing import Any
 import torch
 from tensordict import NonTensorData, NonTensorStack, TensorDictBase
 from tensordict.utils import NestedKey, unravel_key
+
+from ._checks import signed
 
 # -- TorchRL's LLM key layout -------------------------------------------------------------------
 # What ``TransformersWrapper``/``vLLMWrapper`` (tokens, masks, text, history, log-probs), ``ChatEnv``
@@ -138,12 +141,10 @@ def get_entry(
 ) -> Any:
     """``td.get(key)``, as a list of rows when the entry is a ragged lazy stack.
 
-    This module cannot know the public call being made:
-    :func:`~torchrl_trl_interop._conversation.read_entry` is this read with its error signed.
-
     Raises:
-        KeyError: if ``key`` is absent; the message names ``arg``, ``where`` it was looked for,
-            the keys present, and ``hint`` (what to do) or a default hint.
+        KeyError: if ``key`` is absent; the message, signed by the public call being made
+            (:func:`~torchrl_trl_interop._checks.signed`), names ``arg``, ``where`` it was looked
+            for, the keys present, and ``hint`` (what to do) or a default hint.
     """
     try:  # the common case in one lookup: a key that is absent reads None
         value = td.get(key)
@@ -157,7 +158,7 @@ def get_entry(
     if key not in td.keys(include_nested=True):
         hint = hint or f"Pass {arg}=... naming the entry that holds it."
         message = f"{arg}={unravel_key(key)!r} not found in {where} (found {keys_present(td)}). "
-        raise KeyError(message + hint)
+        raise KeyError(signed(message + hint))
     try:
         return td.get(key)
     except RuntimeError:

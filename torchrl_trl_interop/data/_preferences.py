@@ -17,8 +17,8 @@ from tensordict.utils import NestedKey
 from torchrl.data import LazyStackStorage, ReplayBuffer
 
 from .._checks import as_names, boundary, check_real, signed
-from .._conversation import read_entry, row_values, split_completion
-from .._keys import HISTORY_KEY, REWARD_KEY, key_parts
+from .._conversation import row_values, split_completion
+from .._keys import HISTORY_KEY, REWARD_KEY, get_entry, key_parts
 from ._processes import check_replay_buffer
 from ._rows import extend_with_rows
 from ._selection import as_column_key
@@ -39,7 +39,7 @@ def _read_messages(td: TensorDictBase, key: NestedKey, where: str) -> list:
     from torchrl.data.llm import History
 
     hint = "Pass history_key=... (TorchRL's LLM wrappers write ('history', 'full'))."
-    history = read_entry(td, key_parts(key), "history_key", hint, where)
+    history = get_entry(td, key_parts(key), "history_key", hint, where)
     if not isinstance(history, History):
         raise TypeError(
             signed(
@@ -55,7 +55,7 @@ def _read_rewards(td: TensorDictBase, key: NestedKey, where: str) -> list[float]
         "Score the rollouts first (e.g. with HFRewardModelWrapper or TRLRewardFuncWrapper) or "
         "pass reward_key=...."
     )
-    reward = read_entry(td, key_parts(key), "reward_key", hint, where)
+    reward = get_entry(td, key_parts(key), "reward_key", hint, where)
     if not isinstance(reward, torch.Tensor):
         raise TypeError(
             signed(
@@ -85,7 +85,7 @@ def _read_rewards(td: TensorDictBase, key: NestedKey, where: str) -> list[float]
 
 
 def _read_group_ids(td: TensorDictBase, key: NestedKey, where: str) -> list[Hashable]:
-    read_entry(td, key_parts(key), "group_key", "Pass group_key=... naming the group ids.", where)
+    get_entry(td, key_parts(key), "group_key", "Pass group_key=... naming the group ids.", where)
     return [_hashable(v) for v in row_values(td, key, "group_key")]
 
 

@@ -13,6 +13,7 @@ import functools
 import inspect
 import math
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -119,6 +120,40 @@ def _check_weights(weights: Any, n: int) -> list[float]:
             )
         )
     return weights
+
+
+@dataclass(frozen=True)
+class _CallInputs:
+    """Where :class:`TRLRewardFuncWrapper` reads each argument of a TRL reward call (canonical
+    keys; ``None`` for the keys of the other mode, and for no ``completion_ids``)."""
+
+    input_mode: str
+    history_key: NestedKey | None
+    prompt_key: NestedKey | None
+    completion_key: NestedKey | None
+    completion_ids_key: NestedKey | None
+    kwargs_keys: dict[str, NestedKey]
+
+    def read(
+        self, td: TensorDictBase, completion_roles: Sequence[str]
+    ) -> tuple[list, list, list | None, dict[str, list]]:
+        """``prompts``, ``completions``, ``completion_ids`` and the extra keyword arguments."""
+        if self.input_mode == "text":
+            prompts, completions = read_chat_texts(td, self.prompt_key, self.completion_key)
+        else:
+            prompts, completions = read_chats(td, self.history_key, completion_roles)
+        completion_ids = (
+            None
+            if self.completion_ids_key is None
+            else [
+                to_python(v) for v in row_values(td, self.completion_ids_key, "completion_ids_key")
+            ]
+        )
+        kwargs = {
+            name: [to_python(v) for v in row_values(td, key, f"kwargs_keys[{name!r}]")]
+            for name, key in self.kwargs_keys.items()
+        }
+        return prompts, completions, completion_ids, kwargs
 
 
 class TRLRewardFuncWrapper(TensorDictModuleBase):
@@ -301,40 +336,18 @@ class TRLRewardFuncWrapper(TensorDictModuleBase):
         self.weights = weights
         self.completion_roles = completion_roles
         self.input_mode = input_mode
+        self._inputs = _CallInputs(
+            input_mode, history_key, prompt_key, completion_key, completion_ids_key, kwargs_keys
+        )
         # the call its errors name when it runs: this class, or the public call that built it
         # for the user (RewardTransform given TRL reward functions)
         self._built_by = public_call("TRLRewardFuncWrapper")
-        self._history_key = history_key
-        self._prompt_key = prompt_key
-        self._completion_key = completion_key
-        self._completion_ids_key = completion_ids_key
-        self._kwargs_keys = kwargs_keys
-        self._reward_key = reward_key
-        self._reward_per_func_key = reward_per_func_key
         self.in_keys = in_keys
         self.out_keys = [k for k in (reward_key, reward_per_func_key) if k is not None]
 
     def __repr__(self) -> str:
         fields = [f"reward_funcs={self.reward_func_names}", f"weights={self.weights}"]
         return module_repr(self, [*fields, f"input_mode={self.input_mode!r}"])
-
-    def _read(self, td: TensorDictBase) -> tuple[list, list, list | None, dict[str, list]]:
-        if self.input_mode == "text":
-            prompts, completions = read_chat_texts(td, self._prompt_key, self._completion_key)
-        else:
-            prompts, completions = read_chats(td, self._history_key, self.completion_roles)
-        completion_ids = (
-            None
-            if self._completion_ids_key is None
-            else [
-                to_python(v) for v in row_values(td, self._completion_ids_key, "completion_ids_key")
-            ]
-        )
-        kwargs = {
-            name: [to_python(v) for v in row_values(td, key, f"kwargs_keys[{name!r}]")]
-            for name, key in self._kwargs_keys.items()
-        }
-        return prompts, completions, completion_ids, kwargs
 
     def _check_output(self, index: int, output: Any, n: int) -> list[float]:
         name = self.reward_func_names[index]
@@ -394,7 +407,9 @@ class TRLRewardFuncWrapper(TensorDictModuleBase):
     def _score(self, tensordict: TensorDictBase) -> TensorDictBase:
         check_tensordict(tensordict, "tensordict")
         with set_list_to_stack(True):  # reading History needs it; scoped, never global
-            prompts, completions, completion_ids, kwargs = self._read(tensordict)
+            prompts, completions, completion_ids, kwargs = self._inputs.read(
+                tensordict, self.completion_roles
+            )
         n = len(prompts)
         call = {"prompts": prompts, "completions": completions, "completion_ids": completion_ids}
         outputs: list[list[float] | None] = [None] * len(self.reward_funcs)
@@ -418,10 +433,8 @@ class TRLRewardFuncWrapper(TensorDictModuleBase):
             reward = (per_func * weights).nansum(-1)
             reward[per_func.isnan().all(-1)] = float("nan")  # unscorable, as GRPOTrainer marks it
             shape = tensordict.batch_size
-            tensordict.set(self._reward_key, reward.reshape(shape).to(device or "cpu"))
-            if self._reward_per_func_key is not None:
-                tensordict.set(
-                    self._reward_per_func_key,
-                    per_func.reshape(*shape, -1).to(device or "cpu"),
-                )
+            reward_key, *per_func_key = self.out_keys  # reward_per_func_key, where written
+            tensordict.set(reward_key, reward.reshape(shape).to(device or "cpu"))
+            if per_func_key:
+                tensordict.set(per_func_key[0], per_func.reshape(*shape, -1).to(device or "cpu"))
         return tensordict

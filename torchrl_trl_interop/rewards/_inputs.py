@@ -22,8 +22,8 @@ from tensordict import TensorDictBase, is_non_tensor, set_list_to_stack
 from tensordict.utils import NestedKey
 
 from .._checks import signed
-from .._conversation import history_to_messages, read_entry, row_values, split_prompt_completion
-from .._keys import flatten_nested
+from .._conversation import history_to_messages, row_values, split_prompt_completion
+from .._keys import flatten_nested, get_entry
 from .._padding import pack_right, position_mask
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -239,7 +239,7 @@ def read_tokens(
                 [7, 8, 9]]), tensor([2, 3]))
     """
     # _keys imports nothing of the package: it is handed the public call's name
-    value = read_entry(td, token_key, "token_key")
+    value = get_entry(td, token_key, "token_key")
     ids, tok_lengths, batch_shape = _read_padded(value, f"token_key={token_key!r}")
     if ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool:
         raise TypeError(
@@ -247,7 +247,7 @@ def read_tokens(
         )
     real = None if tok_lengths is None else position_mask(tok_lengths, ids.shape[-1])
     if mask_key is not None:
-        mask_value = read_entry(td, mask_key, "attention_mask_key")
+        mask_value = get_entry(td, mask_key, "attention_mask_key")
         mask, mask_lengths, mask_shape = _read_padded(
             mask_value, f"attention_mask_key={mask_key!r}"
         )
@@ -292,7 +292,7 @@ def read_texts(
 
     With ``append_eos``, the tokenizer's EOS is appended to texts that do not end with it.
     """
-    value = read_entry(td, text_key, "text_key")
+    value = get_entry(td, text_key, "text_key")
     texts, batch_shape = _read_texts(value, f"text_key={text_key!r}")
     for i, text in enumerate(texts):
         if not isinstance(text, str):
@@ -317,7 +317,7 @@ def read_history(
     from torchrl.data.llm import History
 
     with set_list_to_stack(True):  # scoped: reading a ragged History needs the mode
-        history = read_entry(td, history_key, "history_key")
+        history = get_entry(td, history_key, "history_key")
         messages = history_to_messages(history) if isinstance(history, History) else None
     if not isinstance(history, History):
         raise TypeError(

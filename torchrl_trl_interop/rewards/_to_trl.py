@@ -9,6 +9,7 @@ mode, through ``_rows``), runs the module, and reads the reward back.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -47,39 +48,31 @@ __all__ = ["DEFAULT_MAX_BATCH_SIZE", "as_trl_reward_func", "module_reward_key"]
 DEFAULT_MAX_BATCH_SIZE = 32
 
 
+@dataclass(eq=False, repr=False)
 class _ModuleRewardFunc:
     """The callable :func:`as_trl_reward_func` returns (a plain object, not an ``nn.Module``:
-    TRL would take an ``nn.Module`` for a Hugging Face reward model and call it on token ids)."""
+    TRL would take an ``nn.Module`` for a Hugging Face reward model and call it on token ids).
 
-    def __init__(
-        self,
-        module: TensorDictModuleBase,
-        *,
-        input_mode: str,
-        keys: dict[str, NestedKey],
-        kwargs_keys: Mapping[str, NestedKey],
-        reward_key: NestedKey,
-        processing_class: PreTrainedTokenizerBase | None,
-        max_batch_size: int | None,
-        device: torch.device | None,
-        name: str,
-    ) -> None:
-        self.module = module
-        self.input_mode = input_mode
-        # the keys written, in tensordict's canonical form (as in a module's in_keys); None for
-        # the keys of the other modes
-        self.history_key = keys.get("history_key")
-        self.text_key = keys.get("text_key")
-        self.token_key = keys.get("token_key")
-        self.attention_mask_key = keys.get("attention_mask_key")
-        self.completion_ids_key = keys.get("completion_ids_key")
-        self.kwargs_keys = dict(kwargs_keys)
-        self.reward_key = reward_key
-        self.processing_class = processing_class
-        self.max_batch_size = max_batch_size
-        self.device = device
-        self.__name__ = name
-        self.__qualname__ = name
+    The keys written are in tensordict's canonical form (as in a module's ``in_keys``), ``None``
+    for the keys of the other modes.
+    """
+
+    module: TensorDictModuleBase
+    input_mode: str
+    kwargs_keys: dict[str, NestedKey]
+    reward_key: NestedKey
+    processing_class: PreTrainedTokenizerBase | None
+    max_batch_size: int | None
+    device: torch.device | None
+    name: str
+    history_key: NestedKey | None = None
+    text_key: NestedKey | None = None
+    token_key: NestedKey | None = None
+    attention_mask_key: NestedKey | None = None
+    completion_ids_key: NestedKey | None = None
+
+    def __post_init__(self) -> None:
+        self.__name__ = self.__qualname__ = self.name  # TRL's metric name
 
     def __repr__(self) -> str:
         key = MODE_KEY_ARGS[self.input_mode]
@@ -404,18 +397,16 @@ def as_trl_reward_func(
             )
         )
     check_distinct_keys([*keys.values(), *kwargs_keys.values()])
+    if reward_key is None:
+        reward_key = module_reward_key(module)
     return _ModuleRewardFunc(
         module,
         input_mode=input_mode,
-        keys=keys,
         kwargs_keys=kwargs_keys,
-        reward_key=(
-            module_reward_key(module)
-            if reward_key is None
-            else as_nested_key(reward_key, "reward_key")
-        ),
+        reward_key=as_nested_key(reward_key, "reward_key"),
         processing_class=processing_class,
         max_batch_size=max_batch_size,
         device=as_device(device, "device"),
         name=name if name is not None else _default_name(module),
+        **keys,
     )

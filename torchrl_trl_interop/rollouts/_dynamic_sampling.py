@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 
-from .._checks import signed
+from .._checks import check_optional_int, signed
 from ._trainer import group_size, log_metrics, process_slice
 
 __all__ = [
@@ -75,16 +75,9 @@ def check_candidate_group_size(value: Any, *, group_size: int | None = None) -> 
         ...
         ValueError: candidate_group_size=2 is smaller than num_generations=4; it counts the candidates sampled per group, of which num_generations are kept: pass candidate_group_size >= 4, or None to sample without candidates.
     """
-    if value is None:
-        return
-    if isinstance(value, bool) or not isinstance(value, int) or value < 2:
-        raise ValueError(
-            signed(
-                "candidate_group_size must be None or an int >= 2 (candidate rollouts sampled per "
-                f"group), got candidate_group_size={value!r}."
-            )
-        )
-    if group_size is not None and value < group_size:
+    counts = "candidate rollouts sampled per group"
+    check_optional_int(value, "candidate_group_size", minimum=2, counts=counts)
+    if value is not None and group_size is not None and value < group_size:
         raise ValueError(
             signed(
                 f"candidate_group_size={value} is smaller than num_generations={group_size}; it "

@@ -147,23 +147,14 @@ class RayRemotePolicy(ServedPolicy):
     Ray must be installed (the ``ray`` extra). If no Ray instance is connected when the actors
     start, ``ray.init()`` is called (Ray's own default: ``RAY_ADDRESS`` or a local instance).
 
-    Args:
-        policy_factory (Callable[[], TensorDictModuleBase]): builds the policy in each actor; it
-            must pickle (a module-level function or a ``functools.partial``). Its weights are
-            those of ``policy.model`` (torchrl LLM wrappers) or of the policy.
+    Args and attributes are those of :class:`~torchrl_trl_interop.RemotePolicy`, where each Ray
+    actor stands for its generator process (``policy_version`` is the version last committed in
+    every replica), plus:
 
     Keyword Args:
         num_replicas (int, optional): actors, each with its own policy. Defaults to ``1``.
         remote_config (dict, optional): Ray actor options (``ray.remote(**remote_config)``).
             Defaults to ``{"num_cpus": 1}``.
-        timeout (float, optional): seconds to wait for a call, a push or the start. Defaults to
-            ``600``.
-        num_threads (int, optional): ``torch.set_num_threads`` in each actor. Defaults to
-            ``None`` (torch's default).
-
-    Attributes:
-        policy_version (int or None): the version last committed in every replica.
-        weight_sync_scheme (StagingWeightSyncScheme): the sender side of the push.
 
     Examples:
         >>> from functools import partial

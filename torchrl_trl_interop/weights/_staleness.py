@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from .._checks import signed
+from .._checks import check_optional_int, signed
 
 __all__ = [
     "STALENESS_MAX",
@@ -35,15 +35,7 @@ class StaleRolloutError(RuntimeError):
 def check_max_staleness(value: Any) -> None:
     """Raises ``ValueError`` unless ``value`` is ``None`` or an int ``>= 0`` (signed by the
     public call being made)."""
-    if value is None:
-        return
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValueError(
-            signed(
-                "max_staleness must be None or an int >= 0 (optimizer steps), got "
-                f"max_staleness={value!r}."
-            )
-        )
+    check_optional_int(value, "max_staleness", minimum=0, counts="optimizer steps")
 
 
 def check_staleness(
