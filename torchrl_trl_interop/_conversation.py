@@ -72,11 +72,8 @@ def is_message_list(value: Any) -> bool:
 
 
 def is_conversational(example: dict[str, Any]) -> bool:
-    """Deprecated: use TRL's own ``trl.data_utils.is_conversational``, which this copied.
-
-    Tells whether a TRL row (a dict of columns) holds conversations in its standard columns
-    (``prompt``, ``chosen``, ``rejected``, ``completion``, ``messages``). Kept for one release; it
-    warns with a :class:`DeprecationWarning`.
+    """Deprecated (warns; kept for one release): use TRL's ``trl.data_utils.is_conversational``,
+    which this copied: whether a TRL row's standard columns hold conversations.
 
     Examples:
         >>> import warnings
@@ -93,14 +90,11 @@ def is_conversational(example: dict[str, Any]) -> bool:
         stacklevel=2,
     )
     if not isinstance(example, Mapping):
-        raise TypeError(
-            f"is_conversational: example must be a dict of columns (one TRL row), got "
-            f"{type(example).__name__}."
-        )
-    for column in ("prompt", "chosen", "rejected", "completion", "messages"):
-        if column in example:
-            return is_message_list(example[column])
-    return False
+        raise TypeError(f"is_conversational: example must be a dict, got {type(example).__name__}.")
+    columns = [
+        c for c in ("prompt", "chosen", "rejected", "completion", "messages") if c in example
+    ]
+    return bool(columns) and is_message_list(example[columns[0]])
 
 
 def _zip_turns(roles: Any, contents: Any, depth: int, keep_system: bool) -> list:
@@ -268,9 +262,6 @@ def messages_to_history(messages: Sequence) -> History:
     Args:
         messages (list): a message list, or a (nested) list of message lists.
 
-    Returns:
-        a History whose leading dimensions follow the nesting of ``messages``.
-
     Every field of a message is kept. Tool calls go to History's ``tool_calls`` (a ``content:
     None`` beside them becomes ``""``); a tool turn's ``name`` must be that of the call it
     answers. Any other field (``reasoning_content``, ``tool_call_id``, a user's ``name``, a
@@ -290,8 +281,6 @@ def messages_to_history(messages: Sequence) -> History:
         >>> history.batch_size
         torch.Size([2])
         >>> ragged = messages_to_history([chat, chat[:1]])
-        >>> ragged.batch_size
-        torch.Size([2, -1])
         >>> history_to_messages(ragged)[1]
         [{'role': 'user', 'content': 'Hi'}]
 
@@ -421,12 +410,13 @@ def row_values(td: TensorDictBase, key: NestedKey, arg: str) -> list:
     """
     from torchrl.data.llm import History
 
-    hint = f"Pass {arg}=... naming where the rollouts hold it."
     try:
         key = as_nested_key(key, arg)
     except TypeError as err:
         raise TypeError(signed(err.args[0])) from None
-    value = get_entry(td, key_parts(key), arg, hint=hint)
+    value = get_entry(
+        td, key_parts(key), arg, hint=f"Pass {arg}=... naming where the rollouts hold it."
+    )
     if isinstance(value, list):  # a ragged lazy stack of tensors: go row by row
         return [v for sub in td.unbind(0) for v in row_values(sub, key, arg)]
     if isinstance(value, History):
