@@ -92,12 +92,6 @@ def signed(message: str) -> str:
     return f"{name}: {message}" if name else message
 
 
-def _prefix() -> str:
-    """``"Name: "`` inside a public call (:func:`boundary`), ``""`` outside one."""
-    name = _PUBLIC_CALL.get()
-    return f"{name}: " if name else ""
-
-
 _F = TypeVar("_F", bound=Callable[..., Any])
 
 
@@ -198,7 +192,7 @@ def check_positive_int(value: Any, arg: str, *, allow_none: bool = False) -> Non
         return
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
         expected = "a positive int or None" if allow_none else "a positive integer"  # upstream's
-        raise ValueError(f"{_prefix()}{arg} must be {expected}, got {arg}={value!r}.")
+        raise ValueError(signed(f"{arg} must be {expected}, got {arg}={value!r}."))
 
 
 def check_optional_int(value: Any, arg: str, *, minimum: int, counts: str) -> None:
@@ -215,7 +209,7 @@ def check_optional_int(value: Any, arg: str, *, minimum: int, counts: str) -> No
         return
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise ValueError(
-            f"{_prefix()}{arg} must be None or an int >= {minimum} ({counts}), got {arg}={value!r}."
+            signed(f"{arg} must be None or an int >= {minimum} ({counts}), got {arg}={value!r}.")
         )
 
 
@@ -230,12 +224,14 @@ def check_real(value: Any, arg: str, *, finite: bool = True) -> float:
         value = value.item()
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(
-            f"{_prefix()}{arg} must be a real number (int or float), got {value!r:.100} of type "
-            f"{type(value).__name__}."
+            signed(
+                f"{arg} must be a real number (int or float), got {value!r:.100} of type "
+                f"{type(value).__name__}."
+            )
         )
     value = float(value)
     if finite and not math.isfinite(value):
-        raise ValueError(f"{_prefix()}{arg} must be a finite number, got {arg}={value!r}.")
+        raise ValueError(signed(f"{arg} must be a finite number, got {arg}={value!r}."))
     return value
 
 
@@ -252,18 +248,22 @@ def as_names(value: Any, arg: str) -> tuple[str, ...]:
         return (value,)
     if not isinstance(value, Iterable) or isinstance(value, (bytes, dict)):
         raise TypeError(
-            f"{_prefix()}{arg} must be a str or a list of str, got {value!r:.100} of type "
-            f"{type(value).__name__}."
+            signed(
+                f"{arg} must be a str or a list of str, got {value!r:.100} of type "
+                f"{type(value).__name__}."
+            )
         )
     names = tuple(value)
     bad = [v for v in names if not isinstance(v, str)]
     if bad:
         raise TypeError(
-            f"{_prefix()}{arg} must be a str or a list of str, got {value!r:.100} (holding "
-            f"{type(bad[0]).__name__})."
+            signed(
+                f"{arg} must be a str or a list of str, got {value!r:.100} (holding "
+                f"{type(bad[0]).__name__})."
+            )
         )
     if not names:
-        raise ValueError(f"{_prefix()}{arg} is empty; pass at least one name.")
+        raise ValueError(signed(f"{arg} is empty; pass at least one name."))
     return names
 
 
@@ -276,8 +276,9 @@ def as_mapping(value: Any, arg: str, what: str) -> dict:
         return {}
     if not isinstance(value, Mapping):
         raise TypeError(
-            f"{_prefix()}{arg} must be a dict {what}, got {value!r:.100} of type "
-            f"{type(value).__name__}."
+            signed(
+                f"{arg} must be a dict {what}, got {value!r:.100} of type {type(value).__name__}."
+            )
         )
     return dict(value)
 
@@ -286,8 +287,10 @@ def check_tensordict(value: Any, arg: str) -> None:
     """Raises a :class:`TypeError` naming ``arg`` unless ``value`` is a TensorDict."""
     if not isinstance(value, TensorDictBase):
         raise TypeError(
-            f"{_prefix()}{arg} must be a TensorDict (e.g. TensorDict({{...}}, batch_size=[n])), got "
-            f"{type(value).__name__}."
+            signed(
+                f"{arg} must be a TensorDict (e.g. TensorDict({{...}}, batch_size=[n])), got "
+                f"{type(value).__name__}."
+            )
         )
 
 
@@ -299,8 +302,10 @@ def check_tokenizer(value: Any, arg: str) -> None:
             " Load it first: AutoTokenizer.from_pretrained(...)." if isinstance(value, str) else ""
         )
         raise TypeError(
-            f"{_prefix()}{arg} must be a Hugging Face tokenizer (a PreTrainedTokenizerBase), got "
-            f"{value!r:.100} of type {type(value).__name__}.{hint}"
+            signed(
+                f"{arg} must be a Hugging Face tokenizer (a PreTrainedTokenizerBase), got "
+                f"{value!r:.100} of type {type(value).__name__}.{hint}"
+            )
         )
 
 
@@ -313,8 +318,10 @@ def as_device(value: Any, arg: str) -> torch.device | None:
         return torch.device(value)
     except (TypeError, RuntimeError) as err:
         raise TypeError(
-            f"{_prefix()}{arg} must be a torch.device or a device string such as 'cpu' or "
-            f"'cuda:0', got {value!r:.100} of type {type(value).__name__}."
+            signed(
+                f"{arg} must be a torch.device or a device string such as 'cpu' or "
+                f"'cuda:0', got {value!r:.100} of type {type(value).__name__}."
+            )
         ) from err
 
 
@@ -323,8 +330,10 @@ def check_bool(value: Any, arg: str) -> bool:
     if isinstance(value, bool) or type(value).__name__ == "bool_":
         return bool(value)
     raise TypeError(
-        f"{_prefix()}{arg} must be a bool (True or False), got {value!r:.100} of type "
-        f"{type(value).__name__}."
+        signed(
+            f"{arg} must be a bool (True or False), got {value!r:.100} of type "
+            f"{type(value).__name__}."
+        )
     )
 
 
