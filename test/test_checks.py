@@ -4,7 +4,16 @@ from __future__ import annotations
 
 import pytest
 
-from torchrl_trl_interop._checks import boundary, check_positive_int, public_call, signed
+from torchrl_trl_interop._checks import (
+    boundary,
+    check_among,
+    check_dicts,
+    check_positive_int,
+    check_present,
+    public_call,
+    signed,
+    type_error,
+)
 
 
 @boundary("inner_call")
@@ -90,3 +99,37 @@ def test_a_coroutine_function_stays_one_and_is_signed():
     assert asyncio.run(tool(2)) == 4
     with pytest.raises(ValueError, match=r"^async_tool: n must be"):
         asyncio.run(tool(0))
+
+
+@boundary("shared_checks")
+def run_check(check, *args):
+    return check(*args)
+
+
+class TestSharedChecks:
+    """The message shapes written once in ``_checks``, signed by the public call."""
+
+    def test_type_error_shows_value_type_and_hint(self):
+        err = run_check(type_error, "dataset", "an iterable of dict rows", 3, " Pass rows.")
+        assert isinstance(err, TypeError)
+        assert str(err) == (
+            "shared_checks: dataset must be an iterable of dict rows, got 3 of type int. Pass rows."
+        )
+
+    def test_type_error_cuts_long_values(self):
+        assert "x" * 101 not in str(type_error("a", "b", "x" * 500))
+
+    def test_check_among(self):
+        run_check(check_among, ["a"], ["a", "b"], "columns=", "the columns")  # passes
+        with pytest.raises(KeyError, match=r"shared_checks: columns= names \['c', 'z'\], not"):
+            run_check(check_among, ["z", "a", "c"], ("a", "b"), "columns=", "the columns")
+
+    def test_check_dicts_names_the_first_bad_item(self):
+        run_check(check_dicts, [{}, {"a": 1}], "rows", "of columns")  # passes
+        with pytest.raises(TypeError, match=r"^shared_checks: rows\[2\] should be a dict of col"):
+            run_check(check_dicts, [{}, {}, "x", 5], "rows", "of columns")
+
+    def test_check_present_lists_at_most_eight_rows(self):
+        run_check(check_present, [0, 0.0, ""], ValueError, str)  # falsy values are present
+        with pytest.raises(RuntimeError, match=r"^shared_checks: \[0, 1, 2, 3, 4, 5, 6, 7\]$"):
+            run_check(check_present, [None] * 10, RuntimeError, str)

@@ -247,7 +247,10 @@ class TestRowsToTensordict:
             rows_to_tensordict([])
 
     def test_row_not_a_dict(self):
-        with pytest.raises(TypeError, match="row 1 is a str"):
+        with pytest.raises(
+            TypeError,
+            match=r"rows\[1\] should be a dict mapping column names to values, got .b. of type str",
+        ):
             rows_to_tensordict([{"a": 1}, "b"])
 
     def test_different_columns(self):
@@ -255,7 +258,9 @@ class TestRowsToTensordict:
             rows_to_tensordict([{"a": 1}, {"b": 1}])
 
     def test_rename_unknown(self):
-        with pytest.raises(KeyError, match=r"rename= names columns \['z'\]"):
+        with pytest.raises(
+            KeyError, match=r"rename= names \['z'\], not among the rows' columns \['a'\]"
+        ):
             rows_to_tensordict([{"a": 1}], rename={"z": "y"})
 
     def test_mixed_conversation_column(self):

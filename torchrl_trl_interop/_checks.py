@@ -92,6 +92,74 @@ def signed(message: str) -> str:
     return f"{name}: {message}" if name else message
 
 
+def type_error(arg: str, expected: str, value: Any, hint: str = "") -> TypeError:
+    """The package's one "``arg`` must be ``expected``, got ..." error, :func:`signed`: it shows
+    ``value`` (cut at 100 characters) and its type, then ``hint`` (what to do).
+
+    Examples:
+        >>> type_error("batch_size", "an int", "8", " Pass 8.")
+        TypeError("batch_size must be an int, got '8' of type str. Pass 8.")
+    """
+    return TypeError(
+        signed(
+            f"{arg} must be {expected}, got {value!r:.100} of type {type(value).__name__}.{hint}"
+        )
+    )
+
+
+def check_among(wanted: Iterable[Any], known: Iterable[Any], arg: str, among: str) -> None:
+    """Raises a :class:`KeyError` naming ``arg`` if ``wanted`` names something not in ``known``
+    (``among`` says what ``known`` is, e.g. ``"the dataset's columns"``).
+
+    Examples:
+        >>> check_among(["a", "z"], ["a", "b"], "columns=", "the dataset's columns")
+        Traceback (most recent call last):
+        ...
+        KeyError: "columns= names ['z'], not among the dataset's columns ['a', 'b']."
+    """
+    known = set(known)
+    missing = sorted(set(wanted) - known)
+    if missing:
+        raise KeyError(signed(f"{arg} names {missing}, not among {among} {sorted(known)}."))
+
+
+def check_present(
+    values: Iterable[Any], error: type[Exception], message: Callable[[list[int]], str]
+) -> None:
+    """Raises ``error(message(rows))``, :func:`signed`, if some of ``values`` are ``None``;
+    ``rows`` are the first 8 positions of a ``None``.
+
+    Examples:
+        >>> check_present([1.0, None], ValueError, lambda rows: f"rows {rows} hold no reward.")
+        Traceback (most recent call last):
+        ...
+        ValueError: rows [1] hold no reward.
+    """
+    missing = [i for i, v in enumerate(values) if v is None]
+    if missing:
+        raise error(signed(message(missing[:8])))
+
+
+def check_dicts(items: Iterable[Any], where: str, holding: str) -> None:
+    """Raises a :class:`TypeError` naming the first item of ``items`` that is not a dict
+    (``where[i]``); ``holding`` says what each dict should hold.
+
+    Examples:
+        >>> check_dicts([{"a": 1}, [1]], "rows", "mapping column names to values")
+        Traceback (most recent call last):
+        ...
+        TypeError: rows[1] should be a dict mapping column names to values, got [1] of type list.
+    """
+    for i, item in enumerate(items):
+        if not isinstance(item, dict):
+            raise TypeError(
+                signed(
+                    f"{where}[{i}] should be a dict {holding}, got {item!r:.100} of type "
+                    f"{type(item).__name__}."
+                )
+            )
+
+
 _F = TypeVar("_F", bound=Callable[..., Any])
 
 
@@ -223,12 +291,7 @@ def check_real(value: Any, arg: str, *, finite: bool = True) -> float:
     if isinstance(value, torch.Tensor) and value.numel() == 1 and not value.is_complex():
         value = value.item()
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(
-            signed(
-                f"{arg} must be a real number (int or float), got {value!r:.100} of type "
-                f"{type(value).__name__}."
-            )
-        )
+        raise type_error(arg, "a real number (int or float)", value)
     value = float(value)
     if finite and not math.isfinite(value):
         raise ValueError(signed(f"{arg} must be a finite number, got {arg}={value!r}."))
@@ -247,12 +310,7 @@ def as_names(value: Any, arg: str) -> tuple[str, ...]:
     if isinstance(value, str):
         return (value,)
     if not isinstance(value, Iterable) or isinstance(value, (bytes, dict)):
-        raise TypeError(
-            signed(
-                f"{arg} must be a str or a list of str, got {value!r:.100} of type "
-                f"{type(value).__name__}."
-            )
-        )
+        raise type_error(arg, "a str or a list of str", value)
     names = tuple(value)
     bad = [v for v in names if not isinstance(v, str)]
     if bad:
@@ -275,23 +333,14 @@ def as_mapping(value: Any, arg: str, what: str) -> dict:
     if value is None:
         return {}
     if not isinstance(value, Mapping):
-        raise TypeError(
-            signed(
-                f"{arg} must be a dict {what}, got {value!r:.100} of type {type(value).__name__}."
-            )
-        )
+        raise type_error(arg, f"a dict {what}", value)
     return dict(value)
 
 
 def check_tensordict(value: Any, arg: str) -> None:
     """Raises a :class:`TypeError` naming ``arg`` unless ``value`` is a TensorDict."""
     if not isinstance(value, TensorDictBase):
-        raise TypeError(
-            signed(
-                f"{arg} must be a TensorDict (e.g. TensorDict({{...}}, batch_size=[n])), got "
-                f"{type(value).__name__}."
-            )
-        )
+        raise type_error(arg, "a TensorDict (e.g. TensorDict({...}, batch_size=[n]))", value)
 
 
 def check_tokenizer(value: Any, arg: str) -> None:
@@ -301,12 +350,7 @@ def check_tokenizer(value: Any, arg: str) -> None:
         hint = (
             " Load it first: AutoTokenizer.from_pretrained(...)." if isinstance(value, str) else ""
         )
-        raise TypeError(
-            signed(
-                f"{arg} must be a Hugging Face tokenizer (a PreTrainedTokenizerBase), got "
-                f"{value!r:.100} of type {type(value).__name__}.{hint}"
-            )
-        )
+        raise type_error(arg, "a Hugging Face tokenizer (a PreTrainedTokenizerBase)", value, hint)
 
 
 def as_device(value: Any, arg: str) -> torch.device | None:
@@ -317,24 +361,15 @@ def as_device(value: Any, arg: str) -> torch.device | None:
     try:
         return torch.device(value)
     except (TypeError, RuntimeError) as err:
-        raise TypeError(
-            signed(
-                f"{arg} must be a torch.device or a device string such as 'cpu' or "
-                f"'cuda:0', got {value!r:.100} of type {type(value).__name__}."
-            )
-        ) from err
+        expected = "a torch.device or a device string such as 'cpu' or 'cuda:0'"
+        raise type_error(arg, expected, value) from err
 
 
 def check_bool(value: Any, arg: str) -> bool:
     """``value`` if it is a bool (or a numpy bool); raises a :class:`TypeError` otherwise."""
     if isinstance(value, bool) or type(value).__name__ == "bool_":
         return bool(value)
-    raise TypeError(
-        signed(
-            f"{arg} must be a bool (True or False), got {value!r:.100} of type "
-            f"{type(value).__name__}."
-        )
-    )
+    raise type_error(arg, "a bool (True or False)", value)
 
 
 def module_repr(module: Any, before: Iterable[str], after: Iterable[str] = ()) -> str:

@@ -31,7 +31,7 @@ from tensordict import (
 )
 from tensordict.utils import NestedKey
 
-from ._checks import as_names, boundary, check_bool, signed
+from ._checks import as_names, boundary, check_bool, check_dicts, signed
 from ._keys import as_nested_key, flatten_nested, get_entry, key_parts
 from ._message_fields import MessageHistory
 from ._tool_calls import has_turn_fields, message_turns, messages_of_turns
@@ -179,14 +179,8 @@ def _check_message_list(messages: Any, where: str) -> None:
                 f"{type(messages).__name__}."
             )
         )
+    check_dicts(messages, where, "with 'role' and 'content'")
     for i, message in enumerate(messages):
-        if not isinstance(message, dict):
-            raise TypeError(
-                signed(
-                    f"{where}[{i}] should be a dict with 'role' and 'content', got "
-                    f"{type(message).__name__}: {message!r}."
-                )
-            )
         for field in ("role", "content"):
             if field == "content" and message.get("content") is None and message.get("tool_calls"):
                 continue  # TRL's tool-calling turn: the calls are its content

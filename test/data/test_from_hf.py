@@ -179,7 +179,9 @@ class TestErrors:
 
     def test_rename_outside_columns(self):
         data = Dataset.from_list(FORMATS["extra_columns"])
-        with pytest.raises(KeyError, match="which columns= leaves out"):
+        with pytest.raises(
+            KeyError, match=r"rename= names \[.ids.\], not among the columns kept by columns="
+        ):
             replay_buffer_from_hf(data, columns=["prompt"], rename={"ids": "x"})
 
     def test_row_type(self):

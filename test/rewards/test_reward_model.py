@@ -597,7 +597,7 @@ class TestErrors:
             HFRewardModelWrapper(reward_model("llama"), tokenizer=tok, text_key="t")
 
     def test_constructor_type_errors(self):
-        with pytest.raises(TypeError, match="should be a callable"):
+        with pytest.raises(TypeError, match="model must be a callable nn.Module"):
             HFRewardModelWrapper("not a model")
         with pytest.raises(TypeError, match="Expected a key"):
             HFRewardModelWrapper(reward_model("llama"), reward_key=3)

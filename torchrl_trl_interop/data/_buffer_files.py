@@ -37,7 +37,7 @@ from torchrl.data.replay_buffers.storages import TensorStorage
 from .._checks import boundary, signed
 from .._keys import _is_leaf
 from .._upstream._buffers import empty_storage, replay_lock, storage_data
-from ._processes import check_replay_buffer, is_remote
+from ._processes import check_local, check_replay_buffer
 
 __all__ = [
     "check_checkpointable",
@@ -142,14 +142,12 @@ def _file_sizes(root: Path) -> dict[str, int]:
 
 def check_checkpointable(replay_buffer: Any) -> None:
     """Raises a clear error for a buffer these functions cannot save faithfully."""
-    if is_remote(replay_buffer):
-        raise TypeError(
-            signed(
-                f"a {type(replay_buffer).__name__} lives in a Ray actor, which writes its "
-                "checkpoint on its own machine. Save it there with replay_buffer.dumps(path) (and "
-                ".loads(path) on resume) from a callback of your own."
-            )
-        )
+    check_local(
+        replay_buffer,
+        TypeError,
+        "lives in a Ray actor, which writes its checkpoint on its own machine. Save it there with "
+        "replay_buffer.dumps(path) (and .loads(path) on resume) from a callback of your own.",
+    )
     check_replay_buffer(replay_buffer)
 
 

@@ -15,7 +15,15 @@ from typing import TYPE_CHECKING, Any
 from tensordict.utils import NestedKey
 from torchrl.data import LazyStackStorage, ReplayBuffer
 
-from .._checks import as_mapping, as_names, boundary, check_positive_int, signed
+from .._checks import (
+    as_mapping,
+    as_names,
+    boundary,
+    check_among,
+    check_positive_int,
+    signed,
+    type_error,
+)
 from .._keys import format_keys
 from ._processes import check_replay_buffer
 from ._rows import extend_with_rows
@@ -136,12 +144,8 @@ def replay_buffer_from_hf(
         or isinstance(dataset, (str, bytes, Mapping))
         or not isinstance(dataset, Iterable)
     ):
-        raise TypeError(
-            signed(
-                "dataset must be a datasets.Dataset, a datasets.IterableDataset or an iterable of "
-                f"dict rows, got {type(dataset).__name__}."
-            )
-        )
+        expected = "a datasets.Dataset, a datasets.IterableDataset or an iterable of dict rows"
+        raise type_error("dataset", expected, dataset)
     check_positive_int(max_rows, "max_rows", allow_none=True)
     check_positive_int(chunk_size, "chunk_size")
     check_positive_int(batch_size, "batch_size", allow_none=True)
@@ -164,20 +168,11 @@ def replay_buffer_from_hf(
                 )
             )
     names = _column_names(dataset)
-    for arg, wanted in (("columns", columns), ("rename", rename)):
+    for arg, wanted in (("columns=", columns), ("rename=", rename)):
         if wanted is not None and names is not None:
-            missing = sorted(set(wanted) - set(names))
-            if missing:
-                raise KeyError(
-                    signed(
-                        f"{arg}= names {missing}, which the dataset does not have (columns: "
-                        f"{format_keys(names)})."
-                    )
-                )
+            check_among(wanted, names, arg, "the dataset's columns")
     if columns is not None and rename is not None:
-        dropped = sorted(set(rename) - set(columns))
-        if dropped:
-            raise KeyError(signed(f"rename= names {dropped}, which columns= leaves out."))
+        check_among(rename, columns, "rename=", "the columns kept by columns=")
 
     rows: Iterable[dict[str, Any]] = iter(dataset)
     if max_rows is not None:

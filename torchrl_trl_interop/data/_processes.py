@@ -134,17 +134,22 @@ def spawn_safe_buffer(replay_buffer: ReplayBuffer) -> ReplayBuffer:
     return copies[id(replay_buffer)]
 
 
+def check_local(replay_buffer: Any, error: type[Exception], why: str) -> None:
+    """Raises ``error`` ("a RayReplayBuffer ``why``", :func:`signed`) when ``replay_buffer``
+    lives in a Ray actor, which a job needing the buffer in this process cannot use."""
+    if is_remote(replay_buffer):
+        raise error(signed(f"a {type(replay_buffer).__name__} {why}"))
+
+
 def check_picklable_for_workers(replay_buffer: Any) -> None:
     """Raises if ``replay_buffer`` cannot be read from spawned DataLoader worker processes."""
-    if is_remote(replay_buffer):
-        raise RuntimeError(
-            signed(
-                f"a {type(replay_buffer).__name__} cannot be read from DataLoader worker processes "
-                "(they are not Ray workers; every read is a call to the buffer's actor anyway, so "
-                "workers would add nothing). Use num_workers=0 (dataloader_num_workers=0 in a "
-                "Trainer)."
-            )
-        )
+    check_local(
+        replay_buffer,
+        RuntimeError,
+        "cannot be read from DataLoader worker processes (they are not Ray workers; every read is "
+        "a call to the buffer's actor anyway, so workers would add nothing). Use num_workers=0 "
+        "(dataloader_num_workers=0 in a Trainer).",
+    )
     storage = replay_buffer.storage
     if isinstance(storage, ListStorage):
         raise RuntimeError(

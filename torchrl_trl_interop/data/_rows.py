@@ -16,7 +16,7 @@ import torch
 from tensordict import NonTensorData, TensorDict, lazy_stack, set_list_to_stack
 from tensordict.utils import NestedKey
 
-from .._checks import as_mapping, boundary, signed
+from .._checks import as_mapping, boundary, check_among, check_dicts, signed
 from .._conversation import conversations_to_histories, is_message_list
 from ._selection import as_column_key
 
@@ -119,14 +119,7 @@ def _rows_to_tensordict(
             "rows_to_tensordict expects a non-empty list of TRL rows (dicts of columns), got "
             f"{type(rows).__name__}{' (empty)' if isinstance(rows, Sequence) else ''}."
         )
-    for i, row in enumerate(rows):
-        if not isinstance(row, dict):
-            raise TypeError(
-                signed(
-                    f"row {i} is a {type(row).__name__}, expected a dict mapping column names to "
-                    "values."
-                )
-            )
+    check_dicts(rows, "rows", "mapping column names to values")
     names = list(rows[0])
     for i, row in enumerate(rows):
         if set(row) != set(names):
@@ -138,14 +131,7 @@ def _rows_to_tensordict(
             )
     rename = as_mapping(rename, "rename", "{column: key}")
     rename = {name: as_column_key(key, f"rename[{name!r}]") for name, key in rename.items()}
-    unknown = sorted(set(rename) - set(names))
-    if unknown:
-        raise KeyError(
-            signed(
-                f"rename= names columns {unknown} that the rows do not have (columns: "
-                f"{sorted(names)})."
-            )
-        )
+    check_among(rename, names, "rename=", "the rows' columns")
     new_kinds = dict(kinds or {})
     columns: dict[str, list] = {}
     for name in names:

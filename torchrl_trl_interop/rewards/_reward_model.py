@@ -27,6 +27,7 @@ from .._checks import (
     check_tokenizer,
     module_repr,
     signed,
+    type_error,
 )
 from .._keys import ATTENTION_MASK_KEY, REWARD_KEY, TOKEN_KEY, as_nested_key
 from ._input_mode import INPUT_MODES, MODE_KEY_ARGS, mode_key, resolve_input_mode
@@ -233,12 +234,7 @@ class HFRewardModelWrapper(TensorDictModuleBase):
             HFRewardModelWrapper.__init__, locals(), modes=INPUT_MODES, default="tokens"
         )
         if not callable(model):
-            raise TypeError(
-                signed(
-                    "model should be a callable nn.Module (a reward model), got "
-                    f"{type(model).__name__}."
-                )
-            )
+            raise type_error("model", "a callable nn.Module (a reward model)", model)
         check_positive_int(max_batch_size, "max_batch_size", allow_none=True)
         check_tokenizer(tokenizer, "tokenizer")
         chat_template_kwargs = (

@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 
-from .._checks import check_optional_int, signed
+from .._checks import check_optional_int, check_present, signed
 from ._trainer import group_size, log_metrics, process_slice
 
 __all__ = [
@@ -266,17 +266,16 @@ def sample_candidates(
     candidate_prompts = [prompts[start] for (start, _, _), n in zip(runs, counts) for _ in range(n)]
     out = rollout(candidate_prompts, trainer)
     rewards = out[ENV_REWARD]
-    missing = [i for i, r in enumerate(rewards) if r is None]
-    if missing:
-        raise ValueError(
-            signed(
-                f"candidate_group_size={candidate_group_size} scores candidates by the "
-                "environment's reward, but the environment wrote none for candidates "
-                f"{missing[:8]} (env_reward is None). Append a reward transform to the environment "
-                "(e.g. RewardTransform(reward_func)), check reward_key=, or drop "
-                "candidate_group_size."
-            )
-        )
+    check_present(
+        rewards,
+        ValueError,
+        lambda rows: (
+            f"candidate_group_size={candidate_group_size} scores candidates by the environment's "
+            f"reward, but the environment wrote none for candidates {rows} (env_reward is None). "
+            "Append a reward transform to the environment (e.g. RewardTransform(reward_func)), "
+            "check reward_key=, or drop candidate_group_size."
+        ),
+    )
     kept: list[int] = []
     metrics: dict[str, list[float]] = {
         CANDIDATES: [],

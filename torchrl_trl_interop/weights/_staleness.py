@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from .._checks import check_optional_int, signed
+from .._checks import check_optional_int, check_present, signed
 
 __all__ = [
     "STALENESS_MAX",
@@ -65,14 +65,14 @@ def check_staleness(
         ...
         torchrl_trl_interop.weights._staleness.StaleRolloutError: row 0 was sampled by the weights of step 2, 3 steps behind the trainer (step 5); max_staleness=1. ...
     """
-    missing = [i for i, v in enumerate(versions) if v is None]
-    if missing:
-        raise StaleRolloutError(
-            signed(
-                f"rows {missing[:8]} carry no policy version while others do; every turn of "
-                "every rollout must be stamped (one policy per rollout function)."
-            )
-        )
+    check_present(
+        versions,
+        StaleRolloutError,
+        lambda rows: (
+            f"rows {rows} carry no policy version while others do; every turn of every rollout "
+            "must be stamped (one policy per rollout function)."
+        ),
+    )
     staleness = [step - int(v) for v in versions]
     if log is not None:
         log(
