@@ -285,7 +285,10 @@ class TestAsTRLRewardFuncInputMode:
 
 class TestAsTRLRewardFuncErrors:
     def test_module_type(self):
-        with pytest.raises(TypeError, match="expects a tensordict TensorDictModuleBase"):
+        with pytest.raises(
+            TypeError,
+            match=r"^as_trl_reward_func: module must be a tensordict TensorDictModuleBase that writes a reward",
+        ):
             as_trl_reward_func(lambda td: td)
 
     def test_name_type(self):

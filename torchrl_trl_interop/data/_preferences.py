@@ -16,7 +16,7 @@ from tensordict import TensorDictBase, set_list_to_stack
 from tensordict.utils import NestedKey
 from torchrl.data import LazyStackStorage, ReplayBuffer
 
-from .._checks import as_names, boundary, check_real, signed
+from .._checks import as_names, boundary, check_real, signed, type_error
 from .._conversation import row_values, split_completion
 from .._keys import HISTORY_KEY, REWARD_KEY, get_entry, key_parts
 from ._processes import check_replay_buffer
@@ -98,12 +98,11 @@ def _as_list(rollouts: Any) -> list[TensorDictBase]:
         return [rollouts]
     if isinstance(rollouts, Sequence) and all(isinstance(td, TensorDictBase) for td in rollouts):
         return list(rollouts)
-    raise TypeError(
-        signed(
-            "rollouts must be a TensorDict, a list of TensorDicts (e.g. the batches an "
-            f"LLMCollector yielded) or a ReplayBuffer of rollouts, got {type(rollouts).__name__}."
-        )
+    expected = (
+        "a TensorDict, a list of TensorDicts (e.g. the batches an LLMCollector yielded) or a "
+        "ReplayBuffer of rollouts"
     )
+    raise type_error("rollouts", expected, rollouts)
 
 
 def _group_rollouts(

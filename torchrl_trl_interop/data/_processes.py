@@ -24,7 +24,7 @@ from torchrl.data import (
     SamplerWithoutReplacement,
 )
 
-from .._checks import signed
+from .._checks import signed, type_error
 from .._keys import key_to_str
 from .._upstream._buffers import buffer_generator, generator_of, storage_data, write_counters
 from .._upstream._direct import direct_sample
@@ -314,11 +314,7 @@ def check_replay_buffer(replay_buffer: Any) -> None:
         TypeError: replay_buffer must be a torchrl ReplayBuffer, got list.
     """
     if not isinstance(replay_buffer, ReplayBuffer):
-        raise TypeError(
-            signed(
-                f"replay_buffer must be a torchrl ReplayBuffer, got {type(replay_buffer).__name__}."
-            )
-        )
+        raise type_error("replay_buffer", "a torchrl ReplayBuffer", replay_buffer)
 
 
 def check_remote_seed(replay_buffer: Any, mode: Any) -> None:

@@ -18,7 +18,7 @@ import torch
 from tensordict import TensorDictBase, is_non_tensor, is_tensorclass
 from tensordict.utils import NestedKey
 
-from .._checks import as_mapping, signed
+from .._checks import as_mapping, signed, type_error
 from .._keys import as_nested_key, key_parts, key_to_str
 
 __all__ = [
@@ -56,11 +56,7 @@ def as_column_keys(keys: Any, arg: str) -> list[NestedKey]:
     if isinstance(keys, (str, tuple)):
         return [as_column_key(keys, arg)]
     if not isinstance(keys, Iterable) or isinstance(keys, (bytes, dict)):
-        raise TypeError(
-            signed(
-                f"{arg} should be a list of keys (str or tuple of str), got {type(keys).__name__}."
-            )
-        )
+        raise type_error(arg, "a list of keys (str or tuple of str)", keys)
     out = [as_column_key(k, f"{arg}[{i}]") for i, k in enumerate(keys)]
     if not out:
         raise ValueError(

@@ -15,7 +15,7 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
-from .._checks import signed
+from .._checks import signed, type_error
 
 __all__ = ["ClientSession", "LocalSession", "Reply", "close_quietly", "open_sessions"]
 
@@ -233,12 +233,8 @@ def open_sessions(
             )
         return [_session_of(env, **client_kwargs)]
     if not isinstance(env, str) and not callable(env):
-        raise TypeError(
-            signed(
-                "env must be an OpenEnv server URL, Environment or client, or a function "
-                f"building one, got {env!r:.100} of type {type(env).__name__}."
-            )
-        )
+        expected = "an OpenEnv server URL, Environment or client, or a function building one"
+        raise type_error("env", expected, env)
     sessions: list[LocalSession | ClientSession] = []
     try:
         for _ in range(n):

@@ -17,7 +17,7 @@ import weakref
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from .._checks import boundary, check_real, require, signed, speaking_for
+from .._checks import boundary, check_real, require, signed, speaking_for, type_error
 
 require("openenv", "as_openenv_environment")
 
@@ -370,12 +370,8 @@ def as_openenv_environment(
     """
     shared = make_env if isinstance(make_env, EnvBase) else None
     if shared is None and not callable(make_env):
-        raise TypeError(
-            signed(
-                "make_env must be a function building a torchrl environment (or the environment "
-                f"itself), got {make_env!r:.100} of type {type(make_env).__name__}."
-            )
-        )
+        expected = "a function building a torchrl environment (or the environment itself)"
+        raise type_error("make_env", expected, make_env)
     if shared is not None:
         check_chat_env(shared, _ONE_EPISODE)
     if not isinstance(name, str) or not name.isidentifier():

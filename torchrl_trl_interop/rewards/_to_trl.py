@@ -17,7 +17,15 @@ from tensordict import TensorDictBase, set_list_to_stack
 from tensordict.nn import TensorDictModuleBase
 from tensordict.utils import NestedKey
 
-from .._checks import as_device, as_mapping, boundary, check_positive_int, check_tokenizer, signed
+from .._checks import (
+    as_device,
+    as_mapping,
+    boundary,
+    check_positive_int,
+    check_tokenizer,
+    signed,
+    type_error,
+)
 from .._conversation import is_message_list
 from .._keys import (
     ATTENTION_MASK_KEY,
@@ -357,13 +365,11 @@ def as_trl_reward_func(
         as_trl_reward_func(HFRewardModelWrapper, name='HFRewardModelWrapper', input_mode='text', text_key=('text', 'full'), reward_key='reward')
     """
     if not isinstance(module, TensorDictModuleBase):
-        raise TypeError(
-            "as_trl_reward_func expects a tensordict TensorDictModuleBase that writes a reward "
-            f"(e.g. HFRewardModelWrapper), got {type(module).__name__}. A plain Python reward "
-            "function can be given to TRL directly."
-        )
+        expected = "a tensordict TensorDictModuleBase that writes a reward (HFRewardModelWrapper)"
+        hint = " A plain Python reward function can be given to TRL directly."
+        raise type_error("module", expected, module, hint)
     if name is not None and not isinstance(name, str):
-        raise TypeError(signed(f"name must be a str, got {type(name).__name__}."))
+        raise type_error("name", "a str", name)
     input_mode = resolve_input_mode(  # first: it reads the arguments as passed
         as_trl_reward_func, locals(), modes=INPUT_MODES, default="history"
     )

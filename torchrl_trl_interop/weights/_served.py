@@ -16,7 +16,7 @@ import torch
 from tensordict import TensorDictBase
 from tensordict.nn import TensorDictModuleBase
 
-from .._checks import signed, speaking_for
+from .._checks import speaking_for, type_error
 from ._scheme import StagingWeightSyncScheme
 
 __all__ = ["ServedPolicy"]
@@ -54,12 +54,8 @@ class ServedPolicy(TensorDictModuleBase):
     ) -> None:
         super().__init__()
         if not callable(policy_factory):
-            raise TypeError(
-                signed(
-                    "policy_factory must be a callable that builds the policy in "
-                    f"{self.builds_in}, got {type(policy_factory).__name__}."
-                )
-            )
+            expected = f"a callable that builds the policy in {self.builds_in}"
+            raise type_error("policy_factory", expected, policy_factory)
         self.policy_factory = policy_factory
         self.timeout = float(timeout)
         self.num_threads = num_threads
