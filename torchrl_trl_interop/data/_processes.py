@@ -311,7 +311,7 @@ def check_replay_buffer(replay_buffer: Any) -> None:
         >>> check_replay_buffer([1, 2])
         Traceback (most recent call last):
         ...
-        TypeError: replay_buffer must be a torchrl ReplayBuffer, got list.
+        TypeError: replay_buffer must be a torchrl ReplayBuffer, got [1, 2] of type list.
     """
     if not isinstance(replay_buffer, ReplayBuffer):
         raise type_error("replay_buffer", "a torchrl ReplayBuffer", replay_buffer)
