@@ -11,7 +11,8 @@ Batch 64, ragged lengths drawn uniformly in 32..512, one CPU thread, toy Llama (
 * the wrapper's **own time** over the model's on the smallest toy Llama
   (``toy_reward_model("llama")``, 21.6k parameters), target <= 5%, at the batch above and at
   16 rows of 64..128 tokens, the two batches issue 36's row was read at: the wrapper's own time
-  is about fixed per call, so its share grows as the model's forward shrinks.
+  is about fixed per call, so its share grows as the model's forward shrinks. Beside it, the
+  floor every reward module pays (``CallAndWrite``: the module call and the reward write alone).
 
 Timings are medians over ``--reps`` repetitions, interleaved so that drift on a shared machine
 hits every variant alike. Run with ``python benchmarks/bench_reward.py``.
@@ -103,6 +104,18 @@ def own_overhead(
     return {name: (statistics.median(ratios[name]), statistics.median(own[name])) for name in fns}
 
 
+class CallAndWrite(HFRewardModelWrapper):
+    """The wrapper's floor: a ``forward`` that only calls the model on the right-padded tokens
+    (without the mask, as the wrapper calls a causal model) and writes the reward. No mask read,
+    no packing, no input check, no fill chosen, no finiteness read: what is left is the module
+    call and the TensorDict write every reward module pays."""
+
+    def forward(self, tensordict: TensorDict) -> TensorDict:
+        with torch.no_grad():
+            logits = self.model(input_ids=tensordict.get(TOKENS)).logits
+        return tensordict.set("reward", logits[:, 0])
+
+
 def smallest_toy_rows(args: argparse.Namespace) -> list[str]:
     """The wrapper's own time over the model's on ``toy_reward_model("llama")`` (21.6k
     parameters), at the benchmark's batch and at 16 rows x 64..128 tokens (issue 36), beside a
@@ -111,11 +124,16 @@ def smallest_toy_rows(args: argparse.Namespace) -> list[str]:
     model = toy_reward_model("llama")
     params = sum(p.numel() for p in model.parameters())
     wrapper = HFRewardModelWrapper(model, inference_mode=True)
+    floor = CallAndWrite(model, inference_mode=True)
     configs = [(args.batch, args.min_len, args.max_len), (16, 64, 128)]
     fns = {}
     for batch, low, high in configs:
         ids, mask, padded, _ = make_batch(batch, low, high, model.config.vocab_size)
         name = f"{batch} rows x {low}..{high} tokens"
+        # the floor scores what the wrapper scores: rows padded with 0, the model's pad id
+        torch.testing.assert_close(
+            floor(padded.clone())["reward"], wrapper(padded.clone())["reward"]
+        )
 
         def direct(ids=ids, mask=mask) -> torch.Tensor:
             with torch.no_grad():
@@ -123,13 +141,15 @@ def smallest_toy_rows(args: argparse.Namespace) -> list[str]:
 
         fns[name] = lambda padded=padded: wrapper(padded)
         fns[f"{name}, direct"] = direct
+        fns[f"{name}, floor"] = lambda padded=padded: floor(padded)
     results = own_overhead(fns, ForwardTimer(model), args.small_reps)
     totals = time_interleaved(fns, args.small_reps)
     lines = [
         f"wrapper's own time / model time, same call, smallest toy Llama ({params:,} parameters), "
         f"median of {args.small_reps} (target <= 5%); a direct masked call's own time by the same "
         "timer; end to end, wrapper / direct call (the wrapper leaves out the mask of a causal "
-        "model, which a direct call on the padded batch pays for):"
+        "model, which a direct call on the padded batch pays for); the floor: the module call "
+        "and the reward write alone (CallAndWrite: no mask read, packing, check or fill):"
     ]
     for batch, low, high in configs:
         name = f"{batch} rows x {low}..{high} tokens"
@@ -138,7 +158,8 @@ def smallest_toy_rows(args: argparse.Namespace) -> list[str]:
         verdict = "PASS" if ratio <= 0.05 else "FAIL"
         lines.append(
             f"  {name:<26} {ratio * 100:+6.2f}% ({seconds * 1e3:.2f} ms own): {verdict}; direct "
-            f"{direct_ratio * 100:+.2f}%; end to end {totals[name] / totals[f'{name}, direct']:.2f}x"
+            f"{direct_ratio * 100:+.2f}%; end to end {totals[name] / totals[f'{name}, direct']:.2f}x; "
+            f"floor {results[f'{name}, floor'][0] * 100:+.2f}%"
         )
     return lines
 

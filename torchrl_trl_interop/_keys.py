@@ -14,7 +14,7 @@ import torch
 from tensordict import NonTensorData, NonTensorStack, TensorDictBase
 from tensordict.utils import NestedKey, unravel_key
 
-from ._checks import signed
+from ._checks import signed, type_error
 
 # -- TorchRL's LLM key layout -------------------------------------------------------------------
 # What ``TransformersWrapper``/``vLLMWrapper`` (tokens, masks, text, history, log-probs), ``ChatEnv``
@@ -91,9 +91,8 @@ def as_nested_key(key: NestedKey, arg: str = "key") -> NestedKey:
     if type(key) is str:
         return key
     if not _is_nested_key(key):
-        raise TypeError(
-            f"{arg}={key!r} is not a key. Expected a key: a str or a non-empty tuple of str (a "
-            f"tensordict NestedKey), got {type(key).__name__}."
+        raise type_error(
+            arg, "a key: a str or a non-empty tuple of str (a tensordict NestedKey)", key
         )
     return unravel_key(key)
 

@@ -18,6 +18,7 @@ from torch.nn.utils.rnn import pad_sequence
 
 __all__ = [
     "Spans",
+    "check_padding_side",
     "length_buckets",
     "mask_spans",
     "pack_right",
@@ -154,6 +155,21 @@ def trim_row(value: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return value[int(idx[0]) : int(idx[-1]) + 1]
 
 
+def check_padding_side(padding_side: str) -> None:
+    """Raises a ``ValueError`` unless ``padding_side`` is ``"left"`` or ``"right"`` (unsigned: a
+    ground helper imports nothing of the package).
+
+    Examples:
+        >>> check_padding_side("left")
+        >>> check_padding_side("up")
+        Traceback (most recent call last):
+        ...
+        ValueError: padding_side must be 'left' or 'right', got 'up'.
+    """
+    if padding_side not in ("left", "right"):
+        raise ValueError(f"padding_side must be 'left' or 'right', got {padding_side!r}.")
+
+
 def pad_rows(
     rows: Sequence[torch.Tensor],
     padding_value: float | int | bool,
@@ -177,8 +193,7 @@ def pad_rows(
         tensor([[1, 2, 3],
                 [0, 0, 4]])
     """
-    if padding_side not in ("left", "right"):
-        raise ValueError(f"padding_side must be 'left' or 'right', got {padding_side!r}.")
+    check_padding_side(padding_side)
     out = pad_sequence(
         list(rows), batch_first=True, padding_value=padding_value, padding_side=padding_side
     )

@@ -47,7 +47,7 @@ class TestKeyForms:
             split_columns(nested_batch(), keys=[bad])
 
     def test_as_nested_key_names_the_argument(self):
-        with pytest.raises(TypeError, match=r"reward_key=3 is not a key"):
+        with pytest.raises(TypeError, match=r"reward_key must be a key: .*, got 3 of type int"):
             as_nested_key(3, "reward_key")
 
 

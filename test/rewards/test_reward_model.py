@@ -599,7 +599,7 @@ class TestErrors:
     def test_constructor_type_errors(self):
         with pytest.raises(TypeError, match="model must be a callable nn.Module"):
             HFRewardModelWrapper("not a model")
-        with pytest.raises(TypeError, match="Expected a key"):
+        with pytest.raises(TypeError, match="reward_key must be a key: .*, got 3 of type int"):
             HFRewardModelWrapper(reward_model("llama"), reward_key=3)
 
 

@@ -7,8 +7,16 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from .._checks import as_mapping, boundary, check_bool, check_positive_int, check_tokenizer, signed
-from .._padding import position_mask
+from .._checks import (
+    as_mapping,
+    boundary,
+    check_bool,
+    check_positive_int,
+    check_tokenizer,
+    signed,
+    type_error,
+)
+from .._padding import check_padding_side, position_mask
 
 if TYPE_CHECKING:  # pragma: no cover
     from transformers import PreTrainedTokenizerBase
@@ -136,19 +144,14 @@ class PaddingCollator:
         if pad_token_id is not None and (
             isinstance(pad_token_id, bool) or not isinstance(pad_token_id, int)
         ):
-            raise TypeError(
-                signed(
-                    f"pad_token_id must be an int, got {pad_token_id!r} of type "
-                    f"{type(pad_token_id).__name__}."
-                )
-            )
+            raise type_error("pad_token_id", "an int", pad_token_id)
         if tokenizer is None and pad_token_id is None:
             raise ValueError(
                 "PaddingCollator needs a pad id: pass tokenizer=... (its pad_token_id is used) or "
                 "pad_token_id=..."
             )
-        if padding_side is not None and padding_side not in ("left", "right"):
-            raise ValueError(f"padding_side must be 'left' or 'right', got {padding_side!r}.")
+        if padding_side is not None:
+            check_padding_side(padding_side)
         check_positive_int(pad_to_multiple_of, "pad_to_multiple_of", allow_none=True)
         self.tokenizer = tokenizer
         self.pad_token_id = pad_token_id
