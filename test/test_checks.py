@@ -8,6 +8,7 @@ from torchrl_trl_interop._checks import (
     boundary,
     check_among,
     check_dicts,
+    check_int,
     check_positive_int,
     check_present,
     public_call,
@@ -102,8 +103,8 @@ def test_a_coroutine_function_stays_one_and_is_signed():
 
 
 @boundary("shared_checks")
-def run_check(check, *args):
-    return check(*args)
+def run_check(check, *args, **kwargs):
+    return check(*args, **kwargs)
 
 
 class TestSharedChecks:
@@ -133,3 +134,12 @@ class TestSharedChecks:
         run_check(check_present, [0, 0.0, ""], ValueError, str)  # falsy values are present
         with pytest.raises(RuntimeError, match=r"^shared_checks: \[0, 1, 2, 3, 4, 5, 6, 7\]$"):
             run_check(check_present, [None] * 10, RuntimeError, str)
+
+    def test_check_int_refuses_bools_and_floats(self):
+        run_check(check_int, 0, "queue_maxsize")  # passes
+        run_check(check_int, None, "pad_token_id", allow_none=True)  # passes
+        for bad in (True, 2.0, None):
+            with pytest.raises(
+                TypeError, match=r"^shared_checks: queue_maxsize must be an int, got"
+            ):
+                run_check(check_int, bad, "queue_maxsize")

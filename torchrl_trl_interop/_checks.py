@@ -372,6 +372,23 @@ def check_bool(value: Any, arg: str) -> bool:
     raise type_error(arg, "a bool (True or False)", value)
 
 
+def check_int(value: Any, arg: str, *, allow_none: bool = False) -> None:
+    """Raises a :class:`TypeError` unless ``value`` is an int (a bool is not one), or ``None`` if
+    allowed.
+
+    Examples:
+        >>> check_int(None, "pad_token_id", allow_none=True)
+        >>> check_int(2.0, "queue_maxsize")
+        Traceback (most recent call last):
+        ...
+        TypeError: queue_maxsize must be an int, got 2.0 of type float.
+    """
+    if value is None and allow_none:
+        return
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise type_error(arg, "an int", value)
+
+
 def module_repr(module: Any, before: Iterable[str], after: Iterable[str] = ()) -> str:
     """A module's repr in tensordict's layout: one field per line, keys between ``before``/``after``."""
     fields = [*before, f"in_keys={module.in_keys}", f"out_keys={module.out_keys}", *after]

@@ -11,10 +11,10 @@ from .._checks import (
     as_mapping,
     boundary,
     check_bool,
+    check_int,
     check_positive_int,
     check_tokenizer,
     signed,
-    type_error,
 )
 from .._padding import check_padding_side, position_mask
 
@@ -141,10 +141,7 @@ class PaddingCollator:
         return_attention_mask: bool = True,
     ) -> None:
         check_tokenizer(tokenizer, "tokenizer")
-        if pad_token_id is not None and (
-            isinstance(pad_token_id, bool) or not isinstance(pad_token_id, int)
-        ):
-            raise type_error("pad_token_id", "an int", pad_token_id)
+        check_int(pad_token_id, "pad_token_id", allow_none=True)
         if tokenizer is None and pad_token_id is None:
             raise ValueError(
                 "PaddingCollator needs a pad id: pass tokenizer=... (its pad_token_id is used) or "

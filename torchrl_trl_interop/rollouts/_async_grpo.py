@@ -19,7 +19,7 @@ import torch
 from tensordict import TensorDictBase, set_list_to_stack
 from tensordict.utils import NestedKey
 
-from .._checks import boundary, check_bool, check_positive_int, signed
+from .._checks import boundary, check_bool, check_int, check_positive_int, signed
 from .._conversation import history_to_messages
 from .._keys import NEXT_POLICY_VERSION_KEY, NEXT_REWARD_KEY, POLICY_VERSION_KEY, as_nested_key
 from ..weights._staleness import check_max_staleness
@@ -173,8 +173,7 @@ class TorchRLRolloutWorker:
         check_max_staleness(max_staleness)
         check_candidate_group_size(candidate_group_size, group_size=num_generations)
         check_bool(drop_zero_std, "drop_zero_std")
-        if isinstance(queue_maxsize, bool) or not isinstance(queue_maxsize, int):
-            raise TypeError(signed(f"queue_maxsize must be an int, got {queue_maxsize!r}."))
+        check_int(queue_maxsize, "queue_maxsize")
         if queue_maxsize < 0 or 0 < queue_maxsize < num_generations:
             raise ValueError(
                 signed(
