@@ -12,7 +12,8 @@ Batch 64, ragged lengths drawn uniformly in 32..512, one CPU thread, toy Llama (
   (``toy_reward_model("llama")``, 21.6k parameters), target <= 5%, at the batch above and at
   16 rows of 64..128 tokens, the two batches issue 36's row was read at: the wrapper's own time
   is about fixed per call, so its share grows as the model's forward shrinks. Beside it, the
-  floor every reward module pays (``CallAndWrite``: the module call and the reward write alone).
+  floor every reward module pays (``CallAndWrite``: the module call and the reward write alone)
+  and the floor of any module that keeps the wrapper's checks (``ChecksFloor``).
 
 Timings are medians over ``--reps`` repetitions, interleaved so that drift on a shared machine
 hits every variant alike. Run with ``python benchmarks/bench_reward.py``.
@@ -116,6 +117,36 @@ class CallAndWrite(HFRewardModelWrapper):
         return tensordict.set("reward", logits[:, 0])
 
 
+class ChecksFloor(HFRewardModelWrapper):
+    """The wrapper's checks at their cheapest: on a dense, right-padded batch, every check the
+    wrapper makes (ids inside the vocabulary, no empty row, no row ending with the pad id it
+    fills with, rows already packed to the right, finite rewards) in 16 tensor ops and two reads,
+    the first before the model runs (free on CPU, a sync on a GPU). No clamp, no packing, no
+    lazy stack, nested list or device move, and it raises on any other input: not a second
+    wrapper, the floor of any module that keeps these checks on CPU."""
+
+    def forward(self, tensordict: TensorDict) -> TensorDict:
+        ids, mask = tensordict.get(TOKENS), tensordict.get(MASK)
+        real = mask != 0
+        lengths = real.sum(-1)
+        ids = ids * real
+        low, high = torch.aminmax(ids)
+        last = ids.gather(1, (lengths - 1).clamp_(min=0).unsqueeze(1))
+        right_padded = torch.arange(ids.shape[-1]) < lengths.unsqueeze(1)
+        pad = self.model.config.pad_token_id
+        facts = torch.stack([low, high, lengths.min(), (last == pad).sum()]).tolist()
+        vocab = self.model.config.vocab_size
+        if facts[0] < 0 or facts[1] >= vocab or not facts[2] or facts[3]:
+            raise ValueError(f"ChecksFloor: input the wrapper would reject or refill: {facts}")
+        if not torch.equal(right_padded, real):
+            raise ValueError("ChecksFloor: reads right-padded rows only")
+        with torch.no_grad():
+            reward = self.model(input_ids=ids).logits[:, 0]
+        if not bool((reward - reward == 0).all()):
+            raise ValueError("ChecksFloor: a reward is not finite")
+        return tensordict.set("reward", reward)
+
+
 def smallest_toy_rows(args: argparse.Namespace) -> list[str]:
     """The wrapper's own time over the model's on ``toy_reward_model("llama")`` (21.6k
     parameters), at the benchmark's batch and at 16 rows x 64..128 tokens (issue 36), beside a
@@ -125,15 +156,16 @@ def smallest_toy_rows(args: argparse.Namespace) -> list[str]:
     params = sum(p.numel() for p in model.parameters())
     wrapper = HFRewardModelWrapper(model, inference_mode=True)
     floor = CallAndWrite(model, inference_mode=True)
+    checks = ChecksFloor(model, inference_mode=True)
     configs = [(args.batch, args.min_len, args.max_len), (16, 64, 128)]
     fns = {}
     for batch, low, high in configs:
         ids, mask, padded, _ = make_batch(batch, low, high, model.config.vocab_size)
         name = f"{batch} rows x {low}..{high} tokens"
         # the floor scores what the wrapper scores: rows padded with 0, the model's pad id
-        torch.testing.assert_close(
-            floor(padded.clone())["reward"], wrapper(padded.clone())["reward"]
-        )
+        reference = wrapper(padded.clone())["reward"]
+        torch.testing.assert_close(floor(padded.clone())["reward"], reference)
+        torch.testing.assert_close(checks(padded.clone())["reward"], reference)
 
         def direct(ids=ids, mask=mask) -> torch.Tensor:
             with torch.no_grad():
@@ -142,6 +174,7 @@ def smallest_toy_rows(args: argparse.Namespace) -> list[str]:
         fns[name] = lambda padded=padded: wrapper(padded)
         fns[f"{name}, direct"] = direct
         fns[f"{name}, floor"] = lambda padded=padded: floor(padded)
+        fns[f"{name}, checks floor"] = lambda padded=padded: checks(padded)
     results = own_overhead(fns, ForwardTimer(model), args.small_reps)
     totals = time_interleaved(fns, args.small_reps)
     lines = [
@@ -149,7 +182,9 @@ def smallest_toy_rows(args: argparse.Namespace) -> list[str]:
         f"median of {args.small_reps} (target <= 5%); a direct masked call's own time by the same "
         "timer; end to end, wrapper / direct call (the wrapper leaves out the mask of a causal "
         "model, which a direct call on the padded batch pays for); the floor: the module call "
-        "and the reward write alone (CallAndWrite: no mask read, packing, check or fill):"
+        "and the reward write alone (CallAndWrite: no mask read, packing, check or fill); the "
+        "checks floor: the same checks in the fewest tensor ops, on right-padded rows only "
+        "(ChecksFloor):"
     ]
     for batch, low, high in configs:
         name = f"{batch} rows x {low}..{high} tokens"
@@ -159,7 +194,8 @@ def smallest_toy_rows(args: argparse.Namespace) -> list[str]:
         lines.append(
             f"  {name:<26} {ratio * 100:+6.2f}% ({seconds * 1e3:.2f} ms own): {verdict}; direct "
             f"{direct_ratio * 100:+.2f}%; end to end {totals[name] / totals[f'{name}, direct']:.2f}x; "
-            f"floor {results[f'{name}, floor'][0] * 100:+.2f}%"
+            f"floor {results[f'{name}, floor'][0] * 100:+.2f}%; checks floor "
+            f"{results[f'{name}, checks floor'][0] * 100:+.2f}%"
         )
     return lines
 
