@@ -258,7 +258,7 @@ def check_positive_int(value: Any, arg: str, *, allow_none: bool = False) -> Non
     """Raises a :class:`ValueError` unless ``value`` is a positive int (or ``None`` if allowed)."""
     if value is None and allow_none:
         return
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+    if not is_int(value) or value <= 0:
         expected = "a positive int or None" if allow_none else "a positive integer"  # upstream's
         raise ValueError(signed(f"{arg} must be {expected}, got {arg}={value!r}."))
 
@@ -275,7 +275,7 @@ def check_optional_int(value: Any, arg: str, *, minimum: int, counts: str) -> No
     """
     if value is None:
         return
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+    if not is_int(value) or value < minimum:
         raise ValueError(
             signed(f"{arg} must be None or an int >= {minimum} ({counts}), got {arg}={value!r}.")
         )
@@ -372,6 +372,16 @@ def check_bool(value: Any, arg: str) -> bool:
     raise type_error(arg, "a bool (True or False)", value)
 
 
+def is_int(value: Any) -> bool:
+    """Whether ``value`` is an int; a bool is not one, though Python makes it a subclass.
+
+    Examples:
+        >>> is_int(3), is_int(True), is_int(3.0)
+        (True, False, False)
+    """
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 def check_int(value: Any, arg: str, *, allow_none: bool = False) -> None:
     """Raises a :class:`TypeError` unless ``value`` is an int (a bool is not one), or ``None`` if
     allowed.
@@ -385,7 +395,7 @@ def check_int(value: Any, arg: str, *, allow_none: bool = False) -> None:
     """
     if value is None and allow_none:
         return
-    if isinstance(value, bool) or not isinstance(value, int):
+    if not is_int(value):
         raise type_error(arg, "an int", value)
 
 

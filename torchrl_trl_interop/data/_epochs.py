@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from .._checks import signed, speaking_for
+from .._checks import is_int, signed, speaking_for
 from ._processes import (
     check_reader,
     check_sample_size,
@@ -168,7 +168,7 @@ class PassCounter:
         self._resume: dict[str, Any] | None = None
 
     def set_epoch(self, epoch: int) -> None:
-        if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
+        if not is_int(epoch) or epoch < 0:
             raise ValueError(signed(f"expected an int >= 0, got {epoch!r}."))
         self.epoch = epoch
 

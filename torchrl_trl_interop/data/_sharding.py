@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .._checks import check_bool, check_positive_int, signed
+from .._checks import check_bool, check_positive_int, is_int, signed
 
 __all__ = [
     "ReadMode",
@@ -88,9 +88,7 @@ class ReadMode:
                     "shuffle=True or pass epoch=True."
                 )
             )
-        if self.seed is not None and (
-            isinstance(self.seed, bool) or not isinstance(self.seed, int)
-        ):
+        if self.seed is not None and not is_int(self.seed):
             raise ValueError(signed(f"seed must be an int or None, got {self.seed!r}."))
         if self.epoch and self.num_batches != 1:
             raise ValueError(

@@ -17,7 +17,15 @@ import weakref
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from .._checks import boundary, check_real, require, signed, speaking_for, type_error
+from .._checks import (
+    boundary,
+    check_real,
+    is_int,
+    require,
+    signed,
+    speaking_for,
+    type_error,
+)
 
 require("openenv", "as_openenv_environment")
 
@@ -115,7 +123,7 @@ class _TorchRLEnvironment(Environment[TorchRLChatAction, TorchRLChatObservation,
         """Starts an episode with ``prompt`` (the ChatEnv's ``data_key``); ``row``'s other
         columns go into the reset tensordict, where the environment's transforms read them."""
         self._check_idle()
-        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+        if seed is not None and not is_int(seed):
             raise RequestTypeError(
                 f"{type(self).__name__}.reset: seed must be an int, got {seed!r}."
             )

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from tensordict.utils import NestedKey
 from torchrl.modules.llm import TransformersWrapper
 
-from .._checks import boundary, check_bool, check_positive_int, require, signed
+from .._checks import boundary, check_bool, check_positive_int, is_int, require, signed
 from .._keys import NEXT_DONE_KEY, NEXT_REWARD_KEY, POLICY_VERSION_KEY, as_nested_key
 from ..weights._staleness import check_max_staleness, check_staleness
 from ._dynamic_sampling import check_candidate_group_size, sample_candidates
@@ -408,7 +408,7 @@ def as_trl_rollout_func(
         check_policy(policy, max_turns, recompute_logprobs)
     check_max_staleness(max_staleness)
     check_candidate_group_size(candidate_group_size)
-    if env_seed is not None and (isinstance(env_seed, bool) or not isinstance(env_seed, int)):
+    if env_seed is not None and not is_int(env_seed):
         raise TypeError(
             signed(
                 "env_seed must be None or an int (each rank seeds env with env_seed + rank), got "
