@@ -123,7 +123,12 @@ class ChecksFloor(HFRewardModelWrapper):
     fills with, rows already packed to the right, finite rewards) in 16 tensor ops and two reads,
     the first before the model runs (free on CPU, a sync on a GPU). No clamp, no packing, no
     lazy stack, nested list or device move, and it raises on any other input: not a second
-    wrapper, the floor of any module that keeps these checks on CPU."""
+    wrapper, the floor of any module that keeps these checks on CPU. The pad id and the
+    vocabulary size are read once, here, not per call as the wrapper reads them."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        super().__init__(model, inference_mode=True)
+        self.pad, self.vocab = model.config.pad_token_id, model.config.vocab_size
 
     def forward(self, tensordict: TensorDict) -> TensorDict:
         ids, mask = tensordict.get(TOKENS), tensordict.get(MASK)
@@ -133,10 +138,8 @@ class ChecksFloor(HFRewardModelWrapper):
         low, high = torch.aminmax(ids)
         last = ids.gather(1, (lengths - 1).clamp_(min=0).unsqueeze(1))
         right_padded = torch.arange(ids.shape[-1]) < lengths.unsqueeze(1)
-        pad = self.model.config.pad_token_id
-        facts = torch.stack([low, high, lengths.min(), (last == pad).sum()]).tolist()
-        vocab = self.model.config.vocab_size
-        if facts[0] < 0 or facts[1] >= vocab or not facts[2] or facts[3]:
+        facts = torch.stack([low, high, lengths.min(), (last == self.pad).sum()]).tolist()
+        if facts[0] < 0 or facts[1] >= self.vocab or not facts[2] or facts[3]:
             raise ValueError(f"ChecksFloor: input the wrapper would reject or refill: {facts}")
         if not torch.equal(right_padded, real):
             raise ValueError("ChecksFloor: reads right-padded rows only")
@@ -156,7 +159,7 @@ def smallest_toy_rows(args: argparse.Namespace) -> list[str]:
     params = sum(p.numel() for p in model.parameters())
     wrapper = HFRewardModelWrapper(model, inference_mode=True)
     floor = CallAndWrite(model, inference_mode=True)
-    checks = ChecksFloor(model, inference_mode=True)
+    checks = ChecksFloor(model)
     configs = [(args.batch, args.min_len, args.max_len), (16, 64, 128)]
     fns = {}
     for batch, low, high in configs:
