@@ -32,10 +32,15 @@ def _toy_config(arch: str, vocab_size: int, pad_token_id: int | None, **override
     classes = {"llama": LlamaConfig, "gpt2": GPT2Config, "bert": BertConfig}
     if arch not in classes:
         raise ValueError(f"Unknown toy architecture {arch!r}; expected one of {tuple(classes)}.")
-    cfg = classes[arch](vocab_size=vocab_size, **_TOY_SIZES[arch])
-    cfg.pad_token_id = pad_token_id
-    cfg.bos_token_id = None
-    cfg.eos_token_id = 2  # <|im_end|>
+    # the special ids go in with the sizes: GPT2Config's defaults (50256) lie outside the toy
+    # vocabulary, and transformers warns about them when the config is built
+    cfg = classes[arch](
+        vocab_size=vocab_size,
+        pad_token_id=pad_token_id,
+        bos_token_id=None,
+        eos_token_id=2,  # <|im_end|>
+        **_TOY_SIZES[arch],
+    )
     for name, value in overrides.items():
         setattr(cfg, name, value)
     return cfg
