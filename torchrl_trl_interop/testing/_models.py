@@ -26,7 +26,10 @@ _TOY_SIZES = {
 }
 
 
-def _toy_config(arch: str, vocab_size: int, pad_token_id: int | None, **overrides: Any):
+def _toy_config(
+    arch: str, tokenizer: PreTrainedTokenizerFast, pad_token_id: int | None, **overrides: Any
+):
+    """A toy config of ``arch``: the tokenizer's vocabulary size and eos id, ``pad_token_id``."""
     from transformers import BertConfig, GPT2Config, LlamaConfig
 
     classes = {"llama": LlamaConfig, "gpt2": GPT2Config, "bert": BertConfig}
@@ -35,10 +38,10 @@ def _toy_config(arch: str, vocab_size: int, pad_token_id: int | None, **override
     # the special ids go in with the sizes: GPT2Config's defaults (50256) lie outside the toy
     # vocabulary, and transformers warns about them when the config is built
     cfg = classes[arch](
-        vocab_size=vocab_size,
+        vocab_size=len(tokenizer),
         pad_token_id=pad_token_id,
         bos_token_id=None,
-        eos_token_id=2,  # <|im_end|>
+        eos_token_id=tokenizer.eos_token_id,
         **_TOY_SIZES[arch],
     )
     for name, value in overrides.items():
@@ -61,8 +64,8 @@ def toy_reward_model(
             ``"bert"`` (encoder). Defaults to ``"llama"``.
 
     Keyword Args:
-        tokenizer (PreTrainedTokenizerFast, optional): sets the vocabulary size; defaults to
-            :func:`toy_tokenizer`.
+        tokenizer (PreTrainedTokenizerFast, optional): sets the vocabulary size and the eos id;
+            defaults to :func:`toy_tokenizer`.
         pad_token_id (int, None or ``"tokenizer"``): written to ``config.pad_token_id``.
             ``"tokenizer"`` (default) takes the tokenizer's pad id.
         seed (int, optional): seed for the random initialisation. Defaults to ``0``.
@@ -81,7 +84,7 @@ def toy_reward_model(
     tokenizer = tokenizer if tokenizer is not None else toy_tokenizer()
     if pad_token_id == "tokenizer":
         pad_token_id = tokenizer.pad_token_id
-    cfg = _toy_config(arch, len(tokenizer), pad_token_id, **{"num_labels": 1, **config_overrides})
+    cfg = _toy_config(arch, tokenizer, pad_token_id, **{"num_labels": 1, **config_overrides})
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = AutoModelForSequenceClassification.from_config(cfg)
@@ -121,7 +124,7 @@ def toy_causal_lm(
     from transformers import AutoModelForCausalLM
 
     tokenizer = tokenizer if tokenizer is not None else toy_tokenizer()
-    cfg = _toy_config(arch, len(tokenizer), tokenizer.pad_token_id, **config_overrides)
+    cfg = _toy_config(arch, tokenizer, tokenizer.pad_token_id, **config_overrides)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = AutoModelForCausalLM.from_config(cfg)
