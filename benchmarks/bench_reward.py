@@ -13,7 +13,8 @@ Batch 64, ragged lengths drawn uniformly in 32..512, one CPU thread, toy Llama (
   16 rows of 64..128 tokens, the two batches issue 36's row was read at: the wrapper's own time
   is about fixed per call, so its share grows as the model's forward shrinks. Beside it, the
   floor every reward module pays (``CallAndWrite``: the module call and the reward write alone)
-  and the floor of any module that keeps the wrapper's checks (``ChecksFloor``).
+  and the floor of any module that keeps the wrapper's checks (``ChecksFloor``), and the
+  wrapper's scoring path on rows read before the call (``Prepacked``).
 
 Timings are medians over ``--reps`` repetitions, interleaved so that drift on a shared machine
 hits every variant alike. Run with ``python benchmarks/bench_reward.py``.
@@ -150,6 +151,21 @@ class ChecksFloor(HFRewardModelWrapper):
         return tensordict.set("reward", reward)
 
 
+class Prepacked(HFRewardModelWrapper):
+    """The wrapper's scoring path alone: its own ``forward`` (vocabulary clamp, pad-clash and
+    empty-row flags, the model call, the one device read, the reward write) on rows it read
+    and packed before the timed call, with ``nonfinite="ignore"`` (no finiteness read): what
+    is left of the wrapper's own time without its input reading and its finiteness read, the
+    most an opt-out of those two could save."""
+
+    def __init__(self, model: torch.nn.Module, tensordict: TensorDict) -> None:
+        super().__init__(model, inference_mode=True, nonfinite="ignore")
+        self.packed = super()._read(tensordict)
+
+    def _read(self, tensordict: TensorDict):
+        return self.packed
+
+
 def smallest_toy_rows(args: argparse.Namespace) -> list[str]:
     """The wrapper's own time over the model's on ``toy_reward_model("llama")`` (21.6k
     parameters), at the benchmark's batch and at 16 rows x 64..128 tokens (issue 36), beside a
@@ -169,6 +185,8 @@ def smallest_toy_rows(args: argparse.Namespace) -> list[str]:
         reference = wrapper(padded.clone())["reward"]
         torch.testing.assert_close(floor(padded.clone())["reward"], reference)
         torch.testing.assert_close(checks(padded.clone())["reward"], reference)
+        prepacked = Prepacked(model, padded)
+        torch.testing.assert_close(prepacked(padded.clone())["reward"], reference)
 
         def direct(ids=ids, mask=mask) -> torch.Tensor:
             with torch.no_grad():
@@ -178,6 +196,7 @@ def smallest_toy_rows(args: argparse.Namespace) -> list[str]:
         fns[f"{name}, direct"] = direct
         fns[f"{name}, floor"] = lambda padded=padded: floor(padded)
         fns[f"{name}, checks floor"] = lambda padded=padded: checks(padded)
+        fns[f"{name}, prepacked"] = lambda padded=padded, p=prepacked: p(padded)
     results = own_overhead(fns, ForwardTimer(model), args.small_reps)
     totals = time_interleaved(fns, args.small_reps)
     lines = [
@@ -187,7 +206,8 @@ def smallest_toy_rows(args: argparse.Namespace) -> list[str]:
         "model, which a direct call on the padded batch pays for); the floor: the module call "
         "and the reward write alone (CallAndWrite: no mask read, packing, check or fill); the "
         "checks floor: the same checks in the fewest tensor ops, on right-padded rows only "
-        "(ChecksFloor):"
+        "(ChecksFloor); the scoring path: the wrapper's forward on rows read before the call, "
+        "without the finiteness read (Prepacked):"
     ]
     for batch, low, high in configs:
         name = f"{batch} rows x {low}..{high} tokens"
@@ -198,7 +218,8 @@ def smallest_toy_rows(args: argparse.Namespace) -> list[str]:
             f"  {name:<26} {ratio * 100:+6.2f}% ({seconds * 1e3:.2f} ms own): {verdict}; direct "
             f"{direct_ratio * 100:+.2f}%; end to end {totals[name] / totals[f'{name}, direct']:.2f}x; "
             f"floor {results[f'{name}, floor'][0] * 100:+.2f}%; checks floor "
-            f"{results[f'{name}, checks floor'][0] * 100:+.2f}%"
+            f"{results[f'{name}, checks floor'][0] * 100:+.2f}%; scoring path "
+            f"{results[f'{name}, prepacked'][0] * 100:+.2f}%"
         )
     return lines
 
