@@ -1020,7 +1020,10 @@ assert all(log["rewards/ToyCalculatorEnv/mean"] is None for log in tool_logs)  #
 # %%
 # Per step, and before and after: the policy calls the calculator more often, and more of its
 # answers are right. Each rollout's TorchRL environment holds the whole episode: the question,
-# the call as its tool transform reads it, the tool's reply and the answer.
+# the call as its tool transform reads it, the tool's reply and the answer. *Right* is what the
+# environment's reward reads: the answer's last number is the sum. The words before it are not
+# scored: an answer that copies the tool's reply is right even if its sentence gets the
+# question's numbers wrong.
 
 print("step  right answers  tool calls per answer")
 for step, (right, calls) in enumerate(zip(tool_reward_per_step, calls_per_step), 1):
