@@ -241,9 +241,11 @@ class Timing:
     """Per-repetition CPU and wall seconds of one contender, or the exception it raised.
 
     Ratios use process CPU time: on a shared 2-core machine the process is descheduled for a
-    third of the wall time or more, which moves wall-clock medians by tens of percent, while
-    its CPU time moves by a few percent (everything here runs on one thread, so CPU time is
-    the wall time an idle machine would show).
+    third of the wall time or more, which moves wall-clock medians by tens of percent
+    (everything here runs on one thread, so CPU time is the wall time an idle machine would
+    show). CPU time moves too: the same loop took 19-29 ms of it in 60 back-to-back runs on a
+    quiet CI-like machine (2026-12-06), slower stretches that hit a whole repetition, so a
+    ratio is paired per repetition and read over several.
     """
 
     def __init__(self) -> None:
@@ -254,11 +256,16 @@ class Timing:
     def rate(self, rows: int, wall: bool = False) -> float:
         return rows / statistics.median(self.wall if wall else self.cpu)
 
+    def ratios(self, ref: Timing) -> list[float]:
+        """``ref time / own time`` per repetition (paired: same repetition); empty on a crash."""
+        if self.crash or ref.crash:
+            return []
+        return [r / t for r, t in zip(ref.cpu, self.cpu)]
+
     def ratio(self, ref: Timing) -> float | None:
         """Median over repetitions of ``ref time / own time`` (paired: same repetition)."""
-        if self.crash or ref.crash:
-            return None
-        return statistics.median(r / t for r, t in zip(ref.cpu, self.cpu))
+        ratios = self.ratios(ref)
+        return statistics.median(ratios) if ratios else None
 
 
 def time_interleaved(
