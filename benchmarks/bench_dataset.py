@@ -25,8 +25,9 @@ Fairness rules, the same for every contender:
 * one torch thread (on a 2-core shared machine a busy second core stalls 2-thread gathers);
 * contenders are interleaved within each repetition (in rotated order) and ratios are the
   median over ``--repeats`` of per-repetition ratios of *process CPU time*, which moves by a
-  few percent under load from other processes where wall time moves by tens of percent;
-  wall-clock rows/s are printed alongside;
+  few percent under load from other processes where wall time moves by tens of percent (the
+  machine's own speed moves both: see :class:`Timing`); wall-clock rows/s are printed
+  alongside;
 * building the buffers and HF datasets is not timed; each scenario's data lives only while it
   runs, so no contender pays garbage-collector passes over another scenario's objects.
 
