@@ -12,9 +12,9 @@ Batch 64, ragged lengths drawn uniformly in 32..512, one CPU thread, toy Llama (
   (``toy_reward_model("llama")``, 21.6k parameters), target <= 5%, at the batch above and at
   16 rows of 64..128 tokens, the two batches issue 36's row was read at: the wrapper's own time
   is about fixed per call, so its share grows as the model's forward shrinks. Beside it, the
-  floor every reward module pays (``CallAndWrite``: the module call and the reward write alone)
-  and the floor of any module that keeps the wrapper's checks (``ChecksFloor``), and the
-  wrapper's scoring path on rows read before the call (``Prepacked``).
+  floor every reward module pays (``CallAndWrite``: the module call and the reward write alone),
+  the same checks in the fewest ops of the general kind (``ChecksFloor``), and the wrapper with
+  its dense right-padded CPU path off (``GeneralPath``: left-padded, ragged or GPU input).
 
 Timings are medians over ``--reps`` repetitions, interleaved so that drift on a shared machine
 hits every variant alike. Run with ``python benchmarks/bench_reward.py``.
@@ -123,9 +123,10 @@ class ChecksFloor(HFRewardModelWrapper):
     wrapper makes (ids inside the vocabulary, no empty row, no row ending with the pad id it
     fills with, rows already packed to the right, finite rewards) in 16 tensor ops and two reads,
     the first before the model runs (free on CPU, a sync on a GPU). No clamp, no packing, no
-    lazy stack, nested list or device move, and it raises on any other input: not a second
-    wrapper, the floor of any module that keeps these checks on CPU. The pad id and the
-    vocabulary size are read once, here, not per call as the wrapper reads them."""
+    lazy stack, nested list or device move, and it raises on any other input. The wrapper's
+    dense right-padded path gets under it: it runs the ops the model's own pooling has just run
+    (``!=``, a float matmul), and leaves the vocabulary to the embedding, which raises on CPU.
+    The pad id and the vocabulary size are read once, here, not per call."""
 
     def __init__(self, model: torch.nn.Module) -> None:
         super().__init__(model, inference_mode=True)
@@ -151,19 +152,14 @@ class ChecksFloor(HFRewardModelWrapper):
         return tensordict.set("reward", reward)
 
 
-class Prepacked(HFRewardModelWrapper):
-    """The wrapper's scoring path alone: its own ``forward`` (vocabulary clamp, pad-clash and
-    empty-row flags, the model call, the one device read, the reward write) on rows it read
-    and packed before the timed call, with ``nonfinite="ignore"`` (no finiteness read): what
-    is left of the wrapper's own time without its input reading and its finiteness read, the
-    most an opt-out of those two could save."""
+class GeneralPath(HFRewardModelWrapper):
+    """The wrapper with its dense right-padded CPU path (``rewards/_right_padded``) off: what
+    left-padded, ragged, nested or GPU input pays (read, packed to the right, clamped, scored,
+    checked in one read after the model)."""
 
-    def __init__(self, model: torch.nn.Module, tensordict: TensorDict) -> None:
-        super().__init__(model, inference_mode=True, nonfinite="ignore")
-        self.packed = super()._read(tensordict)
-
-    def _read(self, tensordict: TensorDict):
-        return self.packed
+    def _facts_of(self, model: torch.nn.Module):
+        config, maskless, _ = super()._facts_of(model)
+        return config, maskless, False
 
 
 def smallest_toy_rows(args: argparse.Namespace) -> list[str]:
@@ -185,8 +181,8 @@ def smallest_toy_rows(args: argparse.Namespace) -> list[str]:
         reference = wrapper(padded.clone())["reward"]
         torch.testing.assert_close(floor(padded.clone())["reward"], reference)
         torch.testing.assert_close(checks(padded.clone())["reward"], reference)
-        prepacked = Prepacked(model, padded)
-        torch.testing.assert_close(prepacked(padded.clone())["reward"], reference)
+        general = GeneralPath(model, inference_mode=True)
+        torch.testing.assert_close(general(padded.clone())["reward"], reference)
 
         def direct(ids=ids, mask=mask) -> torch.Tensor:
             with torch.no_grad():
@@ -196,7 +192,7 @@ def smallest_toy_rows(args: argparse.Namespace) -> list[str]:
         fns[f"{name}, direct"] = direct
         fns[f"{name}, floor"] = lambda padded=padded: floor(padded)
         fns[f"{name}, checks floor"] = lambda padded=padded: checks(padded)
-        fns[f"{name}, prepacked"] = lambda padded=padded, p=prepacked: p(padded)
+        fns[f"{name}, general"] = lambda padded=padded, g=general: g(padded)
     results = own_overhead(fns, ForwardTimer(model), args.small_reps)
     totals = time_interleaved(fns, args.small_reps)
     lines = [
@@ -206,8 +202,8 @@ def smallest_toy_rows(args: argparse.Namespace) -> list[str]:
         "model, which a direct call on the padded batch pays for); the floor: the module call "
         "and the reward write alone (CallAndWrite: no mask read, packing, check or fill); the "
         "checks floor: the same checks in the fewest tensor ops, on right-padded rows only "
-        "(ChecksFloor); the scoring path: the wrapper's forward on rows read before the call, "
-        "without the finiteness read (Prepacked):"
+        "(ChecksFloor); the general path: the wrapper with its dense right-padded path off, as "
+        "left-padded, ragged or GPU input is scored (GeneralPath):"
     ]
     for batch, low, high in configs:
         name = f"{batch} rows x {low}..{high} tokens"
@@ -218,8 +214,8 @@ def smallest_toy_rows(args: argparse.Namespace) -> list[str]:
             f"  {name:<26} {ratio * 100:+6.2f}% ({seconds * 1e3:.2f} ms own): {verdict}; direct "
             f"{direct_ratio * 100:+.2f}%; end to end {totals[name] / totals[f'{name}, direct']:.2f}x; "
             f"floor {results[f'{name}, floor'][0] * 100:+.2f}%; checks floor "
-            f"{results[f'{name}, checks floor'][0] * 100:+.2f}%; scoring path "
-            f"{results[f'{name}, prepacked'][0] * 100:+.2f}%"
+            f"{results[f'{name}, checks floor'][0] * 100:+.2f}%; general path "
+            f"{results[f'{name}, general'][0] * 100:+.2f}%"
         )
     return lines
 

@@ -9,6 +9,7 @@ the modules here are private, one job each:
   right-packed token ids; History or text -> TRL's prompts and completions);
 * ``_pooling``: the pooled token, a model output's reward, the exceptions;
 * ``_scoring``: scoring right-packed ids (the fill, length buckets, one host read);
+* ``_right_padded``: the common CPU batch (dense rows padded on the right) scored as it is;
 * ``_to_trl``: :func:`~torchrl_trl_interop.as_trl_reward_func`, a TorchRL module as a TRL
   reward function;
 * ``_from_trl``: :class:`~torchrl_trl_interop.TRLRewardFuncWrapper`, TRL reward functions as a

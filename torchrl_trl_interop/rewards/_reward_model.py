@@ -1,10 +1,9 @@
 """Hugging Face reward models as TensorDict modules: :class:`HFRewardModelWrapper`.
 
-Read -> score -> write: ``_inputs`` turns the TensorDict into
-right-packed token ids (one reader per ``input_mode``, chosen by ``_input_mode``), ``_scoring`` scores them in length-bucketed
-micro-batches (``_pooling`` reads one reward per row out of the model's
-output), and the rewards are written back in the TensorDict's batch shape. Where and why this
-differs from upstream ``torchrl.modules.llm.HFRewardModelWrapper``: ``docs/overview.rst``.
+Read -> score -> write. Dense rows padded on the right on CPU are scored as they are
+(``_right_padded``); other input is read into right-packed ids by ``_inputs`` (one reader per
+``input_mode``) and scored by ``_scoring``; ``_pooling`` reads the reward out of the model's
+output. Where this differs from upstream's wrapper: ``docs/overview.rst``.
 """
 
 from __future__ import annotations
@@ -39,6 +38,7 @@ from ._pooling import (
     guard_model_input,
     text_config,
 )
+from ._right_padded import raises_outside_vocabulary, score_right_padded
 from ._scoring import check_nonfinite, report_nonfinite, score_packed, scores_without_mask
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -107,8 +107,8 @@ class HFRewardModelWrapper(TensorDictModuleBase):
         max_batch_size (int, optional): the most rows per model call. Rows are sorted by length
             and split into micro-batches, each padded to its own longest row; rewards come back
             in the original order. ``None`` scores every row in one call, at the input's width
-            (ragged input: its longest row), with no value read back from the device before the
-            model runs. Defaults to ``None``.
+            (ragged input: its longest row), with no value read back from a GPU before the model
+            runs. Defaults to ``None``.
         tokenizer (PreTrainedTokenizerBase, optional): the reward model's own tokenizer (often
             not the policy's), needed by the ``"text"`` and ``"history"`` modes. Defaults to
             ``None``.
@@ -303,10 +303,8 @@ class HFRewardModelWrapper(TensorDictModuleBase):
         self.nonfinite = nonfinite
         # upstream passes no mask when attention_mask_key is None (and nothing is padded)
         self._pass_mask = input_mode != "tokens" or attention_mask_key is not None
-        self._config_source: Any = None  # the model config whose pooling config is cached
-        self._config: Any = None
-        # (model, scores_without_mask(model)); a tuple, so the model is not a second submodule
-        self._maskless: tuple[nn.Module, bool] | None = None
+        # (model, model.config, *_facts_of(model)); a tuple: the model is no second submodule
+        self._facts: tuple[Any, ...] | None = None
         self._reward_module = _RewardModelHolder(model)
 
     @property
@@ -353,48 +351,37 @@ class HFRewardModelWrapper(TensorDictModuleBase):
                 no real token (a row of length 0, an all-zero mask, a text that tokenizes to
                 nothing: the message names the key and the rows), a token id is outside the
                 model's vocabulary, a row is longer than its ``max_position_embeddings``, or
-                (with ``nonfinite="raise"``) a reward is NaN or infinite. No reward is written
-                then; the model never sees an id outside its vocabulary (the ids are checked in
-                the call's one read of the device, after the model ran on ids clamped into it).
+                (with ``nonfinite="raise"``) a reward is NaN or infinite. No reward is written.
             RewardShapeError: (a :class:`ValueError` and a :class:`RuntimeError`) if the model
                 returns anything but one scalar per row.
             RewardOutputError: (a :class:`TypeError` and a :class:`RuntimeError`) if the model
                 output holds no reward tensor.
         """
-        check_tensordict(tensordict, "tensordict")
         model = self.model
-        config = self._pooling_config()
-        packed = self._read(tensordict)
-        arg = self._input_arg()
-        ids, invalid = guard_model_input(model, packed.ids, packed.lengths, arg, config)
-        checked = packed
-        packed = PackedInput(
-            ids, packed.lengths, packed.batch_shape, packed.device, packed.empty_hint
-        )
-
-        grad_context = torch.no_grad() if self._inference_mode else contextlib.nullcontext()
-        with grad_context:  # reads the device once, after the model ran
-            reward, bad = score_packed(
-                model,
-                config,
-                packed,
-                max_batch_size=self.max_batch_size,
-                pass_mask=self._pass_mask,
-                nonfinite=self.nonfinite,
-                input_check=(
-                    invalid,
-                    lambda: check_model_input(model, checked.ids, checked.lengths, arg),
-                ),
-                maskless=self._scores_without_mask(model),
-            )
-
-        reward = reward.float()
-        if reward.shape != packed.batch_shape:
-            reward = reward.reshape(packed.batch_shape)
+        config, maskless, plain = self._facts_of(model)
+        with torch.no_grad() if self._inference_mode else contextlib.nullcontext():
+            scored = None  # dense rows padded on the right, on CPU: scored as they are
+            if plain and self._attention_mask_key is not None:
+                scored = score_right_padded(
+                    model,
+                    config,
+                    tensordict,
+                    self._input_key,
+                    self._attention_mask_key,
+                    max_batch_size=self.max_batch_size,
+                    maskless=maskless,
+                    nonfinite=self.nonfinite,
+                )
+            scored = scored or self._score(tensordict, model, config, maskless)
+        reward, batch_shape, device, bad = scored
+        if reward.dtype is not torch.float32:
+            reward = reward.float()
+        if reward.shape != batch_shape:
+            reward = reward.reshape(batch_shape)
         if self.unsqueeze_reward:
             reward = reward.unsqueeze(-1)
-        if packed.device is not None:
-            reward = reward.to(packed.device)
+        if device is not None:
+            reward = reward.to(device)
         if bad:
             report_nonfinite(reward, self._reward_key, self.nonfinite)
         if torch.is_inference_mode_enabled() or reward.is_inference():
@@ -422,22 +409,42 @@ class HFRewardModelWrapper(TensorDictModuleBase):
             )
         return read_tokens(tensordict, self._input_key, self._attention_mask_key)
 
+    def _score(
+        self, tensordict: TensorDictBase, model: nn.Module, config: Any, maskless: bool
+    ) -> tuple[torch.Tensor, tuple[int, ...], torch.device | None, bool]:
+        """Any input: read, packed to the right, clamped, scored (``_scoring``), checked."""
+        check_tensordict(tensordict, "tensordict")
+        packed = self._read(tensordict)
+        arg = self._input_arg()
+        ids, invalid = guard_model_input(model, packed.ids, packed.lengths, arg, config)
+        check = (invalid, lambda: check_model_input(model, packed.ids, packed.lengths, arg))
+        reward, bad = score_packed(
+            model,
+            config,
+            PackedInput(ids, packed.lengths, packed.batch_shape, packed.device, packed.empty_hint),
+            max_batch_size=self.max_batch_size,
+            pass_mask=self._pass_mask,
+            nonfinite=self.nonfinite,
+            input_check=check,
+            maskless=maskless,
+        )
+        return reward, packed.batch_shape, packed.device, bad
+
     def _input_arg(self) -> str:
         """The argument naming what the model reads, for error messages."""
         tokenized = "" if self.input_mode == "tokens" else " (tokenized)"
         return f"{MODE_KEY_ARGS[self.input_mode]}={self._input_key!r}{tokenized}"
 
-    def _scores_without_mask(self, model: nn.Module) -> bool:
-        """:func:`._scoring.scores_without_mask`, which walks every module, once per model."""
-        cached = self._maskless
-        if cached is None or cached[0] is not model:
-            cached = self._maskless = (model, scores_without_mask(model))
-        return cached[1]
-
-    def _pooling_config(self) -> Any:
-        """The config the model's pooling reads, looked up once per model config object."""
-        source = getattr(self.model, "config", None)
-        if source is None or source is not self._config_source:
-            self._config_source = source
-            self._config = text_config(self.model)
-        return self._config
+    def _facts_of(self, model: nn.Module) -> tuple[Any, bool, bool]:
+        """``(text_config, scores_without_mask, raises_outside_vocabulary)`` of ``model``, once
+        per model and config object."""
+        source = getattr(model, "config", None)
+        cached = self._facts
+        if cached is None or cached[0] is not model or cached[1] is not source:
+            facts = (
+                text_config(model),
+                scores_without_mask(model),
+                raises_outside_vocabulary(model),
+            )
+            cached = self._facts = (model, source, *facts)
+        return cached[2:]
