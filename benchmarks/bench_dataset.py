@@ -420,6 +420,17 @@ def time_once(fn: Callable[[], object], cap_s: float | None = None) -> float | s
     return time.process_time() - start
 
 
+def cpu_per_call(fn: Callable[[], object], at_least: float = 0.05) -> float:
+    """Process CPU seconds per call of ``fn``, over as many calls as take ``at_least`` seconds:
+    this machine's process clock can move in 1 ms steps, so a sub-millisecond call timed alone
+    reads 0."""
+    calls, start = 0, time.process_time()
+    while (spent := time.process_time() - start) < at_least:
+        fn()
+        calls += 1
+    return spent / calls
+
+
 def time_as_hf(buffers: dict[str, ReplayBuffer], args: argparse.Namespace) -> list[str]:
     from torchrl.modules.llm import TorchRLBufferDataset as UpstreamDataset
 
@@ -429,7 +440,7 @@ def time_as_hf(buffers: dict[str, ReplayBuffer], args: argparse.Namespace) -> li
     ]
     for name, rb in buffers.items():
         ours = statistics.median(
-            time_once(lambda rb=rb: TorchRLBufferDataset(rb, SAMPLE_BATCH).as_hf_dataset())
+            cpu_per_call(lambda rb=rb: TorchRLBufferDataset(rb, SAMPLE_BATCH).as_hf_dataset())
             for _ in range(max(args.repeats, 3))
         )
         # upstream lets `datasets` pickle the whole buffer to fingerprint the generator:

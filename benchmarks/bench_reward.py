@@ -159,7 +159,7 @@ class GeneralPath(HFRewardModelWrapper):
 
     def _facts_of(self, model: torch.nn.Module):
         config, maskless, _ = super()._facts_of(model)
-        return config, maskless, False
+        return config, maskless, None
 
 
 def smallest_toy_rows(args: argparse.Namespace) -> list[str]:

@@ -8,7 +8,6 @@ output. Where this differs from upstream's wrapper: ``docs/overview.rst``.
 
 from __future__ import annotations
 
-import contextlib
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -38,7 +37,7 @@ from ._pooling import (
     guard_model_input,
     text_config,
 )
-from ._right_padded import raises_outside_vocabulary, score_right_padded
+from ._right_padded import input_embedding, score_right_padded
 from ._scoring import check_nonfinite, report_nonfinite, score_packed, scores_without_mask
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -303,8 +302,7 @@ class HFRewardModelWrapper(TensorDictModuleBase):
         self.nonfinite = nonfinite
         # upstream passes no mask when attention_mask_key is None (and nothing is padded)
         self._pass_mask = input_mode != "tokens" or attention_mask_key is not None
-        # (model, model.config, *_facts_of(model)); a tuple: the model is no second submodule
-        self._facts: tuple[Any, ...] | None = None
+        self._facts: tuple[Any, ...] | None = None  # (model, config, *facts): no submodule
         self._reward_module = _RewardModelHolder(model)
 
     @property
@@ -357,13 +355,17 @@ class HFRewardModelWrapper(TensorDictModuleBase):
             RewardOutputError: (a :class:`TypeError` and a :class:`RuntimeError`) if the model
                 output holds no reward tensor.
         """
-        model = self.model
-        config, maskless, plain = self._facts_of(model)
-        with torch.no_grad() if self._inference_mode else contextlib.nullcontext():
-            scored = None  # dense rows padded on the right, on CPU: scored as they are
-            if plain and self._attention_mask_key is not None:
+        model = self._reward_module.model
+        config, maskless, embedding = self._facts_of(model)
+        no_grad = self._inference_mode and torch.is_grad_enabled()
+        if no_grad:
+            torch.set_grad_enabled(False)  # torch.no_grad(), without its two context objects
+        try:  # dense rows padded on the right on CPU are scored as they are
+            scored = None
+            if embedding is not None and self._attention_mask_key is not None:
                 scored = score_right_padded(
                     model,
+                    embedding,
                     config,
                     tensordict,
                     self._input_key,
@@ -373,6 +375,9 @@ class HFRewardModelWrapper(TensorDictModuleBase):
                     nonfinite=self.nonfinite,
                 )
             scored = scored or self._score(tensordict, model, config, maskless)
+        finally:
+            if no_grad:
+                torch.set_grad_enabled(True)
         reward, batch_shape, device, bad = scored
         if reward.dtype is not torch.float32:
             reward = reward.float()
@@ -435,16 +440,11 @@ class HFRewardModelWrapper(TensorDictModuleBase):
         tokenized = "" if self.input_mode == "tokens" else " (tokenized)"
         return f"{MODE_KEY_ARGS[self.input_mode]}={self._input_key!r}{tokenized}"
 
-    def _facts_of(self, model: nn.Module) -> tuple[Any, bool, bool]:
-        """``(text_config, scores_without_mask, raises_outside_vocabulary)`` of ``model``, once
-        per model and config object."""
+    def _facts_of(self, model: nn.Module) -> tuple[Any, bool, nn.Embedding | None]:
+        """``(text_config, scores_without_mask, input_embedding)``, once per model and config."""
         source = getattr(model, "config", None)
         cached = self._facts
         if cached is None or cached[0] is not model or cached[1] is not source:
-            facts = (
-                text_config(model),
-                scores_without_mask(model),
-                raises_outside_vocabulary(model),
-            )
+            facts = (text_config(model), scores_without_mask(model), input_embedding(model))
             cached = self._facts = (model, source, *facts)
         return cached[2:]
