@@ -79,27 +79,28 @@ def check_bands(summary: dict[str, str]) -> None:
     first, last = _arrow(summary["task reward (GRPO)"])
     assert last - first >= 0.15 and last >= 0.8  # the demo learns: B clearly above A
     before, after = _arrow(summary["RM held-out accuracy"])
-    assert after == 1.0 and before <= 0.8
-    before, after = _arrow(summary["RM smallest margin"])
-    # far above bfloat16's step (~0.008 at a score of 1.7): no rounding flips a pair
-    assert after >= MIN_MARGIN > before
+    assert after >= 0.9 and before <= 0.8
+    before, after = _arrow(summary["RM pairs by wide margin"])
+    # margins far above bfloat16's step (~0.008 at a score of 1.7): no rounding flips those pairs
+    assert after >= 0.9 and before <= 0.1
     first, last = _arrow(summary["tool-loop reward (GRPO)"])
     assert last - first >= 0.15  # TRL's tool loop with a TorchRL env: more answers right
     first, last = _arrow(summary["tool calls per answer"])
     assert last - first >= 0.2  # and the calculator called more often
 
 
+#: The held-out margin of a pair ranked right by a wide margin (the tutorial's MIN_MARGIN).
+MIN_MARGIN = 0.5
+
 SUMMARY_TAIL = [
     "task reward (GRPO)",
     "RM held-out accuracy",
-    "RM smallest margin",
+    "RM pairs by wide margin",
     "tool-loop reward (GRPO)",
     "tool calls per answer",
     "time",
     "figure",
 ]
-#: The smallest held-out margin the trained reward model must clear (the tutorial's MIN_MARGIN).
-MIN_MARGIN = 0.5
 RECORDER = ROOT / "test" / "_precision_recorder.py"
 README = ROOT / "README.md"
 README_SUMMARY = re.search(
@@ -133,7 +134,7 @@ def test_summary_parser():
         "policy answers readable : 100%\n"
         "task reward (GRPO)      : 0.61 -> 0.98\n"
         "RM held-out accuracy    : 0.64 -> 0.82\n"
-        "RM smallest margin      : -1.20 -> +3.50\n"
+        "RM pairs by wide margin : 0.10 -> 0.95\n"
         "tool-loop reward (GRPO) : 0.70 -> 0.95\n"
         "tool calls per answer   : 0.50 -> 0.90\n"
         "time                    : 187 s\n"
@@ -142,7 +143,7 @@ def test_summary_parser():
     summary = _summary(stdout)
     assert list(summary) == ["preference pairs", "policy answers readable", *SUMMARY_TAIL]
     assert _arrow(summary["task reward (GRPO)"]) == (0.61, 0.98)
-    assert _arrow(summary["RM smallest margin"]) == (-1.2, 3.5)
+    assert _arrow(summary["RM pairs by wide margin"]) == (0.1, 0.95)
     assert summary["figure"] == "/tmp/outputs/trl_interop_summary.png"
 
 
@@ -155,6 +156,6 @@ def test_readme_shows_every_summary_line():
 
 
 def test_tutorial_min_margin_is_the_bands():
-    """The band on the smallest margin is the one the tutorial asserts itself."""
+    """The margin a "wide margin" pair clears is the one the tutorial asserts itself."""
     source = TUTORIAL.read_text(encoding="utf-8")
     assert re.search(rf"^MIN_MARGIN = {MIN_MARGIN}\b", source, re.M)
