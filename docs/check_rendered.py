@@ -8,7 +8,7 @@ Opens the built tutorial page in headless Chromium and checks what a reader sees
     policy answers readable : 97%
     task reward (GRPO)      : 0.21 -> 0.64
     RM held-out accuracy    : 0.50 -> 0.83
-    RM smallest margin      : -1.20 -> +3.50
+    RM pairs by wide margin : 0.10 -> 0.95
     figure                  : /path/to/figure.png
 
 * the gallery's timing ("Total running time of the script").
@@ -52,7 +52,7 @@ SUMMARY_LINES: dict[str, tuple[str, str]] = {
     "policy answers readable": ("P%", rf"{_NUM}[ \t]*%?"),
     "task reward (GRPO)": ("A -> B", _FROM_TO),
     "RM held-out accuracy": ("X -> Y", _FROM_TO),
-    "RM smallest margin": ("M -> N", _FROM_TO),
+    "RM pairs by wide margin": ("W -> V", _FROM_TO),
     "figure": ("PATH", r"\S+"),
 }
 TIMING = "Total running time of the script"

@@ -21,7 +21,7 @@ some earlier output
 policy answers readable : 96%
 task reward (GRPO)      : 0.18 -> 0.71
 RM held-out accuracy    : 0.50 -> 0.88
-RM smallest margin      : -1.20 -> +3.50
+RM pairs by wide margin : 0.10 -> 0.95
 time                    : 212 s
 figure                  : /tmp/outputs/trl_interop.png
 """
@@ -44,7 +44,7 @@ def test_old_summary_names_what_is_missing():
     assert len(problems) == 3
     assert "'policy answers readable'" in problems[0] and "P%" in problems[0]
     assert "'task reward (GRPO)'" in problems[1] and "A -> B" in problems[1]
-    assert "'RM smallest margin'" in problems[2] and "M -> N" in problems[2]
+    assert "'RM pairs by wide margin'" in problems[2] and "W -> V" in problems[2]
 
 
 @pytest.mark.parametrize(
