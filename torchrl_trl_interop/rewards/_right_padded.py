@@ -19,7 +19,7 @@ for the device). Both paths give the same rewards and errors
 
 Why a second path: on the smallest toy Llama (16 rows of 64-128 tokens, a 3.5 ms forward) the
 general path's ~26 small tensor ops cost about 10% of the model's time, each op 10-40 us right
-after the model's forward (2-5 us warm); this path costs about 4.5% (``benchmarks/RESULTS.rst``).
+after the model's forward (2-5 us warm); this path costs about 4-5% (``benchmarks/RESULTS.rst``).
 Its ops are those the model's own pooling has just run (``!=``, a float matmul): the cheapest.
 """
 
@@ -146,11 +146,7 @@ def score_right_padded(
         out = model(input_ids=ids) if maskless else model(input_ids=ids, attention_mask=mask.long())
     except IndexError:  # an id outside the vocabulary: the general path clamps it and names it
         return None
-    reward = getattr(out, "logits", None)  # an HF model's, as extract_reward reads it first
-    if type(reward) is torch.Tensor and reward.shape == (rows, 1):
-        reward = reward.squeeze(-1)
-    else:
-        reward = check_reward_shape(model, extract_reward(out), rows)
+    reward = check_reward_shape(model, extract_reward(out), rows)
     bad = False
     if nonfinite != "ignore":
         if reward.is_floating_point():
