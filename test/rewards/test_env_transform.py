@@ -225,6 +225,28 @@ class TestErrorsNameTheCallMade:
         with pytest.raises(TypeError, match=rf"^{name}: only_done must be a bool"):
             call(brevity, only_done="no")
 
+    @pytest.mark.parametrize("stepper", ["env.step", "the online loop's step"])
+    @pytest.mark.parametrize("written", ["reward", ("history", "score"), ("scores", "brevity")])
+    def test_the_module_writes_into_its_own_tensordict(self, written, stepper):
+        """The module reads whole entries (every row scored) or its keys selected (it writes
+        under an entry it reads): either way its writes stay out of the step's input, also
+        where the step does not copy that input first (``_upstream._env_step.step``)."""
+        from torchrl_trl_interop._upstream._env_step import _plain_step
+        from torchrl_trl_interop._upstream._env_step import step as loop_step
+
+        module = TRLRewardFuncWrapper(brevity, reward_key=written, reward_per_func_key="per")
+        env = chat_env(RewardTransform(module, module_reward_key=written))
+        conversations = [chat("a"), chat("bb")]
+        td = env.reset(TensorDict({"query": ["2+2?"] * 2}, batch_size=[2]))
+        td["history"] = ChatHistory(
+            prompt=td["history"].prompt, full=messages_to_history(conversations), batch_size=[2]
+        )
+        assert _plain_step(env)
+        out = env.step(td) if stepper == "env.step" else loop_step(env, td)
+        assert out["next", "reward"].flatten().tolist() == [-1.0, -2.0]
+        assert written not in out.keys(True) and "per" not in out.keys(True)
+        assert history_to_messages(out["history"].full) == conversations
+
     def test_step_errors(self):
         def short(completions, **kwargs):
             return [1.0]

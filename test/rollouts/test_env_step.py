@@ -1,10 +1,11 @@
-"""Chat-environment steps without torchrl's defensive copies: the same steps as torchrl's.
+"""Chat-environment resets and steps without torchrl's detours: the same as torchrl's.
 
-``_upstream._env_step.step`` skips ``Transform.inv``'s copy of the input when no transform
-inverts anything, and ``step_mdp`` carries entries over without copying them. On real torchrl
-chat environments (tools, step counters, reward transforms) every step's output and every next
-input must equal ``env.step``'s and ``env.step_mdp``'s, the input must keep its entries, and an
-environment with an inverse transform must go through ``env.step`` (its copy included).
+``_upstream._env_step.reset`` lays a reset's ``ChatHistory`` out once, ``step`` skips
+``Transform.inv``'s copy of the input when no transform inverts anything, and ``step_mdp``
+carries entries over without copying them. On real torchrl chat environments (tools, step
+counters, reward transforms) every reset, step output and next input must equal ``env.reset``'s,
+``env.step``'s and ``env.step_mdp``'s, the input must keep its entries, and an environment with
+an inverse transform, a system prompt or a reset preprocessing must go through torchrl.
 """
 
 from __future__ import annotations
@@ -14,13 +15,17 @@ import torch
 from tensordict import TensorDict, is_tensor_collection, set_list_to_stack
 from tensordict.nn import TensorDictModuleBase
 from test_policy_output import _layout
-from torchrl.envs import Transform, UnsqueezeTransform
+from torchrl.envs import StepCounter, Transform, TransformedEnv, UnsqueezeTransform
+from torchrl.envs.llm import ChatEnv
 
 from torchrl_trl_interop import as_reward_transform, history_to_messages, messages_to_history
+from torchrl_trl_interop._keys import placeholder_turn
 from torchrl_trl_interop._upstream._env_step import (
     _flat_step_mdp,
+    _plain_reset,
     _plain_step,
     inverts,
+    reset,
     step,
     step_mdp,
 )
@@ -88,15 +93,30 @@ POLICIES = {
 }
 
 
-def episode(env, answers, stepper, mover, make_policy=ScriptedChatPolicy) -> list[dict]:
+def queries(n: int, form: str):
+    """``n`` prompts as text, or as conversations of different lengths (a ``[n, T]`` History:
+    what the online loop resets with, the shorter ones filled with torchrl's placeholder)."""
+    if form == "text":
+        return ["What is 2 plus 3?"] * n
+    system = {"role": "system", "content": "Be brief."}
+    chats = [
+        [system] * (i % 2) + [{"role": "user", "content": "What is 2 plus 3?"}] for i in range(n)
+    ]
+    return messages_to_history([c + [placeholder_turn()] * (2 - len(c)) for c in chats])
+
+
+def episode(
+    env, answers, stepper, mover, make_policy=ScriptedChatPolicy, resetter=None, form="text"
+) -> list[dict]:
     """Every step's outcome (reward, done, next prompt, the input's own entries afterwards) and
     the next step's input."""
     policy = make_policy(answers)
     torch.manual_seed(0)
-    prompts = ["What is 2 plus 3?"] * env.batch_size[0]
+    resetter = resetter or (lambda e, td: e.reset(td))
     out = []
     with set_list_to_stack(True), torch.no_grad():
-        td = env.reset(TensorDict({"query": prompts}, batch_size=env.batch_size))
+        query = queries(env.batch_size[0], form)
+        td = resetter(env, TensorDict({"query": query}, batch_size=env.batch_size))
         for _ in answers:
             td = policy(td)
             before = history_to_messages(td["history", "full"])
@@ -114,22 +134,40 @@ def episode(env, answers, stepper, mover, make_policy=ScriptedChatPolicy) -> lis
             td = mover(env, td)
             out[-1]["next input"] = leaves(td)
             out[-1]["next input prompt"] = history_to_messages(td["history", "prompt"])
-            out[-1]["next input, tensors"] = {
-                k: td.get(k).clone()
-                for k in td.keys(True, True)
-                if isinstance(td.get(k), torch.Tensor) and td.get(k).layout == torch.strided
-            }
+            out[-1]["next input, tensors"] = tensors(td)
     return out
 
 
+def tensors(td) -> dict:
+    """Every tensor of ``td``, ragged ones (rows of different lengths) as lists of rows."""
+    out = {}
+    for key in td.keys(True, True):
+        try:
+            value = td.get(key)
+        except RuntimeError:  # rows of different lengths
+            value = td.get(key, as_list=True)
+        if isinstance(value, torch.Tensor) and value.layout == torch.strided:
+            out[key] = value.clone()
+        elif isinstance(value, list) and all(isinstance(v, torch.Tensor) for v in value):
+            out[key] = [v.clone() for v in value]
+    return out
+
+
+@pytest.mark.parametrize("form", ["text", "messages"])
 @pytest.mark.parametrize("policy", list(POLICIES))
 @pytest.mark.parametrize("name", list(ENVS))
-def test_same_step_as_torchrl(name, policy):
+def test_same_step_as_torchrl(name, policy, form):
     make, answers = ENVS[name]
-    assert _plain_step(make()) and _flat_step_mdp(make())  # the fast paths are the ones tested
-    ours = episode(make(), answers, step, step_mdp, POLICIES[policy])
+    env = make()
+    assert _plain_step(env) and _flat_step_mdp(env) and _plain_reset(env)  # the fast paths
+    ours = episode(env, answers, step, step_mdp, POLICIES[policy], reset, form)
     theirs = episode(
-        make(), answers, lambda e, td: e.step(td), lambda e, td: e.step_mdp(td), POLICIES[policy]
+        make(),
+        answers,
+        lambda e, td: e.step(td),
+        lambda e, td: e.step_mdp(td),
+        POLICIES[policy],
+        form=form,
     )
     assert len(ours) == len(answers)
     for mine, reference in zip(ours, theirs):
@@ -204,3 +242,57 @@ def test_next_history_is_torchrls_in_new_containers():
         prompt.extend(reply, dim=-1)  # as torchrl's tool transforms do, in place
         assert history_to_messages(full) == before
         assert [m[-1]["role"] for m in history_to_messages(prompt)] == ["tool", "tool"]
+
+
+@pytest.mark.parametrize("form", ["text", "messages"])
+@pytest.mark.parametrize("name", list(ENVS))
+def test_same_reset_as_torchrl(name, form):
+    """The input comes back with torchrl's entries, laid out as torchrl lays them out (each
+    row's prompt is the conversation's own row), with the same values."""
+    make = ENVS[name][0]
+    envs = make(), make()
+    with set_list_to_stack(True), torch.no_grad():
+        inputs = [
+            TensorDict({"query": queries(e.batch_size[0], form)}, batch_size=e.batch_size)
+            for e in envs
+        ]
+        ours, theirs = reset(envs[0], inputs[0]), envs[1].reset(inputs[1])
+        assert ours is inputs[0] and theirs is inputs[1]
+        assert _layout(ours) == _layout(theirs)
+        assert leaves(ours) == leaves(theirs)
+        torch.testing.assert_close(tensors(ours), tensors(theirs))
+        prompts = [history_to_messages(td["history"].prompt) for td in (ours, theirs)]
+        assert prompts[0] == prompts[1]
+        if form == "messages":
+            assert prompts[0] == history_to_messages(inputs[0]["query"])
+            rows = ours["history"]._tensordict.tensordicts
+            query_rows = ours["query"]._tensordict.tensordicts
+            assert all(r["prompt"]._tensordict is q for r, q in zip(rows, query_rows))
+
+
+class PreprocessesReset(Transform):
+    """A transform that rewrites the reset's input (as a ``DataLoadingPrimer`` does)."""
+
+    def _reset_env_preprocess(self, tensordict):
+        return tensordict
+
+
+def test_other_resets_go_through_torchrl():
+    """A system prompt, a transform preprocessing the reset, a plain ``ChatEnv``: ``env.reset``.
+    So does a query in another form, or a partial reset."""
+    system = TransformedEnv(
+        ChatEnv(batch_size=(2,), input_mode="history", system_prompt="Be brief."), StepCounter()
+    )
+    assert not _plain_reset(system)
+    assert not _plain_reset(toy_chat_env(batch_size=2).append_transform(PreprocessesReset()))
+    assert not _plain_reset(ChatEnv(batch_size=(2,), input_mode="history"))
+    env = toy_chat_env(batch_size=2, max_steps=2)
+    assert _plain_reset(env)
+    with set_list_to_stack(True), torch.no_grad():
+        td = reset(system, TensorDict({"query": queries(2, "messages")}, batch_size=[2]))
+        assert history_to_messages(td["history"].prompt)[0][0]["content"] == "Be brief."
+        partial = TensorDict(
+            {"query": queries(2, "messages"), "_reset": torch.tensor([[True], [True]])},
+            batch_size=[2],
+        )
+        assert reset(env, partial)["step_count"].flatten().tolist() == [0, 0]

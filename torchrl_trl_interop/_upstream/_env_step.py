@@ -1,4 +1,4 @@
-"""One step of a chat environment and the move to the next, without torchrl's defensive copies.
+"""A chat environment's reset, its step and the move to the next, without torchrl's detours.
 
 ``TransformedEnv.step`` hands its input to ``Transform.inv``, which first copies it
 (``clone(recurse=False)``) so that inverse transforms can write into the copy. On an LLM rollout
@@ -22,18 +22,28 @@ The step's base part is ``ChatEnv``'s own, but for its copy of the conversation:
 deep-copies the step's full History into the next prompt (~1.5 ms for 8 rows); here it gets new
 containers over the same leaves, which protect the input as well (:func:`_next_history`).
 
+:func:`reset` is ``env.reset`` for a ``ChatEnv`` given a batch of conversations (what the online
+loop resets with): ``ChatEnv._reset`` lays the new ``ChatHistory`` out one row per conversation in
+a lazy stack, converts its whole output to a lazy stack, and ``env.reset`` then reads it back into
+the input tensordict, restacking every entry (~0.7 ms for 8 rows, more than the rest of the
+reset). Here the rows are laid out once, as torchrl lays them out (the same objects: each row's
+prompt is the conversation's own row), and the entries are set into the input as they are.
+
 The upstream fixes: copy in ``Transform.inv`` only when a transform has inverse keys; carry
 entries over in ``step_mdp`` without copying them (or copy History leaves as leaves); in
-``ChatEnv._step_history``, copy the History's containers, not its leaves. With those three,
-:func:`step` and :func:`step_mdp` are ``env.step`` and ``env.step_mdp``.
+``ChatEnv._step_history``, copy the History's containers, not its leaves; in ``ChatEnv._reset``,
+return its output without converting it to a lazy stack. With those four, :func:`reset`,
+:func:`step` and :func:`step_mdp` are ``env.reset``, ``env.step`` and ``env.step_mdp``.
 
-The steps read torchrl's internals (the environments' ``_step``, ``_step_proc_data``,
-``_complete_done``, ``_assert_tensordict_shape``, ``_step_mdp``; ``Transform._inv_call`` and
-``_step``) and tensordict's (``_new_unsafe``, a tensorclass's ``_tensordict`` and
+The functions read torchrl's internals (the environments' ``_step``, ``_step_proc_data``,
+``_complete_done``, ``_assert_tensordict_shape``, ``_step_mdp``, ``_reset_check_done``,
+``_supports_set_state``; ``Transform._inv_call``, ``_step``, ``_reset`` and
+``_reset_env_preprocess``; ``ChatEnv._step_history`` and the reset's methods;
+``_update_during_reset``) and tensordict's (``_new_unsafe``, a tensorclass's ``_tensordict`` and
 ``_from_tensordict``): they run on the versions they were measured on
 (:data:`~torchrl_trl_interop._upstream.TORCHRL_MEASURED`,
-:data:`~torchrl_trl_interop._upstream.TENSORDICT_MEASURED`); on any other, :func:`step` is
-``env.step(td)`` and :func:`step_mdp` is ``env.step_mdp(td)``.
+:data:`~torchrl_trl_interop._upstream.TENSORDICT_MEASURED`); on any other, :func:`reset` is
+``env.reset(td)``, :func:`step` is ``env.step(td)`` and :func:`step_mdp` is ``env.step_mdp(td)``.
 """
 
 from __future__ import annotations
@@ -42,7 +52,7 @@ from typing import Any
 
 from ._gate import TENSORDICT_MEASURED, TORCHRL_MEASURED, use_fast
 
-__all__ = ["inverts", "step", "step_mdp"]
+__all__ = ["flat_transforms", "inverts", "reset", "step", "step_mdp"]
 
 #: the internals this module reads (test/test_layout.py checks the list against the code)
 READS = (
@@ -54,10 +64,37 @@ READS = (
     "torchrl.envs.EnvBase._complete_done",
     "torchrl.envs.EnvBase._step_mdp",
     "torchrl.envs.llm.ChatEnv._step_history",
+    "torchrl.envs.EnvBase._reset_check_done",
+    "torchrl.envs.TransformedEnv._reset_proc_data",
+    "torchrl.envs.EnvBase._supports_set_state",
+    "torchrl.envs.Transform._reset",
+    "torchrl.envs.Transform._reset_env_preprocess",
+    "torchrl.envs.llm.ChatEnv._reset",
+    "torchrl.envs.llm.ChatEnv._reset_history",
+    "torchrl.envs.llm.ChatEnv._query_to_history",
+    "torchrl.envs.llm.ChatEnv._align_history_batch",
+    "torchrl.envs.utils._update_during_reset",
     "tensordict.TensorDict._new_unsafe",
     "tensordict.tensorclass._tensordict",
     "tensordict.tensorclass._from_tensordict",
 )
+
+
+def flat_transforms(transform: Any) -> list:
+    """The transforms of ``transform``, those inside a (nested) ``Compose`` too, in the order
+    they run; ``[]`` for ``None``.
+
+    Examples:
+        >>> from torchrl.envs import Compose, StepCounter, UnsqueezeTransform
+        >>> flat = flat_transforms(Compose(StepCounter(), Compose(UnsqueezeTransform(-1))))
+        >>> [type(t).__name__ for t in flat]
+        ['StepCounter', 'UnsqueezeTransform']
+    """
+    from torchrl.envs.transforms import Compose
+
+    if isinstance(transform, Compose):
+        return [t for inner in transform.transforms for t in flat_transforms(inner)]
+    return [] if transform is None else [transform]
 
 
 def inverts(transform: Any) -> bool:
@@ -140,6 +177,95 @@ def step(env: Any, td: Any) -> Any:
     next_td = env.transform._step(td, next_td)
     td.set("next", env._step_proc_data(next_td))
     return td
+
+
+def _plain_reset(env: Any) -> bool:
+    """Whether ``env`` resets exactly as ``TransformedEnv`` over a history-mode ``ChatEnv``
+    resets, with no system prompt, device or state to set, and no transform that rewrites the
+    reset's input."""
+    from torchrl.envs import EnvBase, TransformedEnv
+    from torchrl.envs.llm import ChatEnv
+    from torchrl.envs.transforms import Transform
+
+    base = getattr(env, "base_env", None)
+    if not isinstance(env, TransformedEnv) or not isinstance(base, ChatEnv):
+        return False
+    cls, base_cls = type(env), type(base)
+    return (
+        cls.reset is EnvBase.reset
+        and cls._reset is TransformedEnv._reset
+        and cls._reset_proc_data is TransformedEnv._reset_proc_data
+        and cls._reset_check_done is EnvBase._reset_check_done
+        and base_cls._reset is ChatEnv._reset
+        and base_cls._reset_history is ChatEnv._reset_history
+        and base_cls._query_to_history is ChatEnv._query_to_history
+        and base_cls._align_history_batch is ChatEnv._align_history_batch
+        and base.input_mode == "history"
+        and base.system_prompt is None
+        and base.device is None
+        and not env._supports_set_state
+        and not inverts(env.transform)
+        and all(
+            type(t)._reset_env_preprocess is Transform._reset_env_preprocess
+            for t in flat_transforms(env.transform)
+        )
+    )
+
+
+def reset(env: Any, td: Any) -> Any:
+    """``env.reset(td)``, its new ``ChatHistory`` laid out once, as torchrl lays it out.
+
+    For a ``ChatEnv`` (in a ``TransformedEnv``) reset with a batch of conversations at its
+    ``data_key``, one ``[T]`` History row per conversation in a lazy stack (what
+    :func:`~torchrl_trl_interop.messages_to_history` builds): as ``env.reset``, the transforms'
+    reset runs on the new entries, the done entries are completed and checked, and ``td`` is
+    returned with them, each row's prompt being that conversation's own row. Any other input or
+    environment goes through ``env.reset(td)``.
+
+    Examples:
+        >>> from tensordict import TensorDict
+        >>> from torchrl_trl_interop import messages_to_history
+        >>> from torchrl_trl_interop.testing import toy_chat_env
+        >>> env = toy_chat_env(batch_size=2, max_steps=2)
+        >>> query = messages_to_history([[{"role": "user", "content": "Hi"}]] * 2)
+        >>> td = reset(env, TensorDict({"query": query}, batch_size=[2]))
+        >>> td["history"].prompt.batch_size, td["step_count"].flatten().tolist()
+        (torch.Size([2, 1]), [0, 0])
+    """
+    from tensordict import LazyStackedTensorDict, TensorDict
+    from torchrl.data.llm import History
+    from torchrl.envs.utils import _update_during_reset
+    from torchrl.modules.llm import ChatHistory
+
+    from ._lazy_rows import stack_rows
+
+    if not use_fast(TORCHRL_MEASURED, TENSORDICT_MEASURED) or not _plain_reset(env):
+        return env.reset(td)
+    base = env.base_env
+    query = td.get(base.data_key, None)
+    layout = getattr(query, "_tensordict", None)
+    if (
+        type(query) is not History
+        or type(td) is not TensorDict
+        or td.device is not None
+        or query.batch_size[:-1] != env.batch_size
+        or type(layout) is not LazyStackedTensorDict
+        or layout.stack_dim != 0
+        or not all(type(row) is TensorDict and row.batch_dims == 1 for row in layout.tensordicts)
+        or any(key in td.keys(True) for key in env.reset_keys)
+    ):
+        return env.reset(td)
+    env._assert_tensordict_shape(td)
+    # TransformedEnv._reset: the reset's input is the reset and state keys of td
+    selected = td.select(*env.reset_keys, *env.state_spec.keys(True, True), strict=False)
+    prompts = [History._from_tensordict(row) for row in layout.tensordicts]
+    out = TensorDict._new_unsafe(
+        {"history": stack_rows(ChatHistory, prompt=prompts)}, batch_size=td.batch_size
+    ).update(selected)  # ChatEnv._reset_history, then its update with the input
+    base._complete_done(base.full_done_spec, out)
+    out = env.transform._reset(selected, out)
+    env._reset_check_done(td, out)
+    return _update_during_reset(out, td, env.reset_keys)
 
 
 def _next_history(base: Any, td: Any) -> Any:

@@ -31,7 +31,7 @@ from tensordict.utils import NestedKey
 from .._checks import signed
 from .._conversation import history_to_messages, is_message_list, messages_to_history
 from .._keys import HISTORY_KEY, PROMPT_HISTORY_KEY, key_parts, without_placeholders
-from .._upstream._env_step import step, step_mdp
+from .._upstream._env_step import reset, step, step_mdp
 from ._episodes import find_env_problem
 
 __all__ = [
@@ -178,7 +178,8 @@ def reset_input(
 
 
 def reset_episode(env: Any, td: TensorDict) -> tuple[Any, list[dict[str, Any]]]:
-    """``env.reset(td)`` and the conversation it starts with, as TRL messages.
+    """``env.reset(td)`` (:func:`._env_step.reset`: the same reset, its History laid out once)
+    and the conversation it starts with, as TRL messages.
 
     Examples:
         >>> from torchrl.envs.llm import ChatEnv
@@ -188,7 +189,7 @@ def reset_episode(env: Any, td: TensorDict) -> tuple[Any, list[dict[str, Any]]]:
         [{'role': 'user', 'content': 'Hi'}]
     """
     with set_list_to_stack(True), torch.no_grad():
-        td = env.reset(td)
+        td = reset(env, td)
         return td, conversation(td.get(PROMPT_HISTORY_KEY))
 
 

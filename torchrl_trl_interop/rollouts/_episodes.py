@@ -26,7 +26,7 @@ from .._checks import signed
 from .._conversation import history_to_messages, is_message_list, messages_to_history
 from .._keys import POLICY_VERSION_KEY, placeholder_turn, without_placeholders
 from .._padding import pad_rows, position_mask
-from .._upstream._env_step import step, step_mdp
+from .._upstream._env_step import reset, step, step_mdp
 from ._policy_output import PolicyKeys, read_policy_rows
 from ._render import render, turn_closing
 from ._tools import env_transforms
@@ -155,7 +155,7 @@ class _Episodes:
             query = messages_to_history(_same_length(prompts))
         else:
             query = NonTensorStack(*prompts)
-        return self.env.reset(TensorDict({base.data_key: query}, batch_size=self.env.batch_size))
+        return reset(self.env, TensorDict({base.data_key: query}, batch_size=self.env.batch_size))
 
     def policy_step(self, td: Any, rows: list[RolloutRow], turn: int) -> Any:
         if turn > 0:  # token-first: the policy continues from exactly the rollout's tokens

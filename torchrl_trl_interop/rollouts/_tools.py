@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .._checks import as_mapping, signed
+from .._upstream._env_step import flat_transforms
 from .._upstream._tools import (
     mcp_tools,
     process_one,
@@ -289,16 +290,7 @@ def service_signature(service: Any) -> Callable[[str], ToolSignature]:
 
 def env_transforms(env: Any) -> list:
     """Every transform of ``env`` (a ``TransformedEnv``), in order, those inside a ``Compose`` too."""
-    from torchrl.envs.transforms import Compose
-
-    found, stack = [], [getattr(env, "transform", None)]
-    while stack:
-        t = stack.pop(0)
-        if isinstance(t, Compose):
-            stack[:0] = list(t.transforms)
-        elif t is not None:
-            found.append(t)
-    return found
+    return flat_transforms(getattr(env, "transform", None))
 
 
 def tool_transforms(env: Any) -> list:
