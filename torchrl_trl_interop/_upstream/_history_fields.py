@@ -159,7 +159,10 @@ def history_column(batch: Any, key: tuple[str, ...]) -> tuple[list, list] | None
     if not use_fast(TENSORDICT_MEASURED):
         return None
     rows = row_entries(batch, key)
-    if rows is None or not all(type(h) is History and h.ndim == 1 for h in rows):
+    # each row's turns: its tensordict's one dimension (``h.ndim``, a tensorclass call, ~0.5 us)
+    if rows is None or not all(
+        type(h) is History and len(h._tensordict.batch_size) == 1 for h in rows
+    ):
         return None
     fields = [_layout_fields(h._tensordict, 1) for h in rows]
     if not all(f is not None for f in fields):
