@@ -55,28 +55,20 @@ from ._gate import TENSORDICT_MEASURED, TORCHRL_MEASURED, use_fast
 __all__ = ["flat_transforms", "inverts", "reset", "step", "step_mdp"]
 
 #: the internals this module reads (test/test_layout.py checks the list against the code)
-READS = (
-    "torchrl.envs.Transform._inv_call",
-    "torchrl.envs.Transform._step",
-    "torchrl.envs.EnvBase._step",
-    "torchrl.envs.EnvBase._step_proc_data",
-    "torchrl.envs.EnvBase._assert_tensordict_shape",
-    "torchrl.envs.EnvBase._complete_done",
-    "torchrl.envs.EnvBase._step_mdp",
-    "torchrl.envs.llm.ChatEnv._step_history",
-    "torchrl.envs.EnvBase._reset_check_done",
-    "torchrl.envs.TransformedEnv._reset_proc_data",
-    "torchrl.envs.EnvBase._supports_set_state",
-    "torchrl.envs.Transform._reset",
-    "torchrl.envs.Transform._reset_env_preprocess",
-    "torchrl.envs.llm.ChatEnv._reset",
-    "torchrl.envs.llm.ChatEnv._reset_history",
-    "torchrl.envs.llm.ChatEnv._query_to_history",
-    "torchrl.envs.llm.ChatEnv._align_history_batch",
-    "torchrl.envs.utils._update_during_reset",
-    "tensordict.TensorDict._new_unsafe",
-    "tensordict.tensorclass._tensordict",
-    "tensordict.tensorclass._from_tensordict",
+READS = tuple(
+    f"{owner}.{name}"
+    for owner, names in {
+        "torchrl.envs.Transform": "_inv_call _step _reset _reset_env_preprocess",
+        "torchrl.envs.EnvBase": "_step _step_proc_data _assert_tensordict_shape _complete_done "
+        "_step_mdp _reset_check_done _supports_set_state",
+        "torchrl.envs.TransformedEnv": "_reset_proc_data",
+        "torchrl.envs.llm.ChatEnv": "_step_history _reset _reset_history _query_to_history "
+        "_align_history_batch",
+        "torchrl.envs.utils": "_update_during_reset",
+        "tensordict.TensorDict": "_new_unsafe",
+        "tensordict.tensorclass": "_tensordict _from_tensordict",
+    }.items()
+    for name in names.split()
 )
 
 

@@ -31,7 +31,15 @@ from .._checks import (
     signed,
     speaking_for,
 )
-from .._keys import DONE_KEY, HISTORY_KEY, PLACEHOLDER_ROLE, REWARD_KEY, as_nested_key, keys_present
+from .._keys import (
+    DONE_KEY,
+    HISTORY_KEY,
+    PLACEHOLDER_ROLE,
+    REWARD_KEY,
+    as_nested_key,
+    key_parts,
+    keys_present,
+)
 from .._upstream._env_step import flat_transforms
 from .._upstream._history_fields import history_fields
 from ._from_trl import TRLRewardFuncWrapper
@@ -40,6 +48,9 @@ from ._scoring import check_nonfinite
 from ._to_trl import module_reward_key as _module_reward_key
 
 __all__ = ["RewardTransform", "as_reward_transform"]
+
+#: the arguments that configure TRL reward functions (a TensorDict module is configured on its own)
+_FUNC_ARGS = ("prompt_key", "completion_key", "completion_ids_key", "kwargs_keys", "weights")
 
 
 class RewardTransform(Transform):
@@ -165,14 +176,8 @@ class RewardTransform(Transform):
     ) -> None:
         check_nonfinite(nonfinite)
         if isinstance(module, TensorDictModuleBase):
-            func_args = {
-                "prompt_key": prompt_key,
-                "completion_key": completion_key,
-                "completion_ids_key": completion_ids_key,
-                "kwargs_keys": kwargs_keys,
-                "weights": weights,
-            }
-            given = sorted(arg for arg, value in func_args.items() if value is not None)
+            passed = locals()
+            given = sorted(arg for arg in _FUNC_ARGS if passed[arg] is not None)
             if given:
                 raise TypeError(
                     signed(
@@ -251,13 +256,8 @@ class RewardTransform(Transform):
         environment's specs (as ``StepCounter`` adds ``truncated``) or names one in its
         ``out_keys``. Checked again whenever the environment's transforms change.
         """
-        if not self.only_done:
-            return
-        try:
-            env = self.container
-        except AttributeError:  # not in an environment (yet)
-            return
-        if not isinstance(env, TransformedEnv):
+        env = getattr(self, "container", None)  # None: not in an environment (yet)
+        if not self.only_done or not isinstance(env, TransformedEnv):
             return
         transforms = flat_transforms(env.transform)
         if len(transforms) == self._order_checked:
@@ -321,8 +321,8 @@ class RewardTransform(Transform):
         flat = tensordict.reshape(-1) if tensordict.ndim != 1 else tensordict
         if not bool(rows.all()):
             return flat.select(*self.in_keys)[rows.nonzero().squeeze(-1)]  # index what is read
-        roots = {k if isinstance(k, str) else k[0] for k in self.in_keys}
-        written = {k if isinstance(k, str) else k[0] for k in self.module.out_keys}
+        roots = {key_parts(k)[0] for k in self.in_keys}
+        written = {key_parts(k)[0] for k in self.module.out_keys}
         if isinstance(self.module, TRLRewardFuncWrapper) and not roots & written:
             return flat.select(*roots)
         return flat.select(*self.in_keys)
