@@ -25,7 +25,11 @@ from torchrl_trl_interop._upstream import (
     plain_upstream,
     use_fast,
 )
-from torchrl_trl_interop._upstream._history_fields import non_tensor_payloads, row_entries
+from torchrl_trl_interop._upstream._history_fields import (
+    history_column,
+    non_tensor_payloads,
+    row_entries,
+)
 from torchrl_trl_interop._upstream._lazy_rows import holds_field, tensorclass_over, text_stack
 
 pytestmark = pytest.mark.usefixtures("upstream_branch")
@@ -93,6 +97,30 @@ class TestTensordictReaders:
             assert type(a) is type(b) and a.__dict__.keys() == b.__dict__.keys()
             assert a._non_tensordict == b._non_tensordict
             assert a._tensordict.batch_size == b._tensordict.batch_size
+
+    @pytest.mark.parametrize("build", ["from_chats", "messages_to_history", "both"])
+    def test_history_column(self, build, upstream_branch):
+        """Per row, the roles and contents of its ``[T]`` History (ragged: 1 to 3 turns), as
+        the tensorclass gives them, whatever each row's layout; ``None`` (read through
+        ``batch.get``) off the measured versions and when a row holds tool calls."""
+        chats = [
+            [{"role": "user", "content": "Hi"}],
+            [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "2+2?"}],
+            [{"role": "user", "content": "1+1?"}, {"role": "assistant", "content": "2"}] * 2,
+        ]
+        builds = {"from_chats": History.from_chats, "messages_to_history": messages_to_history}
+        make = [builds[build if build != "both" else list(builds)[i % 2]] for i in range(3)]
+        rows = [TensorDict({"h": {"full": f([c])[0]}}) for f, c in zip(make, chats)]
+        column = history_column(lazy_stack(rows), ("h", "full"))
+        if upstream_branch == "plain":
+            assert column is None
+            return
+        roles = [[m["role"] for m in c] for c in chats]
+        contents = [[m["content"] for m in c] for c in chats]
+        assert column == (roles, contents)
+        assert [row["h", "full"].role for row in rows] == roles  # what the tensorclass reads
+        calls = TensorDict({"h": {"full": messages_to_history(self.CHATS[1])}})
+        assert history_column(lazy_stack([*rows, calls]), ("h", "full")) is None
 
     @pytest.mark.parametrize("chat", [0, 1])
     def test_holds_field(self, chat):

@@ -21,6 +21,7 @@ reads the payloads in one walk, without building a tensorclass per turn (tensord
 
 from __future__ import annotations
 
+from operator import itemgetter
 from typing import TYPE_CHECKING, Any
 
 from tensordict import LazyStackedTensorDict, NonTensorData, NonTensorStack, TensorDict
@@ -164,28 +165,52 @@ def history_column(batch: Any, key: tuple[str, ...]) -> tuple[list, list] | None
         type(h) is History and len(h._tensordict.batch_size) == 1 for h in rows
     ):
         return None
-    fields = [_layout_fields(h._tensordict, 1) for h in rows]
+    tds = [h._tensordict for h in rows]
+    if all(type(td) is LazyStackedTensorDict and td.stack_dim == 0 for td in tds):
+        # lazy stacks of turns (``History.from_chats``, TorchRL's wrappers): every row's turns
+        # read in one pass, then cut back into rows
+        turns = [td.tensordicts for td in tds]
+        fields = _turn_fields([t for row in turns for t in row], ("role", "content"), False)
+        if fields is not None and all(turns):
+            return _cut(fields[0], turns), _cut(fields[1], turns)
+    fields = [_layout_fields(td, 1) for td in tds]
     if not all(f is not None for f in fields):
         return None
     return [r for r, _ in fields], [c for _, c in fields]
 
 
+def _cut(values: list, rows: list[list]) -> list[list]:
+    """``values`` (one per turn, rows one after the other) cut into one list per row."""
+    out, start = [], 0
+    for row in rows:
+        out.append(values[start : start + len(row)])
+        start += len(row)
+    return out
+
+
 def _turn_fields(turns: list, names: tuple[str, ...], exact: bool) -> tuple | None:
     """The fields ``names`` of per-turn TensorDicts (no batch dimension), what
-    :func:`_layout_values` reads for them, without a call per turn; ``None`` for any other."""
-    values: tuple[list, ...] = tuple([] for _ in names)
+    :func:`_layout_values` reads for them; ``None`` for any other.
+
+    One pass, each turn's entries read once: the turns of a column lie apart in memory, and a
+    pass a field reads them twice (~1.8x the time on 9k turns)."""
+    get = itemgetter(*names) if len(names) > 1 else lambda fields: (fields[names[0]],)
+    n, payloads = len(names), []
     for turn in turns:
         if type(turn) is not TensorDict or turn._batch_size:
             return None
         fields = turn._tensordict
-        if not _holds(fields, names, exact):
+        if len(fields) != n if exact else "tool_calls" in fields:
             return None
-        for name, column in zip(names, values):
-            value = fields.get(name)
+        try:
+            values = get(fields)
+        except KeyError:
+            return None
+        for value in values:
             if type(value) is not NonTensorData:
                 return None
-            column.append(value._non_tensordict["data"])
-    return values
+            payloads.append(value._non_tensordict["data"])
+    return tuple(payloads[i::n] for i in range(n))
 
 
 def history_messages(history: History) -> list:
