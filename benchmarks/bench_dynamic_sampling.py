@@ -3,7 +3,7 @@
 A toy Llama is warm-started with TRL's ``SFTTrainer`` on a sloppy teacher that adds right only
 ``--accuracy`` of the time (:func:`~torchrl_trl_interop.testing.arithmetic_chats`), so that the
 sparse reward :func:`~torchrl_trl_interop.testing.correct_answer`, computed in the environment
-(``as_reward_transform``), leaves most GRPO groups with no spread. From that one checkpoint,
+(``RewardTransform``), leaves most GRPO groups with no spread. From that one checkpoint,
 ``GRPOTrainer(rollout_func=as_trl_rollout_func(env, candidate_group_size=K))`` trains for
 ``--steps`` steps, the same seed, once per ``K`` (``plain``: no candidates).
 
@@ -33,7 +33,7 @@ demo_setup(seed=0, threads=1)
 
 import torch  # noqa: E402
 
-from torchrl_trl_interop import as_reward_transform, as_trl_rollout_func  # noqa: E402
+from torchrl_trl_interop import RewardTransform, as_trl_rollout_func  # noqa: E402
 from torchrl_trl_interop.testing import (  # noqa: E402
     arithmetic_chats,
     arithmetic_questions,
@@ -102,7 +102,7 @@ def run(
     questions = arithmetic_questions()
     data = Dataset.from_dict({"prompt": [[{"role": "user", "content": q}] for q in questions]})
     env_batch = groups * (candidates or GROUP)  # one environment batch per step
-    env = toy_chat_env(tok, batch_size=env_batch, transforms=[as_reward_transform(correct_answer)])
+    env = toy_chat_env(tok, batch_size=env_batch, transforms=[RewardTransform(correct_answer)])
     rollout_func = as_trl_rollout_func(env, candidate_group_size=candidates)
     sampled: list[list[float]] = []  # every candidate's reward, per call
     rollout = rollout_func._rollout

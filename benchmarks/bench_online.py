@@ -53,7 +53,7 @@ def _trainer(variant: str, model, tok, out_dir: str, *, steps: int, beta: float,
     from datasets import Dataset
     from trl import GRPOConfig, GRPOTrainer
 
-    from torchrl_trl_interop import as_reward_transform, as_trl_rollout_func
+    from torchrl_trl_interop import RewardTransform, as_trl_rollout_func
     from torchrl_trl_interop.testing import IM_START, toy_chat_env, toy_grpo_args, toy_prompts
 
     data = Dataset.from_dict(
@@ -65,7 +65,7 @@ def _trainer(variant: str, model, tok, out_dir: str, *, steps: int, beta: float,
             tok,
             batch_size=8,
             reply=TURNS[variant] == 2,
-            transforms=[as_reward_transform(answer_length)],
+            transforms=[RewardTransform(answer_length)],
         )
         rollout_func = as_trl_rollout_func(env, max_turns=TURNS[variant])
         reward = env_reward

@@ -6,7 +6,8 @@ fields stack every turn (what :func:`~torchrl_trl_interop.messages_to_history` b
 ``LazyTensorStorage`` returns), and any nesting of the two. :func:`history_fields` reads
 ``(roles, contents)`` from the ``NonTensorData`` / ``NonTensorStack`` payloads in one walk, for
 every layout, and falls back to tensordict's ``tolist`` for any other; :func:`history_column`
-reads a column of ``[T]`` Histories row by row without building the stacked History;
+reads a column of ``[T]`` Histories without building the stacked History (the turns of every
+row in one pass when each row is a lazy stack of turns, else row by row);
 :func:`history_messages` reads every turn's dict (what ``tolist`` gives) the same way.
 
 The walk reads tensordict's internals (a ``TensorDict``'s entry dict ``_tensordict``, its
