@@ -161,18 +161,20 @@ def history_column(batch: Any, key: tuple[str, ...]) -> tuple[list, list] | None
     if not use_fast(TENSORDICT_MEASURED):
         return None
     rows = row_entries(batch, key)
-    # each row's turns: its tensordict's one dimension (``h.ndim``, a tensorclass call, ~0.5 us)
-    if rows is None or not all(
-        type(h) is History and len(h._tensordict.batch_size) == 1 for h in rows
-    ):
+    if rows is None or not all(type(h) is History for h in rows):
         return None
     tds = [h._tensordict for h in rows]
-    if all(type(td) is LazyStackedTensorDict and td.stack_dim == 0 for td in tds):
+    # each row's turns: its tensordict's one dimension (``h.ndim``, a tensorclass call, ~0.5 us)
+    if not all(len(td.batch_size) == 1 for td in tds):
+        return None
+    if all(
+        type(td) is LazyStackedTensorDict and td.stack_dim == 0 and td.tensordicts for td in tds
+    ):
         # lazy stacks of turns (``History.from_chats``, TorchRL's wrappers): every row's turns
         # read in one pass, then cut back into rows
         turns = [td.tensordicts for td in tds]
         fields = _turn_fields([t for row in turns for t in row], ("role", "content"), False)
-        if fields is not None and all(turns):
+        if fields is not None:
             return _cut(fields[0], turns), _cut(fields[1], turns)
     fields = [_layout_fields(td, 1) for td in tds]
     if not all(f is not None for f in fields):
@@ -190,18 +192,17 @@ def _cut(values: list, rows: list[list]) -> list[list]:
 
 
 def _turn_fields(turns: list, names: tuple[str, ...], exact: bool) -> tuple | None:
-    """The fields ``names`` of per-turn TensorDicts (no batch dimension), what
+    """The fields ``names`` (two or more) of per-turn TensorDicts (no batch dimension), what
     :func:`_layout_values` reads for them; ``None`` for any other.
 
     One pass, each turn's entries read once: the turns of a column lie apart in memory, and a
     pass a field reads them twice (~1.8x the time on 9k turns)."""
-    get = itemgetter(*names) if len(names) > 1 else lambda fields: (fields[names[0]],)
-    n, payloads = len(names), []
+    get, n, payloads = itemgetter(*names), len(names), []
     for turn in turns:
         if type(turn) is not TensorDict or turn._batch_size:
             return None
         fields = turn._tensordict
-        if len(fields) != n if exact else "tool_calls" in fields:
+        if not _holds(fields, names, exact):
             return None
         try:
             values = get(fields)
