@@ -7,9 +7,12 @@ turns, the tokens the environment added. From the second turn on the policy is g
 tokens (``("tokens", "prompt")``, read with ``prefer_tokens=True``), so ``prompt + completion``
 is what the model saw and produced; nothing is re-tokenized.
 
-The environment's tokens are the text its next prompt adds to the conversation (rendered with the
-policy's chat template), preceded by the template's close of the assistant turn (ChatML:
-``<|im_end|>\\n``, less an eos token the policy already generated).
+Every token comes from one chat format (:class:`~torchrl_trl_interop._chat_format.ChatFormat`:
+the tokenizer's own template, or the one the caller names): the first prompt is the template's
+rendering of the conversation (``apply_chat_template(..., add_generation_prompt=True)``, given to
+the policy as tokens), each answer is read back with the template's own markers (its turn ends
+at a stop token), and the environment's tokens are what the template writes after the answer:
+the rest of the answer's closing, the environment's turns and the next generation prompt.
 """
 
 from __future__ import annotations
@@ -22,16 +25,16 @@ import torch
 from tensordict import NonTensorStack, TensorDict, set_list_to_stack
 from tensordict.utils import NestedKey
 
+from .._chat_format import ChatFormat, answer_turn
 from .._checks import signed
 from .._conversation import history_to_messages, is_message_list, messages_to_history
-from .._keys import POLICY_VERSION_KEY, placeholder_turn, without_placeholders
+from .._keys import POLICY_VERSION_KEY, key_parts, placeholder_turn, without_placeholders
 from .._padding import pad_rows, position_mask
 from .._upstream._env_step import reset, step, step_mdp
-from ._policy_output import PolicyKeys, read_policy_rows
-from ._render import render, turn_closing
-from ._tools import env_transforms
+from ._policy_output import PolicyKeys, extend_history, read_policy_rows, stack_rows
+from ._tools import env_transforms, tool_transforms
 
-__all__ = ["REWARDED_KEY", "RolloutRow", "find_env_problem", "run_episodes"]
+__all__ = ["REWARDED_KEY", "RolloutRow", "env_reply_roles", "find_env_problem", "run_episodes"]
 
 #: torchrl's placeholder turn, which fills a batch of conversations to one length
 #: beside a step's reward, whether the environment gave one (``OpenEnvChatEnv`` writes it: an
@@ -58,6 +61,7 @@ class RolloutRow:
     env_reward: float | None = None
     policy_version: int | None = None
     active: bool = True
+    last_answer: list[int] = field(default_factory=list)  # the policy's last turn, as sampled
 
     def extend(self, ids: Sequence[int], logprobs: Sequence[float] | None, from_env: bool) -> None:
         self.completion_ids.extend(ids)
@@ -103,6 +107,19 @@ def find_env_problem(env: Any, *, own_prompts: bool = False) -> tuple[type[Excep
     return None
 
 
+def env_reply_roles(env: Any) -> list[str]:
+    """The roles of the turns ``env`` may add between two answers: its tool transforms'
+    ``tool_role`` (torchrl's default ``"tool"``), and ``"user"`` (an environment's reply).
+
+    Examples:
+        >>> from torchrl_trl_interop.testing import toy_chat_env
+        >>> env_reply_roles(toy_chat_env(reply=True)), env_reply_roles(toy_chat_env())
+        (['tool', 'user'], ['user'])
+    """
+    roles = [getattr(t, "tool_role", "tool") or "tool" for t in tool_transforms(env)]
+    return list(dict.fromkeys([*roles, "user"]))
+
+
 def _to_messages(history: Any) -> list[list[dict[str, Any]]]:
     """Each conversation of ``history`` (``[B, T]``) as TRL messages, converted in one pass.
 
@@ -142,12 +159,18 @@ def _same_length(conversations: list[list[dict]]) -> list[list[dict]]:
 class _Episodes:
     """One batch of episodes in flight (``env.batch_size`` of them)."""
 
-    def __init__(self, env, policy, tokenizer, read_logprobs) -> None:
+    def __init__(self, env, policy, tokenizer, read_logprobs, chat, stop_ids) -> None:
         self.env = env
         self.policy = policy
         self.tokenizer = tokenizer
         self.read_logprobs = read_logprobs
+        self.chat = chat
+        self.stop_ids = stop_ids
         self.keys = PolicyKeys.of(policy)
+        #: the policy reads the prompt tokens it is given (torchrl's ``prefer_tokens=True``)
+        self.takes_tokens = bool(getattr(policy, "prefer_tokens", False))
+        #: the policy writes its answers as this chat format reads them (the package's own)
+        self.parses_answers = getattr(policy, "chat_format", None) is chat
 
     def reset(self, prompts: list) -> Any:
         base = getattr(self.env, "base_env", self.env)
@@ -157,20 +180,32 @@ class _Episodes:
             query = NonTensorStack(*prompts)
         return reset(self.env, TensorDict({base.data_key: query}, batch_size=self.env.batch_size))
 
+    def _give_tokens(self, td: Any, sequences: list[list[int]]) -> None:
+        """The prompt tokens the policy continues from, left-padded as torchrl's wrappers read
+        them; a policy that reads it also gets the mask that tells the real tokens (the pad id
+        may be an eos id the rows hold)."""
+        tensors = [torch.tensor(s, dtype=torch.long) for s in sequences]
+        lengths = torch.tensor([len(s) for s in sequences])
+        pad = getattr(self.policy, "padding_value", None)
+        pad = self.tokenizer.pad_token_id if pad is None else pad
+        td.set(self.keys.prompt_tokens, pad_rows(tensors, pad, padding_side="left"))
+        if getattr(self.policy, "reads_prompt_mask", False):
+            td.set(self.keys.attention_mask, position_mask(lengths, int(lengths.max()), "left"))
+
     def policy_step(self, td: Any, rows: list[RolloutRow], turn: int) -> Any:
-        if turn > 0:  # token-first: the policy continues from exactly the rollout's tokens
-            sequences = [torch.tensor(r.prompt_ids + r.completion_ids) for r in rows]
-            lengths = torch.tensor([len(s) for s in sequences])
-            pad = getattr(self.policy, "padding_value", None)
-            pad = self.tokenizer.pad_token_id if pad is None else pad
-            # left-padded, as torchrl's wrappers read prompts; a policy that reads it also gets
-            # the mask that tells the real tokens (the pad id may be an eos id the rows hold)
-            td.set(self.keys.prompt_tokens, pad_rows(sequences, pad, padding_side="left"))
-            if getattr(self.policy, "reads_prompt_mask", False):
-                mask = position_mask(lengths, int(lengths.max()), "left")
-                td.set(self.keys.attention_mask, mask)
+        rendered = None
+        if turn == 0:  # the template's rendering of each conversation, as TRL prompts
+            rendered = self.chat.prompt_ids(_to_messages(td.get(self.keys.prompt_history)))
+            if self.takes_tokens:
+                self._give_tokens(td, rendered)
+        else:  # token-first: the policy continues from exactly the rollout's tokens
+            self._give_tokens(td, [r.prompt_ids + r.completion_ids for r in rows])
         td = self.policy(td)
         out = read_policy_rows(td, self.keys, log_probs=self.read_logprobs)
+        if rendered is not None and not self.takes_tokens:
+            self._check_own_render(out.prompts, rendered)
+        if not self.parses_answers:
+            td = self._answered(td, out.responses)
         conversations = _to_messages(td.get(self.keys.full_history))  # before tools extend it
         versions = td.get(POLICY_VERSION_KEY, None)
         if isinstance(versions, torch.Tensor):
@@ -199,48 +234,57 @@ class _Episodes:
                     )
                 )
             row.extend(out.responses[i], None if out.log_probs is None else out.log_probs[i], False)
+            row.last_answer = list(out.responses[i])
             row.history = conversations[i]
         return td
 
-    def env_tokens(self, td: Any, rows: list[RolloutRow], answered: list[str], turn: int) -> None:
-        """Appends, per active row, the tokens the environment added before the next turn.
-
-        ``answered`` is each conversation rendered up to the turn just taken, before the step
-        (tool transforms extend that History in place). Parsed answers are not compared with the
-        sampled text: torchrl strips whitespace from them.
-        """
-        texts = render(
-            td.get(self.keys.prompt_history),
-            self.policy,
-            self.tokenizer,
-            add_generation_prompt=True,
-        )
-        closing = turn_closing(self.policy, self.tokenizer)
-        added = {}  # per active row, the text the environment added
-        for i, row in enumerate(rows):
-            if not row.active:
-                continue
-            if not texts[i].startswith(answered[i]):
+    def _check_own_render(self, prompts: list[list[int]], rendered: list[list[int]]) -> None:
+        """A policy that renders the conversation itself must render what the chat format does."""
+        for i, (ids, expected) in enumerate(zip(prompts, rendered)):
+            if ids != expected:
+                own = self.tokenizer.decode(ids, skip_special_tokens=False)
                 raise ValueError(
                     signed(
-                        f"after turn {turn} the chat template renders rollout {i}'s next prompt "
-                        f"({texts[i][-200:]!r}) as text that does not extend the conversation so "
-                        f"far ({answered[i][-200:]!r}). Multi-turn rollouts need a template that "
-                        "renders earlier turns unchanged (templates that drop past reasoning do "
-                        "not); use max_turns=1 or such a template."
+                        f"the policy {type(self.policy).__name__} prompted rollout {i} with "
+                        f"{own[-200:]!r}, not with {self.chat.name}'s rendering of the "
+                        f"conversation ({self.tokenizer.decode(expected)[-200:]!r}): it renders "
+                        "with another chat template (torchrl's LLM wrappers pick one from "
+                        "tokenizer.name_or_path unless one is named). Build it with "
+                        "prefer_tokens=True (it then reads the rollout's tokens) or with "
+                        "chat_template=tokenizer.chat_template."
                     )
                 )
-            close = closing
-            last = row.completion_ids[-1] if row.completion_ids else None
-            if last in self.tokenizer.all_special_ids:
-                eos_text = self.tokenizer.decode([last], skip_special_tokens=False)
-                if close.startswith(eos_text):
-                    close = close[len(eos_text) :]
-            added[i] = close + texts[i][len(answered[i]) :]
-        if added:  # tokenized in one call
-            ids = self.tokenizer(list(added.values()), add_special_tokens=False)["input_ids"]
-            for i, row_ids in zip(added, ids):
-                rows[i].extend(list(row_ids), None, True)
+
+    def _answered(self, td: Any, responses: list[list[int]]) -> Any:
+        """``td`` with each row's answer read from its tokens with the chat format (its content
+        up to the stop token), as the conversation's next assistant turn: what the environment
+        steps with, whatever template the policy's own parser assumed."""
+        from torchrl.modules.llm import ChatHistory
+
+        prompt = td.get(self.keys.prompt_history)
+        prompts = list(prompt.unbind(0))
+        answers = [answer_turn(*self.chat.answer(ids, self.stop_ids)) for ids in responses]
+        full = [extend_history(p, a) for p, a in zip(prompts, answers)]
+        chat = stack_rows(ChatHistory, prompt=prompts, response=answers, full=full)
+        td.set(key_parts(self.keys.full_history)[:-1], chat)
+        return td
+
+    def env_tokens(self, td: Any, rows: list[RolloutRow]) -> None:
+        """Appends, per active row, the tokens the environment added before the next turn: what
+        the chat template writes after the row's last answer (the rest of its closing, the
+        environment's turns, the next generation prompt), tokenized as the template's text."""
+        active = [i for i, r in enumerate(rows) if r.active]
+        if not active:
+            return
+        conversations = _to_messages(td.get(self.keys.prompt_history))
+        added = self.chat.added_after(
+            [conversations[i] for i in active],
+            [len(rows[i].history) - 1 for i in active],  # the answer: the last turn it holds
+            [rows[i].last_answer for i in active],
+            self.stop_ids,
+        )
+        for i, row_ids in zip(active, self.chat.encode(added)):
+            rows[i].extend(row_ids, None, True)
 
 
 def _add_rewards(rows: list[RolloutRow], td: Any, reward_key: NestedKey) -> None:
@@ -270,13 +314,19 @@ def run_episodes(
     reward_key: NestedKey,
     done_key: NestedKey,
     lockstep: Any = None,
+    chat: ChatFormat | None = None,
+    stop_ids: Sequence[int] = (),
 ) -> list[RolloutRow]:
     """Runs ``len(prompts) == env.batch_size[0]`` episodes of at most ``max_turns`` policy turns.
 
     An episode stops when ``done_key`` is set after a step or after ``max_turns`` turns. Rewards at
     ``reward_key`` are summed over its turns, except those of steps whose ``"rewarded"`` entry
-    beside it is False (no reward given: ``OpenEnvChatEnv``); never rewarded, ``None``. ``read_logprobs=False`` leaves the policy's tokens
-    at log-prob 0.0, to be scored afterwards.
+    beside it is False (no reward given: ``OpenEnvChatEnv``); never rewarded, ``None``.
+    ``read_logprobs=False`` leaves the policy's tokens at log-prob 0.0, to be scored afterwards.
+
+    ``chat`` renders every token (defaults to the tokenizer's own template); ``stop_ids`` are
+    the ids that end an answer besides the tokenizer's eos and the template's end of turn (the
+    generation config's eos list).
 
     With a ``lockstep`` (a :class:`~torchrl_trl_interop.rollouts._ranks.Lockstep`: several
     ranks whose every forward is a collective), the turns go on while any rank has a live
@@ -286,11 +336,12 @@ def run_episodes(
     Raises:
         KeyError: if ``read_logprobs`` and the policy writes no ``("log_probs", "response")``.
         RuntimeError: if, from the second turn, the policy did not continue from the given tokens.
-        ValueError: if the policy's attention mask does not span a row's prompt and response, or
-            the chat template does not render the next prompt as an extension of the
-            conversation so far.
+        ValueError: if the policy's attention mask does not span a row's prompt and response, a
+            policy rendering its prompt itself renders another one, or the chat template cannot
+            render a conversation.
     """
-    episodes = _Episodes(env, policy, tokenizer, read_logprobs)
+    chat = ChatFormat.of(tokenizer) if chat is None else chat
+    episodes = _Episodes(env, policy, tokenizer, read_logprobs, chat, list(stop_ids))
     rows = [RolloutRow() for _ in prompts]
     with set_list_to_stack(True), torch.no_grad():
         td = episodes.reset(prompts)
@@ -302,9 +353,6 @@ def run_episodes(
                     break
                 continue
             td = episodes.policy_step(td, rows, turn)
-            if not last_turn:
-                full = td.get(episodes.keys.full_history)
-                answered = render(full, policy, tokenizer, add_generation_prompt=False)
             td = step(env, td)
             _add_rewards(rows, td, reward_key)
             done = td.get(done_key, None)
@@ -320,5 +368,5 @@ def run_episodes(
                 break
             if active:
                 td = step_mdp(env, td)
-                episodes.env_tokens(td, rows, answered, turn)
+                episodes.env_tokens(td, rows)
     return rows

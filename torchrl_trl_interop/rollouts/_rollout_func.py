@@ -19,11 +19,12 @@ from typing import TYPE_CHECKING, Any
 from tensordict.utils import NestedKey
 from torchrl.modules.llm import TransformersWrapper
 
+from .._chat_format import ChatFormat
 from .._checks import boundary, check_bool, check_positive_int, is_int, require, signed
 from .._keys import NEXT_DONE_KEY, NEXT_REWARD_KEY, POLICY_VERSION_KEY, as_nested_key
 from ..weights._staleness import check_max_staleness, check_staleness
 from ._dynamic_sampling import check_candidate_group_size, sample_candidates
-from ._episodes import RolloutRow, find_env_problem, run_episodes
+from ._episodes import RolloutRow, env_reply_roles, find_env_problem, run_episodes
 from ._final_answer import FINAL_ANSWER, FINAL_ANSWER_IDS, final_answer_ids, warn_completions_only
 from ._policy_checks import check_policy, check_same_tokenizer, check_same_turn_counts
 from ._ranks import Lockstep, Ranks, check_prompt_slice, check_same_calls, generation_guard
@@ -32,6 +33,8 @@ from ._trainer import (
     group_size,
     log_metrics,
     sampling_temperature,
+    trainer_chat_template,
+    trainer_eos_ids,
     trainer_generation_config,
     trainer_reward_funcs,
     trainer_tokenizer,
@@ -75,7 +78,8 @@ class _EnvRolloutFunc:
         self.reward_key = reward_key
         self.done_key = done_key
         self.__name__ = "torchrl_env_rollout"
-        self._default: tuple[int, Any] | None = None  # (id of the model, policy built around it)
+        #: ((id of the model, chat format), the default policy built around them)
+        self._default: tuple[tuple[int, Any], Any] | None = None
         self._checked: set[int] = set()
         self._warned = False
         self._warned_plain_text = False
@@ -94,16 +98,41 @@ class _EnvRolloutFunc:
         # torchrl 0.14.1's own wrapper: first-token log-prob is 0.0
         return isinstance(self.policy, TransformersWrapper)
 
+    def _chat_format(self, trainer: Any, tokenizer: Any) -> ChatFormat:
+        """How this call's conversations become tokens: the template the policy names, else the
+        one the trainer renders with (its tokenizer's own, or TRL's training variant), with the
+        trainer's ``chat_template_kwargs``; for several turns, one that renders each
+        conversation as its first turns continued (:meth:`ChatFormat.for_turns`)."""
+        template, kwargs = trainer_chat_template(trainer)
+        names = self.policy is not None and (
+            getattr(self.policy, "chat_template", None) is not None
+            or getattr(self.policy, "chat_template_name", None) is not None
+        )
+        if names:
+            chat = ChatFormat.of_policy(self.policy, tokenizer, kwargs)
+        else:
+            chat = ChatFormat.of(tokenizer, chat_template=template, template_kwargs=kwargs)
+        if self.max_turns > 1:
+            chat = chat.for_turns(env_reply_roles(self.env))
+        return chat
+
     def _policy_for(
-        self, trainer: Any, tokenizer: Any, model: Any, ranks: Ranks
+        self, trainer: Any, tokenizer: Any, model: Any, ranks: Ranks, chat: ChatFormat
     ) -> tuple[Any, Lockstep | None]:
         """The policy for this call, and the lockstep its generate calls need across ranks."""
         if self.policy is None:
-            if self._default is None or self._default[0] != id(model):
+            if self._default is None or self._default[0] != (id(model), chat):
                 config = trainer_generation_config(trainer, tokenizer)
                 temperature = sampling_temperature(trainer)
-                policy = TrainerModelPolicy(model, tokenizer, config, temperature)
-                self._default = (id(model), policy)
+                policy = TrainerModelPolicy(
+                    model,
+                    tokenizer,
+                    config,
+                    temperature,
+                    chat_template=chat.template,
+                    chat_template_kwargs=chat.template_kwargs,
+                )
+                self._default = ((id(model), chat), policy)
             policy = self._default[1]
             policy.synced_gpus = True if ranks.collective else None
             return policy, Lockstep(ranks, policy) if ranks.collective else None
@@ -160,6 +189,8 @@ class _EnvRolloutFunc:
         """One row per prompt entry, in order (the table of :func:`as_trl_rollout_func`)."""
         ranks = Ranks.of(trainer)
         tokenizer = trainer_tokenizer(trainer)
+        chat = self._chat_format(trainer, tokenizer)
+        stop_ids = trainer_eos_ids(trainer, tokenizer)
         recompute = self._recompute()
         size = self.env.batch_size[0]
         check_same_calls(ranks, {"prompts": len(prompts), "env batch size": size})
@@ -172,7 +203,7 @@ class _EnvRolloutFunc:
             policy, lockstep = (
                 (vllm, None)
                 if vllm is not None
-                else self._policy_for(trainer, tokenizer, model, ranks)
+                else self._policy_for(trainer, tokenizer, model, ranks, chat)
             )
             for start in range(0, len(prompts), size):
                 batch = list(prompts[start : start + size])
@@ -188,6 +219,8 @@ class _EnvRolloutFunc:
                         reward_key=self.reward_key,
                         done_key=self.done_key,
                         lockstep=lockstep,
+                        chat=chat,
+                        stop_ids=stop_ids,
                     )
                 )
             if recompute:

@@ -23,6 +23,9 @@ function                          the trainer's attributes it reads
 :func:`trainer_tokenizer`         ``_tokenizer`` (private), else ``processing_class``
 :func:`distributed_backend`       ``_dist`` (private), else ``DistributedBackend(accelerator)``
 :func:`trainer_generation_config` ``generation_config``, else ``args`` and ``eos_token_ids``
+:func:`trainer_eos_ids`           ``eos_token_ids``, else ``generation_config``
+:func:`trainer_chat_template`     ``chat_template`` (TRL's training variant, set for tool loops)
+                                  and ``args.chat_template_kwargs``
 :func:`sampling_temperature`      ``temperature``
 :func:`training_args`             ``args`` (``per_device_train_batch_size``, ZeRO-3 gathering)
 :func:`trainer_reward_funcs`      ``reward_funcs``
@@ -61,6 +64,8 @@ __all__ = [
     "process_slice",
     "sampling_temperature",
     "trainer_accelerator",
+    "trainer_chat_template",
+    "trainer_eos_ids",
     "trainer_generation_config",
     "trainer_model",
     "trainer_reward_funcs",
@@ -264,6 +269,47 @@ def attach_vllm_generation(trainer: Any, generation: Any, mode: str = "server") 
         raise _unmeasured(trainer, "_last_loaded_step", "the vLLM weight sync is scheduled")
     trainer.use_vllm, trainer.vllm_mode = True, mode
     trainer.vllm_generation, trainer._last_loaded_step = generation, -1
+
+
+def trainer_chat_template(trainer: Any) -> tuple[str | None, dict[str, Any]]:
+    """The chat template a TRL trainer renders its prompts with, when it is not its tokenizer's
+    (``None`` then), and its ``chat_template_kwargs``: what ``GRPOTrainer`` passes to every
+    ``apply_chat_template`` call.
+
+    Examples:
+        >>> from types import SimpleNamespace
+        >>> args = SimpleNamespace(chat_template_kwargs={"enable_thinking": False})
+        >>> trainer_chat_template(SimpleNamespace(chat_template=None, args=args))
+        (None, {'enable_thinking': False})
+    """
+    args = getattr(trainer, "args", None)
+    kwargs = getattr(args, "chat_template_kwargs", None) or {}
+    if isinstance(kwargs, str):  # GRPOConfig takes a JSON string from the command line
+        import json
+
+        kwargs = json.loads(kwargs)
+    return getattr(trainer, "chat_template", None), dict(kwargs)
+
+
+def trainer_eos_ids(trainer: Any, tokenizer: Any) -> list[int]:
+    """The ids that end a TRL trainer's generations (``GRPOTrainer.eos_token_ids``: the
+    tokenizer's eos and those of the model's generation config), the tokenizer's eos alone for
+    a trainer that holds neither list.
+
+    Examples:
+        >>> from types import SimpleNamespace
+        >>> from torchrl_trl_interop.testing import toy_tokenizer
+        >>> trainer_eos_ids(SimpleNamespace(eos_token_ids=[2, 7]), None)
+        [2, 7]
+        >>> trainer_eos_ids(SimpleNamespace(), toy_tokenizer())
+        [2]
+    """
+    ids = getattr(trainer, "eos_token_ids", None)
+    if ids is None:
+        ids = getattr(getattr(trainer, "generation_config", None), "eos_token_id", None)
+    if ids is None:
+        ids = tokenizer.eos_token_id
+    return [ids] if isinstance(ids, int) else [int(i) for i in ids or []]
 
 
 def trainer_generation_config(trainer: Any, tokenizer: Any, *, model: Any = None) -> Any:

@@ -15,13 +15,13 @@ import torch
 from tensordict import LazyStackedTensorDict, TensorDict, TensorDictBase, lazy_stack
 from torchrl.modules.llm import TransformersWrapper
 
+from .._chat_format import ChatFormat, answer_turn
 from .._checks import boundary
 from .._conversation import history_to_messages
-from .._keys import PLACEHOLDER_ROLE
+from .._keys import without_placeholders
 from .._padding import pad_rows, position_mask
 from .._upstream._policy_hooks import check_generate_step, with_generate_step
 from ._policy_output import PolicyKeys, extend_history, stack_rows
-from ._render import generation_prompt, render
 
 __all__ = [
     "TrainerModelPolicy",
@@ -48,7 +48,12 @@ class TrainerModelPolicy(TransformersWrapper):
       ``generation_config`` reaches ``model.generate``;
     * conversations of different lengths in one batch (e.g. some with a system message): the
       wrapper fails to extend them (``zip() argument ... is shorter``); here each row is extended
-      on its own.
+      on its own;
+    * the chat format: the wrapper renders with a template it picks from
+      ``tokenizer.name_or_path`` (ChatML when nothing matches) and parses the answer with that
+      family's parser; here the conversation is rendered with the tokenizer's own template (or
+      ``chat_template``), as TRL renders it, and the answer is read from its tokens with that
+      template's markers: its content up to the stop token (:attr:`chat_format`).
 
     The model object is wrapped, not copied: the policy always samples with its current weights.
     It reads ``("tokens", "prompt")`` when present (``prefer_tokens=True``) to continue a
@@ -65,6 +70,12 @@ class TrainerModelPolicy(TransformersWrapper):
             :func:`~torchrl_trl_interop.trainer_generation_config`). Written with
             ``output_logits=True`` and ``return_dict_in_generate=True``, which the scoring needs.
         temperature (float): the logits are divided by it before scoring.
+
+    Keyword Args:
+        chat_template (str, optional): the template to render with, instead of the tokenizer's
+            own (for a trainer: the one it renders with, e.g. TRL's training variant).
+        chat_template_kwargs (dict, optional): more arguments for every render (TRL's
+            ``chat_template_kwargs``, e.g. ``{"enable_thinking": False}``).
 
     Examples:
         >>> import torch
@@ -94,7 +105,14 @@ class TrainerModelPolicy(TransformersWrapper):
 
     @boundary("TrainerModelPolicy")
     def __init__(
-        self, model: Any, tokenizer: Any, generation_config: Any, temperature: float
+        self,
+        model: Any,
+        tokenizer: Any,
+        generation_config: Any,
+        temperature: float,
+        *,
+        chat_template: str | None = None,
+        chat_template_kwargs: dict[str, Any] | None = None,
     ) -> None:
         check_generate_step()
         device = next(model.parameters()).device  # prompts go where the model is
@@ -107,15 +125,17 @@ class TrainerModelPolicy(TransformersWrapper):
             pad_output=False,
             prefer_tokens=True,
             device=device,
+            chat_template=chat_template,
+        )
+        #: how it renders conversations and reads answers: the tokenizer's own template
+        self.chat_format = ChatFormat.of(
+            tokenizer, chat_template=chat_template, template_kwargs=chat_template_kwargs
         )
         self._model_device = device
         self.temperature = float(temperature)
         generation_config.output_logits = True
         generation_config.return_dict_in_generate = True
         self.generate_kwargs = {"generation_config": generation_config}
-        self._generation_prompt = generation_prompt(self, tokenizer)
-        #: per chat template: whether a response parses alone as in the whole conversation
-        self._response_parse_agrees: dict[tuple, bool] = {}
 
     def _prompt_rows(self, td: TensorDictBase, history: Any) -> list[torch.Tensor]:
         """The prompt of every row: its given tokens, or its History rendered and tokenized."""
@@ -129,59 +149,14 @@ class TrainerModelPolicy(TransformersWrapper):
                 return [r[m.bool()] for r, m in zip(rows, masks)]  # cut by the mask beside them
             # no mask: left padding, the leading pad ids (a prompt does not start with one)
             return [r[(r != self.padding_value).int().cummax(0).values.bool()] for r in rows]
-        texts = render(history, self, self.tokenizer, add_generation_prompt=True)
-        ids = self.tokenizer(texts, add_special_tokens=False)["input_ids"]
+        conversations = [without_placeholders(c) for c in history_to_messages(history)]
+        ids = self.chat_format.prompt_ids(conversations)
         return [torch.tensor(row, dtype=torch.long) for row in ids]
 
-    def _parse(self, texts: list[str]) -> list:
-        """torchrl's parse of each text, one History per text (a list of texts would be parsed
-        the same way, then lazily stacked, which the rows must be taken out of again)."""
-        from torchrl.data.llm import History
-
-        name, tokenizer = self.chat_template_name, self.tokenizer
-        return [History.from_text(t, chat_template_name=name, tokenizer=tokenizer) for t in texts]
-
-    def _answers(
-        self, prompt_rows: list, text_prompt: list, text_response: list, text_full: list
-    ) -> list:
-        """Each row's answer: the messages torchrl parses from its text after its prompt's turns.
-
-        Parsing the whole conversation (``History.from_text`` of the full text) costs time in
-        every message of it; the answer is parsed from the response alone, behind the template's
-        generation prompt (which every prompt ends with). On a template's first call, row 0 is
-        also parsed the whole way and must agree, else (a template whose parser needs the whole
-        text) every row of every call is.
-        """
-        from torchrl.data.llm import History
-
-        def after_prompt(row: Any, prompt: Any) -> Any:
-            turns = sum(role != PLACEHOLDER_ROLE for role in prompt.role)  # text has none of them
-            return row[turns:]
-
-        header = self._generation_prompt
-        template = (header, self.chat_template_name, getattr(self.tokenizer, "chat_template", None))
-        answers = None
-        agrees = self._response_parse_agrees.get(template)
-        if (
-            header is not None
-            and agrees is not False
-            and all(p.endswith(header) for p in text_prompt)
-        ):
-            answers = self._parse([header + r for r in text_response])
-            if agrees is None:  # once per template
-                whole = after_prompt(self._parse(text_full[:1])[0], prompt_rows[0])
-                agrees = history_to_messages(whole) == history_to_messages(answers[0])
-                self._response_parse_agrees[template] = agrees
-            if not agrees:
-                answers = None
-        if answers is None:
-            parsed = self._parse(text_full)
-            answers = [after_prompt(row, prompt) for row, prompt in zip(parsed, prompt_rows)]
-        # nothing parsed: an empty assistant turn, as torchrl writes
-        return [
-            History(role=["assistant"], content=[""], batch_size=(1,)) if a.shape[0] == 0 else a
-            for a in answers
-        ]
+    def _answers(self, responses: list[torch.Tensor], stop_ids: Any) -> list:
+        """Each row's answer as a one-turn History: its content read from its tokens with the
+        chat format (up to the stop token), complete when it ended at one."""
+        return [answer_turn(*self.chat_format.answer(ids.tolist(), stop_ids)) for ids in responses]
 
     def _sample(
         self, prompts: list[torch.Tensor], config: Any
@@ -221,8 +196,9 @@ class TrainerModelPolicy(TransformersWrapper):
         text_full = self.tokenizer.batch_decode(full, skip_special_tokens=False)
         text_prompt = self.tokenizer.batch_decode(prompts, skip_special_tokens=False)
         text_response = [f[len(p) :] for f, p in zip(text_full, text_prompt)]
-        # the answer parsed from the text, each row extended on its own (rows may differ in length)
-        answers = self._answers(prompt_rows, text_prompt, text_response, text_full)
+        # the answer read from its tokens, each row extended on its own (rows may differ in length)
+        stop_ids = config.eos_token_id
+        answers = self._answers(responses, [stop_ids] if isinstance(stop_ids, int) else stop_ids)
         full_history = [extend_history(p, a) for p, a in zip(prompt_rows, answers)]
 
         # torchrl's ragged layout (what ``out``'s attribute assignment builds), row by row once

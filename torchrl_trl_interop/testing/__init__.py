@@ -3,7 +3,8 @@
 Everything here is built locally from configs, with random weights and no download, so tests,
 the tutorial and the benchmarks all run offline on CPU from the same objects:
 
-* the tokenizer and its chat template (``_tokenizer.py``);
+* the tokenizer and its chat template, and the same vocabulary with any real model's chat
+  template and its markup as single tokens (``_tokenizer.py``);
 * tiny reward models and causal LMs (``_models.py``);
 * conversations, prompts, buffers, trainer settings (``_data.py``);
 * chat environments for the online loop, the toy tool task (``_envs.py``);
@@ -60,7 +61,14 @@ from ._generation import (
 from ._models import toy_causal_lm, toy_reward_model
 from ._scripted import ScriptedChatPolicy
 from ._stubs import count_host_syncs, stub_reward_model
-from ._tokenizer import IM_END, IM_START, TOY_CORPUS, toy_tokenizer
+from ._tokenizer import (
+    IM_END,
+    IM_START,
+    TOY_CORPUS,
+    template_markers,
+    toy_template_tokenizer,
+    toy_tokenizer,
+)
 from ._tool_task import (
     calculator_answer,
     calculator_chats,
@@ -100,6 +108,7 @@ __all__ = [
     "worked_answer",
     "count_host_syncs",
     "stub_reward_model",
+    "template_markers",
     "toy_add",
     "toy_answer_length",
     "toy_big_llama",
@@ -116,6 +125,7 @@ __all__ = [
     "toy_primed_chat_env",
     "toy_prompts",
     "toy_reward_model",
+    "toy_template_tokenizer",
     "toy_tokenizer",
     "toy_tool_call",
     "toy_tool_env",

@@ -6,10 +6,11 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
-from tensordict import TensorDictBase, set_list_to_stack
+from tensordict import TensorDictBase, lazy_stack, set_list_to_stack
 from tensordict.nn import TensorDictModuleBase
 
-from .._conversation import history_to_messages, messages_to_history
+from .._chat_format import ChatFormat, answer_turn
+from .._conversation import history_to_messages
 from .._keys import (
     HISTORY_KEY,
     PROMPT_HISTORY_KEY,
@@ -33,6 +34,13 @@ class ScriptedChatPolicy(TensorDictModuleBase):
     of a conversation is ``answers[k]``, where ``k`` is the number of assistant turns it already
     holds, or ``answers(messages)`` for a callable. So ``LLMCollector``, ``as_trl_rollout_func``
     and an OpenEnv client all play the same episode.
+
+    It speaks its tokenizer's chat template as a model trained on it would
+    (:attr:`chat_format`): the prompt is the template's rendering of the conversation, the
+    answer's tokens are the scripted text then the token that ends the template's assistant
+    turn (the tokenizer's eos when the template has none), and the answer turn holds what the
+    template renders again as the prompt and those tokens spelled it (a reasoning block the
+    generation prompt opened included).
 
     Args:
         answers (sequence of str or callable): the assistant's turns, in order, or a function of
@@ -68,6 +76,8 @@ class ScriptedChatPolicy(TensorDictModuleBase):
             )
         self.answers = answers if callable(answers) else list(answers)
         self.tokenizer = tokenizer if tokenizer is not None else toy_tokenizer(padding_side="left")
+        #: how it renders conversations and reads its answers: the tokenizer's own template
+        self.chat_format = ChatFormat.of(self.tokenizer)
         self.in_keys = [PROMPT_HISTORY_KEY]
         self.out_keys = [HISTORY_KEY, PROMPT_TOKEN_KEY, RESPONSE_TOKEN_KEY, _RESPONSE_LOG_PROBS_KEY]
 
@@ -86,10 +96,7 @@ class ScriptedChatPolicy(TensorDictModuleBase):
     def _prompt_ids(self, td: TensorDictBase, messages: list[list[dict]]) -> list[list[int]]:
         """Each row's prompt ids: the given ``("tokens", "prompt")`` less its left padding when
         they spell the conversation (token-first), else the rendered conversation tokenized."""
-        texts = [
-            self.tokenizer.apply_chat_template(m, add_generation_prompt=True, tokenize=False)
-            for m in messages
-        ]
+        texts = self.chat_format.render(messages, add_generation_prompt=True)
         given = td.get(PROMPT_TOKEN_KEY, None, as_list=True) or [None] * len(texts)
         pad = self.tokenizer.pad_token_id
         out = []
@@ -106,14 +113,15 @@ class ScriptedChatPolicy(TensorDictModuleBase):
         with set_list_to_stack(True):
             prompt = td.get(PROMPT_HISTORY_KEY)
             messages = [without_placeholders(chat) for chat in history_to_messages(prompt)]
-            answers = [self.answer(m) for m in messages]
-            response = messages_to_history([[{"role": "assistant", "content": a}] for a in answers])
+            chat = self.chat_format
+            stop = chat.end_of_turn_id
+            stop = self.tokenizer.eos_token_id if stop is None else stop
+            sampled = [ids + [stop] for ids in chat.encode([self.answer(m) for m in messages])]
+            response = lazy_stack([answer_turn(*chat.answer(ids)) for ids in sampled])
             full = prompt.extend(response, inplace=False, dim=-1)
             td = td.to_lazystack(0)
             prompt_ids = self._prompt_ids(td, messages)
-            eos = self.tokenizer.eos_token_id
-            for row, ids, answer in zip(td.tensordicts, prompt_ids, answers):
-                response_ids = self.tokenizer(answer, add_special_tokens=False)["input_ids"] + [eos]
+            for row, ids, response_ids in zip(td.tensordicts, prompt_ids, sampled):
                 row.set(PROMPT_TOKEN_KEY, torch.tensor(ids, dtype=torch.long))
                 row.set(RESPONSE_TOKEN_KEY, torch.tensor(response_ids, dtype=torch.long))
                 row.set(_RESPONSE_LOG_PROBS_KEY, torch.zeros(len(response_ids)))
