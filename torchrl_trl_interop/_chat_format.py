@@ -40,7 +40,7 @@ from typing import Any
 from ._checks import signed
 from ._keys import PLACEHOLDER_ROLE
 
-__all__ = ["ChatFormat", "answer_turn", "template_name", "torchrl_template"]
+__all__ = ["ChatFormat", "answer_turn", "opening_of", "template_name", "torchrl_template"]
 
 Message = dict[str, Any]
 
@@ -339,12 +339,9 @@ class ChatFormat:
 
     @functools.cached_property
     def answer_opening(self) -> str:
-        """What the generation prompt opens the answer with, which the answer's content holds
-        when the template renders it again: a reasoning block the prompt opens
-        (``<think>\\n``, Qwen3.5 and DeepSeek-R1 in thinking mode), else ``""``."""
-        prompt = self._probe([{"role": "user", "content": "?"}], True)
-        at = prompt.rfind("<think>")
-        return prompt[at:] if at >= 0 and not prompt[at + len("<think>") :].strip() else ""
+        """What the generation prompt of a first turn opens the answer with
+        (:func:`opening_of` it)."""
+        return opening_of(self._probe([{"role": "user", "content": "?"}], True))
 
     @functools.cached_property
     def end_of_turn_id(self) -> int | None:
@@ -368,13 +365,18 @@ class ChatFormat:
         return list(dict.fromkeys(int(i) for i in ids if i is not None))
 
     def answer(
-        self, ids: Sequence[int], extra_stop_ids: Iterable[int] | None = None
+        self,
+        ids: Sequence[int],
+        extra_stop_ids: Iterable[int] | None = None,
+        *,
+        prompt_ids: Sequence[int] | None = None,
     ) -> tuple[str, bool]:
         """The content of an answer sampled as ``ids``, and whether it ended at a stop token.
 
         The trailing stop tokens (:meth:`stop_ids`) are the turn's end, not its content; the rest
         is decoded as it is (special tokens kept: a tool call's markup is the model's text),
-        after what the generation prompt opened it with (:attr:`answer_opening`), so that the
+        after what the prompt opened it with (:func:`opening_of` the end of ``prompt_ids``, the
+        ids the model continued; a first turn's generation prompt without them), so that the
         template renders the answer again as the prompt and the sampled tokens spelled it.
 
         Examples:
@@ -388,7 +390,12 @@ class ChatFormat:
         while end and int(ids[end - 1]) in stops:
             end -= 1
         content = self.tokenizer.decode(list(ids[:end]), skip_special_tokens=False)
-        return self.answer_opening + content, end < len(ids)
+        if prompt_ids is None:
+            opening = self.answer_opening
+        else:
+            tail = [int(i) for i in list(prompt_ids)[-8:]]
+            opening = opening_of(self.tokenizer.decode(tail, skip_special_tokens=False))
+        return opening + content, end < len(ids)
 
     def added_after(
         self,
@@ -514,15 +521,17 @@ class ChatFormat:
         for written in self._answers_written():
             answer = {"role": "assistant", "content": written}
             sampled = prompt + written[len(self.answer_opening) :]  # the opening is the prompt's
-            for role in roles:
-                after = self._probe([user, answer, {"role": role, "content": _ENV_PROBE}], True)
+            for role in [*roles, None]:  # None: the environment adds no turn
+                reply = [] if role is None else [{"role": role, "content": _ENV_PROBE}]
+                after = self._probe([user, answer, *reply], True)
                 if not after.startswith(sampled):
                     at = next(
                         (k for k, (a, b) in enumerate(zip(after, sampled)) if a != b),
                         min(len(after), len(sampled)),
                     )
+                    after_what = "another answer" if role is None else f"a {role!r} turn"
                     return (
-                        f"after a {role!r} turn, it renders the assistant's earlier answer "
+                        f"after {after_what}, it renders the assistant's earlier answer "
                         f"otherwise than the model wrote it ({after[max(at - 30, 0) : at + 30]!r} "
                         f"where the rollout holds {sampled[max(at - 30, 0) : at + 30]!r})"
                     )
@@ -563,6 +572,19 @@ class ChatFormat:
                 "earlier turns unchanged (TRL's *_training.jinja variants do)."
             )
         )
+
+
+def opening_of(prompt: str) -> str:
+    """What a prompt opens the answer with, which the answer's content holds when the template
+    renders it again: a reasoning block the prompt ends by opening (``<think>\\n``: Qwen3.5,
+    DeepSeek-R1 and Nemotron in thinking mode), else ``""``.
+
+    Examples:
+        >>> opening_of("<|im_start|>assistant\\n<think>\\n"), opening_of("<|im_start|>assistant\\n")
+        ('<think>\\n', '')
+    """
+    at = prompt.rfind("<think>")
+    return prompt[at:] if at >= 0 and not prompt[at + len("<think>") :].strip() else ""
 
 
 def answer_turn(content: str, complete: bool, role: str = "assistant") -> Any:

@@ -109,15 +109,20 @@ def find_env_problem(env: Any, *, own_prompts: bool = False) -> tuple[type[Excep
 
 def env_reply_roles(env: Any) -> list[str]:
     """The roles of the turns ``env`` may add between two answers: its tool transforms'
-    ``tool_role`` (torchrl's default ``"tool"``), and ``"user"`` (an environment's reply).
+    ``tool_role`` (torchrl's default ``"tool"``); an environment without one may reply as
+    anything, as the user most often (``OpenEnvChatEnv``), or add nothing (a bare ``ChatEnv``).
+    An environment may say it itself (``env.reply_roles``).
 
     Examples:
         >>> from torchrl_trl_interop.testing import toy_chat_env
         >>> env_reply_roles(toy_chat_env(reply=True)), env_reply_roles(toy_chat_env())
-        (['tool', 'user'], ['user'])
+        (['tool'], ['user'])
     """
+    own = getattr(getattr(env, "base_env", env), "reply_roles", None)
+    if own is not None:
+        return list(own)
     roles = [getattr(t, "tool_role", "tool") or "tool" for t in tool_transforms(env)]
-    return list(dict.fromkeys([*roles, "user"]))
+    return list(dict.fromkeys(roles)) or ["user"]
 
 
 def _to_messages(history: Any) -> list[list[dict[str, Any]]]:
@@ -205,7 +210,7 @@ class _Episodes:
         if rendered is not None and not self.takes_tokens:
             self._check_own_render(out.prompts, rendered)
         if not self.parses_answers:
-            td = self._answered(td, out.responses)
+            td = self._answered(td, out.prompts, out.responses)
         conversations = _to_messages(td.get(self.keys.full_history))  # before tools extend it
         versions = td.get(POLICY_VERSION_KEY, None)
         if isinstance(versions, torch.Tensor):
@@ -255,17 +260,19 @@ class _Episodes:
                     )
                 )
 
-    def _answered(self, td: Any, responses: list[list[int]]) -> Any:
+    def _answered(self, td: Any, prompts: list[list[int]], responses: list[list[int]]) -> Any:
         """``td`` with each row's answer read from its tokens with the chat format (its content
         up to the stop token), as the conversation's next assistant turn: what the environment
         steps with, whatever template the policy's own parser assumed."""
         from torchrl.modules.llm import ChatHistory
 
-        prompt = td.get(self.keys.prompt_history)
-        prompts = list(prompt.unbind(0))
-        answers = [answer_turn(*self.chat.answer(ids, self.stop_ids)) for ids in responses]
-        full = [extend_history(p, a) for p, a in zip(prompts, answers)]
-        chat = stack_rows(ChatHistory, prompt=prompts, response=answers, full=full)
+        rows = list(td.get(self.keys.prompt_history).unbind(0))
+        answers = [
+            answer_turn(*self.chat.answer(ids, self.stop_ids, prompt_ids=prompt))
+            for prompt, ids in zip(prompts, responses)
+        ]
+        full = [extend_history(p, a) for p, a in zip(rows, answers)]
+        chat = stack_rows(ChatHistory, prompt=rows, response=answers, full=full)
         td.set(key_parts(self.keys.full_history)[:-1], chat)
         return td
 

@@ -153,10 +153,14 @@ class TrainerModelPolicy(TransformersWrapper):
         ids = self.chat_format.prompt_ids(conversations)
         return [torch.tensor(row, dtype=torch.long) for row in ids]
 
-    def _answers(self, responses: list[torch.Tensor], stop_ids: Any) -> list:
+    def _answers(self, prompts: list, responses: list[torch.Tensor], stop_ids: Any) -> list:
         """Each row's answer as a one-turn History: its content read from its tokens with the
         chat format (up to the stop token), complete when it ended at one."""
-        return [answer_turn(*self.chat_format.answer(ids.tolist(), stop_ids)) for ids in responses]
+        read = self.chat_format.answer
+        return [
+            answer_turn(*read(ids.tolist(), stop_ids, prompt_ids=prompt.tolist()))
+            for prompt, ids in zip(prompts, responses)
+        ]
 
     def _sample(
         self, prompts: list[torch.Tensor], config: Any
@@ -198,7 +202,8 @@ class TrainerModelPolicy(TransformersWrapper):
         text_response = [f[len(p) :] for f, p in zip(text_full, text_prompt)]
         # the answer read from its tokens, each row extended on its own (rows may differ in length)
         stop_ids = config.eos_token_id
-        answers = self._answers(responses, [stop_ids] if isinstance(stop_ids, int) else stop_ids)
+        stop_ids = [stop_ids] if isinstance(stop_ids, int) else stop_ids
+        answers = self._answers(prompts, responses, stop_ids)
         full_history = [extend_history(p, a) for p, a in zip(prompt_rows, answers)]
 
         # torchrl's ragged layout (what ``out``'s attribute assignment builds), row by row once

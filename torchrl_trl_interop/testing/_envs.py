@@ -11,7 +11,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from transformers import PreTrainedTokenizerFast
 
 
-def toy_tool_reply(template: str = "{n} characters"):
+def toy_tool_reply(template: str = "{n} characters", *, role: str = "tool"):
     """A torchrl tool transform that answers every assistant turn with a ``tool`` message.
 
     It is a real :class:`~torchrl.envs.llm.transforms.ToolTransformBase` (the base of torchrl's
@@ -19,15 +19,23 @@ def toy_tool_reply(template: str = "{n} characters"):
     appends ``template.format(n=len(answer))`` as a ``tool`` turn to the next prompt, so the
     environment adds tokens between two assistant turns whatever a random toy model says.
 
+    Keyword Args:
+        role (str, optional): the role of the reply, torchrl's ``tool_role`` (``"user"``: an
+            environment that answers as the user). Defaults to ``"tool"``.
+
     Examples:
         >>> t = toy_tool_reply()
         >>> t.tool_role, t._process_batch_item("Hello", 0)
         ('tool', ['5 characters'])
+        >>> toy_tool_reply(role="user").tool_role
+        'user'
     """
     from torchrl.envs.llm.transforms.tools import ToolTransformBase
 
+    reply_role = role
+
     class ToyToolReply(ToolTransformBase):
-        tool_role = "tool"
+        tool_role = reply_role
 
         def _process_batch_item(self, content: str, index: int) -> list[str]:
             return [template.format(n=len(content))]

@@ -12,6 +12,7 @@ from tensordict.nn import TensorDictModuleBase
 from .._chat_format import ChatFormat, answer_turn
 from .._conversation import history_to_messages
 from .._keys import (
+    ATTENTION_MASK_KEY,
     HISTORY_KEY,
     PROMPT_HISTORY_KEY,
     PROMPT_TOKEN_KEY,
@@ -30,7 +31,8 @@ class ScriptedChatPolicy(TensorDictModuleBase):
     the conversation ``("history", "prompt")``, and optionally the token prompt
     ``("tokens", "prompt")`` (left-padded, as :func:`~torchrl_trl_interop.as_trl_rollout_func`
     gives it from the second turn), and writes ``("history", "prompt" | "response" | "full")``,
-    ``("tokens", "prompt" | "response")`` and ``("log_probs", "response")`` (zeros). The answer
+    ``("tokens", "prompt" | "response")``, ``("masks", "all_attention_mask")`` and
+    ``("log_probs", "response")`` (zeros). The answer
     of a conversation is ``answers[k]``, where ``k`` is the number of assistant turns it already
     holds, or ``answers(messages)`` for a callable. So ``LLMCollector``, ``as_trl_rollout_func``
     and an OpenEnv client all play the same episode.
@@ -79,7 +81,13 @@ class ScriptedChatPolicy(TensorDictModuleBase):
         #: how it renders conversations and reads its answers: the tokenizer's own template
         self.chat_format = ChatFormat.of(self.tokenizer)
         self.in_keys = [PROMPT_HISTORY_KEY]
-        self.out_keys = [HISTORY_KEY, PROMPT_TOKEN_KEY, RESPONSE_TOKEN_KEY, _RESPONSE_LOG_PROBS_KEY]
+        self.out_keys = [
+            HISTORY_KEY,
+            PROMPT_TOKEN_KEY,
+            RESPONSE_TOKEN_KEY,
+            ATTENTION_MASK_KEY,
+            _RESPONSE_LOG_PROBS_KEY,
+        ]
 
     def answer(self, messages: list[dict[str, Any]]) -> str:
         """The scripted answer to ``messages`` (the conversation so far)."""
@@ -93,11 +101,22 @@ class ScriptedChatPolicy(TensorDictModuleBase):
             )
         return self.answers[turn]
 
+    #: from the second turn of a rollout, ``as_trl_rollout_func`` gives it the prompt's mask too
+    reads_prompt_mask = True
+
     def _prompt_ids(self, td: TensorDictBase, messages: list[list[dict]]) -> list[list[int]]:
-        """Each row's prompt ids: the given ``("tokens", "prompt")`` less its left padding when
-        they spell the conversation (token-first), else the rendered conversation tokenized."""
+        """Each row's prompt ids: the given ``("tokens", "prompt")`` cut by the
+        ``("masks", "all_attention_mask")`` given beside them (token-first, as a rollout gives
+        them), or, without that mask, less their left padding when they spell the conversation,
+        else the rendered conversation tokenized (torchrl's collectors leave the last call's
+        tokens in the input)."""
+        given = td.get(PROMPT_TOKEN_KEY, None, as_list=True)
+        masks = td.get(ATTENTION_MASK_KEY, None, as_list=True)
+        if given is not None and masks is not None:
+            if [m.shape for m in masks] == [g.shape for g in given]:
+                return [g[m.bool()].tolist() for g, m in zip(given, masks)]
         texts = self.chat_format.render(messages, add_generation_prompt=True)
-        given = td.get(PROMPT_TOKEN_KEY, None, as_list=True) or [None] * len(texts)
+        given = given or [None] * len(texts)
         pad = self.tokenizer.pad_token_id
         out = []
         for text, row in zip(texts, given):
@@ -117,13 +136,17 @@ class ScriptedChatPolicy(TensorDictModuleBase):
             stop = chat.end_of_turn_id
             stop = self.tokenizer.eos_token_id if stop is None else stop
             sampled = [ids + [stop] for ids in chat.encode([self.answer(m) for m in messages])]
-            response = lazy_stack([answer_turn(*chat.answer(ids)) for ids in sampled])
-            full = prompt.extend(response, inplace=False, dim=-1)
             td = td.to_lazystack(0)
             prompt_ids = self._prompt_ids(td, messages)
+            response = lazy_stack(
+                [answer_turn(*chat.answer(a, prompt_ids=p)) for p, a in zip(prompt_ids, sampled)]
+            )
+            full = prompt.extend(response, inplace=False, dim=-1)
             for row, ids, response_ids in zip(td.tensordicts, prompt_ids, sampled):
                 row.set(PROMPT_TOKEN_KEY, torch.tensor(ids, dtype=torch.long))
                 row.set(RESPONSE_TOKEN_KEY, torch.tensor(response_ids, dtype=torch.long))
+                mask = torch.ones(len(ids) + len(response_ids), dtype=torch.bool)
+                row.set(ATTENTION_MASK_KEY, mask)  # over the prompt then the answer, as torchrl's
                 row.set(_RESPONSE_LOG_PROBS_KEY, torch.zeros(len(response_ids)))
             td.set((HISTORY_KEY[0], "response"), response)
             td.set(HISTORY_KEY, full)
