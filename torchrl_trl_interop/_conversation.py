@@ -32,7 +32,7 @@ from tensordict import (
 from tensordict.utils import NestedKey
 
 from ._checks import as_names, boundary, check_bool, check_dicts, signed
-from ._keys import as_nested_key, flatten_nested, get_entry, key_parts
+from ._keys import PLACEHOLDER_ROLE, as_nested_key, flatten_nested, get_entry, key_parts
 from ._message_fields import MessageHistory
 from ._tool_calls import has_turn_fields, message_turns, messages_of_turns
 from ._upstream._history_fields import history_fields
@@ -47,6 +47,7 @@ __all__ = [
     "is_conversational",
     "is_message_list",
     "messages_to_history",
+    "real_turns",
     "row_values",
     "split_completion",
     "split_prompt_completion",
@@ -102,7 +103,7 @@ def _zip_turns(roles: Any, contents: Any, depth: int, keep_system: bool) -> list
         return [
             {"role": r, "content": c}
             for r, c in zip(roles, contents)
-            if keep_system or r != "system"
+            if (keep_system or r != "system") and r != PLACEHOLDER_ROLE
         ]
     return [_zip_turns(r, c, depth - 1, keep_system) for r, c in zip(roles, contents)]
 
@@ -130,6 +131,11 @@ def history_to_messages(history: History, *, keep_system: bool = True) -> list:
         fields (``is_complete``, ``tool_responses``) are not part of TRL's format and are not
         copied.
 
+    torchrl's placeholder turns (``"<none>"``, which fill a ``ChatEnv`` batch's shorter
+    conversations) are no one's message: they are left out. A lazy stack of rows of different
+    History classes (a :class:`~torchrl_trl_interop.MessageHistory` row beside plain ones, as
+    a buffer of real conversations holds them) gives one message list per row.
+
     Raises:
         TypeError: if ``history`` is not a History.
         ValueError: if ``history`` has no batch dimension (a single message, no turn axis).
@@ -148,6 +154,10 @@ def history_to_messages(history: History, *, keep_system: bool = True) -> list:
     """
     from torchrl.data.llm import History
 
+    rows = _history_rows(history)
+    if rows is not None:  # rows of different History classes (some with extra fields)
+        check_bool(keep_system, "keep_system")
+        return [history_to_messages(row, keep_system=keep_system) for row in rows]
     if not isinstance(history, History):
         raise TypeError(
             "history_to_messages expects a torchrl.data.llm.History, got "
@@ -166,9 +176,39 @@ def history_to_messages(history: History, *, keep_system: bool = True) -> list:
     return _zip_turns(roles, contents, history.ndim - 1, keep_system)
 
 
+def _history_rows(value: Any) -> list | None:
+    """The rows of a lazy stack of Histories of different classes (a
+    :class:`~torchrl_trl_interop.MessageHistory` row beside plain ones: tensordict stacks them as
+    a ``LazyStackedTensorDict``, not as a History), else ``None``."""
+    from torchrl.data.llm import History
+
+    rows = getattr(value, "tensordicts", None)
+    if rows is None or getattr(value, "stack_dim", None) != 0 or not rows:
+        return None
+    return list(rows) if all(isinstance(row, History) for row in rows) else None
+
+
 def messages_of(roles: list, contents: list) -> list:
-    """Message lists from per-row ``roles`` and ``contents`` (as :func:`history_column` gives)."""
+    """Message lists from per-row ``roles`` and ``contents`` (as :func:`history_column` gives),
+    torchrl's placeholder turns left out."""
     return _zip_turns(roles, contents, 1, True)
+
+
+def real_turns(roles: list, contents: list) -> tuple[list, list]:
+    """Per-row ``roles`` and ``contents`` without torchrl's placeholder turns (the ``"<none>"``
+    turns a ``ChatEnv`` batch fills its shorter conversations with): they are no one's message.
+
+    Examples:
+        >>> real_turns([["user", "<none>"], ["user", "assistant"]], [["Hi", ""], ["Ho", "Yo"]])
+        ([['user'], ['user', 'assistant']], [['Hi'], ['Ho', 'Yo']])
+    """
+    if not any(PLACEHOLDER_ROLE in row for row in roles):
+        return roles, contents
+    kept = [[k for k, r in enumerate(row) if r != PLACEHOLDER_ROLE] for row in roles]
+    return (
+        [[row[k] for k in keep] for row, keep in zip(roles, kept)],
+        [[row[k] for k in keep] for row, keep in zip(contents, kept)],
+    )
 
 
 def _check_message_list(messages: Any, where: str) -> None:

@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ._checks import signed
+from ._keys import PLACEHOLDER_ROLE
 from ._message_fields import MessageHistory
 from ._upstream._lazy_rows import holds_field
 
@@ -89,6 +90,8 @@ def _turns_to_messages(
     messages = []
     names: list[Any] = []  # names of the calls not answered yet
     for turn in turns:
+        if turn["role"] == PLACEHOLDER_ROLE:  # torchrl's filling of a shorter conversation
+            continue
         message = {"role": turn["role"], "content": turn["content"]}
         calls = turn.get("tool_calls")
         if isinstance(calls, (list, tuple)) and calls:  # an empty list is stored as a tensor

@@ -62,7 +62,8 @@ def empty(capacity: int, n: int = 0) -> ReplayBuffer:
 
 
 def stored(rb) -> list[str]:
-    return [repr(row) for row in TorchRLBufferDataset(rb, 4).iter_storage()]
+    """Each stored row, its columns in name order (a restored row may hold them in another)."""
+    return [repr(dict(sorted(row.items()))) for row in TorchRLBufferDataset(rb, 4).iter_storage()]
 
 
 def full_buffer(name: str):

@@ -49,3 +49,56 @@ def test_a_type_no_wider_type_holds_is_still_refused():
     view = TorchRLBufferDataset(rb, 2, epoch=True, shuffle=False).as_hf_dataset(num_shards=1)
     with pytest.raises(TypeError, match=r"column 'score'.*to_hf_dataset\(\)"):
         list(view)
+
+
+# -- rows whose optional message fields differ (issue 53) ---------------------------------------
+
+CALL = {"type": "function", "function": {"name": "add", "arguments": {"a": 1, "b": 2}}}
+#: real conversations: plain, a tool turn without name, reasoning, a tool_call_id
+MIXED = [
+    [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Yo"}],
+    [
+        {"role": "user", "content": "Add"},
+        {"role": "assistant", "content": "", "tool_calls": [CALL]},
+        {"role": "tool", "content": "3"},
+    ],
+    [
+        {"role": "user", "content": "Why?"},
+        {"role": "assistant", "content": "So.", "reasoning_content": "Because."},
+    ],
+    [
+        {"role": "user", "content": "Add"},
+        {"role": "assistant", "content": "", "tool_calls": [CALL]},
+        {"role": "tool", "content": "3", "tool_call_id": "c1", "name": "add"},
+    ],
+]
+
+
+def mixed_buffer(storage_cls, order):
+    rb = ReplayBuffer(storage=storage_cls(len(order)))
+    with set_list_to_stack(True):
+        for i in order:  # one row at a time: each its own History class
+            rb.add(TensorDict({("history", "full"): messages_to_history(MIXED[i])}))
+    return rb
+
+
+def without_nones(chat):
+    """A message list without the keys Arrow fills with ``None`` (its struct holds every key of
+    the column); chat templates and TRL drop them too."""
+    return [{k: v for k, v in m.items() if v is not None} for m in chat]
+
+
+@pytest.mark.parametrize("storage", ["LazyStackStorage", "ListStorage"])
+@pytest.mark.parametrize("order", [(0, 1, 2, 3), (2, 0, 3, 1), (0, 0, 1, 1)])
+def test_rows_whose_optional_message_fields_differ(storage, order):
+    import torchrl.data
+
+    rb = mixed_buffer(getattr(torchrl.data, storage), order)
+    ds = TorchRLBufferDataset(
+        rb, 2, epoch=True, shuffle=False, rename={("history", "full"): "messages"}
+    )
+    expected = [MIXED[i] for i in order]
+    assert [row["messages"] for row in ds] == expected  # batches of 2: two classes in one
+    assert [without_nones(c) for c in ds.to_hf_dataset()["messages"]] == expected
+    streamed = [row["messages"] for row in ds.as_hf_dataset(num_shards=1)]
+    assert [without_nones(c) for c in streamed] == expected

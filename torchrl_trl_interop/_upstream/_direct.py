@@ -23,8 +23,17 @@ on the versions it was measured on (:data:`~torchrl_trl_interop._upstream.TORCHR
 :func:`direct_sample` return ``None`` (the caller reads through the buffer) and :func:`take` is
 ``value[index]``.
 
+A ``ListStorage`` buffer with torchrl's default collate function is read the same way, for
+another reason: that collate stacks the rows densely where it can
+(``LazyStackedTensorDict.maybe_dense_stack``), and a dense stack of rows whose History entries
+are of different classes (a :class:`~torchrl_trl_interop.MessageHistory` row beside plain
+ones: real conversations) keeps the first row's class and drops the fields another lacks,
+silently. :func:`direct_read` and :func:`direct_sample` return such a buffer's rows as stored,
+in a lazy stack, every row with its own entries.
+
 The upstream fix that would retire it: index a ``NonTensorStack`` by its list of rows
-(tensordict), and ``index_select`` tensors in ``TensorStorage.get``.
+(tensordict), ``index_select`` tensors in ``TensorStorage.get``, and a dense stack of
+tensorclasses that refuses rows of different classes (tensordict).
 """
 
 from __future__ import annotations
@@ -32,8 +41,14 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from tensordict import NonTensorData, NonTensorStack, TensorDict, TensorDictBase
-from torchrl.data import LazyTensorStorage, ReplayBuffer, TensorStorage
+from tensordict import (
+    LazyStackedTensorDict,
+    NonTensorData,
+    NonTensorStack,
+    TensorDict,
+    TensorDictBase,
+)
+from torchrl.data import LazyTensorStorage, ListStorage, ReplayBuffer, TensorStorage
 from torchrl.data.replay_buffers.storages.utils import _collate_id
 
 from ._gate import TENSORDICT_MEASURED, TORCHRL_MEASURED, use_fast
@@ -55,6 +70,7 @@ READS = (
     "torchrl.data.ReplayBuffer._write_lock",
     "torchrl.data.ReplayBuffer._sampler",
     "torchrl.data.TensorStorage._storage",
+    "torchrl.data.ListStorage._storage",
     "tensordict.TensorDict._has_names",
     "tensordict.TensorDict._new_unsafe",
     "tensordict.NonTensorStack._new_lazy_unsafe",
@@ -98,12 +114,9 @@ def take(value: Any, index: torch.Tensor, rows: list[int] | None = None) -> Any:
 
 def _plain_storage(replay_buffer: Any) -> Any:
     """The buffer's storage when its rows come back as stored (see the module doc), else ``None``."""
-    if type(replay_buffer) is not ReplayBuffer or not use_fast(
-        TORCHRL_MEASURED, TENSORDICT_MEASURED
-    ):
+    if not use_fast(TORCHRL_MEASURED, TENSORDICT_MEASURED) or not _plain_buffer(replay_buffer):
         return None
     storage = getattr(replay_buffer, "_storage", None)
-    transform = getattr(replay_buffer, "_transform", None)
     plain = (
         type(storage) in (LazyTensorStorage, TensorStorage)
         and storage.initialized
@@ -112,6 +125,16 @@ def _plain_storage(replay_buffer: Any) -> Any:
         and getattr(storage, "ndim", 1) == 1
         and (storage.device in (None, "auto") or torch.device(storage.device).type == "cpu")
         and replay_buffer._collate_fn is _collate_id
+    )
+    return storage if plain else None
+
+
+def _plain_buffer(replay_buffer: Any) -> bool:
+    """Whether the buffer returns its storage's rows as its collate function makes them: a
+    plain ``ReplayBuffer`` without transform, prefetch, sample unit or generation tracking."""
+    transform = getattr(replay_buffer, "_transform", None)
+    return (
+        type(replay_buffer) is ReplayBuffer
         and (transform is None or len(transform) == 0)
         and not getattr(replay_buffer, "_prefetch", False)
         and getattr(replay_buffer, "_sample_unit", None) is None
@@ -119,15 +142,40 @@ def _plain_storage(replay_buffer: Any) -> Any:
         and not getattr(replay_buffer, "_delayed_init", False)
         and not getattr(replay_buffer, "_service_shutdown", False)
     )
-    return storage if plain else None
+
+
+def _list_storage(replay_buffer: Any) -> Any:
+    """The buffer's ``ListStorage`` when torchrl's default collate would stack its rows (see
+    the module doc), else ``None``."""
+    if not use_fast(TORCHRL_MEASURED, TENSORDICT_MEASURED) or not _plain_buffer(replay_buffer):
+        return None
+    storage = getattr(replay_buffer, "_storage", None)
+    if type(storage) is ListStorage and _is_default_list_collate(replay_buffer._collate_fn):
+        return storage
+    return None
+
+
+def _is_default_list_collate(fn: Any) -> bool:
+    """Whether ``fn`` is torchrl's ``_stack_anything``: compared by name, as torchrl's
+    ``implement_for`` builds the function anew (a buffer may hold another object than the
+    module's, which is a registry wrapper)."""
+    return getattr(fn, "__name__", None) == "_stack_anything" and str(
+        getattr(fn, "__module__", "")
+    ).startswith("torchrl.data.replay_buffers")
 
 
 def _rows(storage: Any, index: torch.Tensor) -> TensorDictBase | None:
-    """``storage.get(index)`` for a 1-D integer index, or ``None`` (an empty index, or one out
-    of the stored rows or negative: the storage's own ``get`` says what it makes of it)."""
+    """``storage.get(index)`` for a 1-D integer index (a ``ListStorage``'s rows as stored, in a
+    lazy stack), or ``None`` (an empty index, or one out of the stored rows or negative: the
+    storage's own ``get`` says what it makes of it; rows that are not tensordicts)."""
     rows = index.tolist()
     if not rows or not 0 <= min(rows) <= max(rows) < len(storage):
         return None
+    if type(storage) is ListStorage:
+        items = [storage._storage[i] for i in rows]
+        if not all(isinstance(item, TensorDictBase) for item in items):
+            return None
+        return LazyStackedTensorDict(*items, stack_dim=0)
     return take(storage._storage, index, rows)
 
 
@@ -141,7 +189,7 @@ def direct_read(replay_buffer: Any, index: torch.Tensor) -> TensorDictBase | Non
         >>> direct_read(toy_buffer(4), torch.tensor([2, 0]))["x"].tolist()
         [2, 0]
     """
-    storage = _plain_storage(replay_buffer)
+    storage = _plain_storage(replay_buffer) or _list_storage(replay_buffer)
     if storage is None or index.dtype not in (torch.int64, torch.int32) or index.ndim != 1:
         return None
     with replay_buffer._replay_lock:
@@ -157,7 +205,7 @@ def direct_sample(replay_buffer: Any, batch_size: int) -> TensorDictBase | None:
         >>> direct_sample(toy_buffer(4), 3).batch_size
         torch.Size([3])
     """
-    storage = _plain_storage(replay_buffer)
+    storage = _plain_storage(replay_buffer) or _list_storage(replay_buffer)
     if storage is None:
         return None
     with replay_buffer._replay_lock, replay_buffer._write_lock:

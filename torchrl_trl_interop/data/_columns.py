@@ -25,7 +25,7 @@ from tensordict import (
 from tensordict.utils import NestedKey
 
 from .._checks import as_device, boundary, check_tensordict, signed
-from .._conversation import history_to_messages, messages_of
+from .._conversation import history_to_messages, messages_of, real_turns
 from .._keys import key_parts, keys_present
 from .._padding import Spans, mask_spans, trim_row
 from .._tool_calls import has_turn_fields
@@ -130,10 +130,12 @@ def _tensor_column(key: NestedKey, rows: list[torch.Tensor], bounds: Any, masks:
 def _history_column(batch: TensorDictBase, key: NestedKey) -> Column:
     fields = history_column(batch, key_parts(key))  # ragged rows: read without stacking
     if fields is not None:
-        return Column(key, TURNS, fields)
+        return Column(key, TURNS, real_turns(*fields))
     history = batch.get(key)
+    if not is_history(history):  # rows of different History classes: a stack of them
+        return Column(key, MESSAGES, history_to_messages(history))
     if history.ndim == 2 and not has_turn_fields(history):
-        return Column(key, TURNS, history_fields(history))
+        return Column(key, TURNS, real_turns(*history_fields(history)))
     return Column(key, MESSAGES, history_to_messages(history))
 
 
