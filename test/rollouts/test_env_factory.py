@@ -8,6 +8,7 @@ server as tools; the factory built in a spawned process; every documented error.
 
 from __future__ import annotations
 
+import copy
 import functools
 import json
 import multiprocessing
@@ -610,3 +611,161 @@ class TestErrors:
             )
         other = as_trl_environment_factory(toy_calculator_env)
         assert other.reward_func(prompts=[QUESTION], completions=[[]], environments=[env]) == [None]
+
+
+# -- every instance as the first (issue 53) -----------------------------------------------------
+
+
+async def async_add(a: int, b: int) -> int:
+    """Adds two whole numbers.
+
+    Args:
+        a: the first number.
+        b: the second number.
+    """
+    return a + b  # the schema of toy_add, which the fitted caller was prompted with
+
+
+def failing_add(a: int, b: int) -> int:
+    """Adds two whole numbers.
+
+    Args:
+        a: the first number.
+        b: the second number.
+    """
+    raise RuntimeError("the adder is broken")
+
+
+def calculator_with(add):
+    """A calculator environment whose ``add`` tool is ``add`` (module level: it pickles)."""
+    from torchrl.envs import StepCounter
+
+    env = ChatEnv(batch_size=(1,), input_mode="history")
+    env = env.append_transform(SimpleToolTransform(tools={"add": add}))
+    return env.append_transform(StepCounter(max_steps=4))
+
+
+class TestEveryInstance:
+    """TRL builds one instance per rollout (4 here, from one factory): async and failing tools
+    behave on every instance as on the first, in real ``GRPOTrainer`` runs."""
+
+    @staticmethod
+    def train(tmp_path, caller, add):
+        seen = []
+
+        def replies(completions, environments, **kwargs):
+            seen.append([(c, e) for c, e in zip(completions, environments)])
+            return [0.0] * len(completions)
+
+        from trl import GRPOConfig, GRPOTrainer
+
+        factory = as_trl_environment_factory(functools.partial(calculator_with, add), name="calc")
+        tokenizer, model = caller
+        trainer = GRPOTrainer(  # a low temperature: the fitted caller writes whole calls
+            model=copy.deepcopy(model),
+            args=GRPOConfig(**toy_tool_grpo_args(tmp_path, temperature=0.3)),
+            train_dataset=prompts_dataset(arithmetic_questions(max_operand=4)[::3]),
+            processing_class=tokenizer,
+            environment_factory=factory,
+            reward_funcs=replies,
+        )
+        trainer.train()
+        rows = [row for step in seen for row in step]
+        assert len({id(env) for _, env in rows}) >= 3  # several instances
+        logs = [log for log in trainer.state.log_history if "tools/call_frequency" in log]
+        return rows, logs
+
+    def test_async_tools_are_awaited_on_every_instance(self, tmp_path, caller):
+        rows, _ = self.train(tmp_path, caller, async_add)
+        called = set()
+        for completion, env in rows:
+            calls = [
+                c["function"]["arguments"] for m in completion for c in m.get("tool_calls") or []
+            ]
+            replies = [m["content"] for m in completion if m["role"] == "tool"]
+            for arguments, reply in zip(calls, replies):
+                assert "coroutine" not in reply, reply
+                if set(arguments) == {"a", "b"}:  # a well-formed call: the tool's sum
+                    assert reply == REPLY.format(toy_add(**arguments)), reply
+                    called.add(id(env))
+        assert len(called) >= 3  # the calls ran on several instances, each awaited
+
+    def test_failing_tools_count_on_every_instance(self, tmp_path, caller):
+        rows, logs = self.train(tmp_path, caller, failing_add)
+        failed = set()
+        for completion, env in rows:
+            calls = [c for m in completion for c in m.get("tool_calls") or []]
+            if not calls:
+                continue
+            # the environment ran the call: its History holds TorchRL's failure reply
+            replies = [m["content"] for m in env.messages if m["role"] == "tool"]
+            assert replies and all("the adder is broken" in r for r in replies), replies
+            failed.add(id(env))
+        assert len(failed) >= 3
+        for log in logs:  # every call failed and TRL counted it, on whichever instance
+            assert log["tools/call_frequency"] > 0
+            assert log["tools/failure_frequency"] == pytest.approx(1.0), log
+
+
+def one_per_step(completions, **kwargs):
+    """A TRL reward function run in the environment: 1.0 for every step."""
+    return [1.0] * len(completions)
+
+
+class TestRewardCountedOnce:
+    """TRL's own OpenEnv examples read ``env.reward`` in their reward function; the instances
+    also carry ``get_reward``, which TRL adds as a second reward source."""
+
+    @staticmethod
+    def env_reward(environments, **kwargs):  # as TRL's examples write it
+        return [env.reward for env in environments]
+
+    def run(self, tmp_path, caller, **factory_kwargs):
+        make_env = functools.partial(toy_calculator_env, rewards=[one_per_step])
+        factory = as_trl_environment_factory(make_env, name="calc", **factory_kwargs)
+        rewards = []
+
+        def read(environments, **kwargs):
+            out = self.env_reward(environments)
+            rewards.extend(out)
+            return out
+
+        read.__name__ = "env_reward"
+        trainer = grpo(tmp_path, caller, environment_factory=factory, reward_funcs=read)
+        trainer.train()
+        logs = [log for log in trainer.state.log_history if "reward" in log]
+        return rewards, logs
+
+    def test_trls_example_logs_trls_total(self, tmp_path, caller):
+        rewards, logs = self.run(tmp_path, caller)
+        assert any(r for r in rewards)  # the tool reward was written and read
+        for log in logs:  # the logged total is the reward the function read, counted once
+            assert log["reward"] == pytest.approx(log["rewards/env_reward/mean"]), log
+            assert log["rewards/Calc/mean"] is None  # get_reward stood aside for every row
+
+    def test_get_reward_can_be_left_out(self, tmp_path, caller):
+        _, logs = self.run(tmp_path, caller, get_reward=False)
+        assert not any(key.startswith("rewards/CalculatorEnv") for log in logs for key in log)
+        assert not hasattr(
+            as_trl_environment_factory(calculator(), get_reward=False)(), "get_reward"
+        )
+
+    def test_get_reward_alone_still_counts(self):
+        factory = as_trl_environment_factory(calculator())
+        env = factory()
+        env.reset(prompt=QUESTION)
+        env.add(a=2, b=3)
+        assert env.get_reward() is not None  # nothing read env.reward: get_reward reports
+
+
+def test_reward_func_refuses_completions_of_other_environments():
+    """A fresh environment (no call run) scored with a completion whose calls got replies: they
+    do not belong together (the calls would have run)."""
+    factory = as_trl_environment_factory(toy_calculator_env)
+    envs = [factory(), factory()]
+    for env in envs:
+        env.reset(prompt=QUESTION)
+    completion = [call_message(a=2, b=3), {"role": "tool", "name": "add", "content": "5"}]
+    completion.append({"role": "assistant", "content": "5"})
+    with pytest.raises(ValueError, match="do not match"):
+        factory.reward_func(prompts=[QUESTION] * 2, completions=[completion] * 2, environments=envs)

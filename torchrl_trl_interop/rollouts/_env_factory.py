@@ -19,7 +19,7 @@ from typing import Any
 
 from tensordict.utils import NestedKey
 
-from .._checks import as_mapping, as_names, boundary, require, signed, speaking_for
+from .._checks import as_mapping, as_names, boundary, check_bool, require, signed, speaking_for
 from .._keys import NEXT_DONE_KEY, NEXT_REWARD_KEY, as_nested_key, key_parts
 from ._chat_episode import check_chat_env
 from ._tool_env import PUBLIC_NAMES, TorchRLEnvironment, get_reward
@@ -81,6 +81,7 @@ class _EnvironmentFactory:
     row_keys: list[str] | None
     reward_key: NestedKey
     done_key: NestedKey
+    env_reward: bool = True  # whether the instances define get_reward
     token: str = field(default_factory=lambda: uuid.uuid4().hex)
     _cls: type | None = None  # the instances' class, built once per process
     _spare: Any = None  # the environment built to check make_env, handed to the first instance
@@ -124,7 +125,7 @@ class _EnvironmentFactory:
                 )
             )
         body = {"_tools": {t.name: t for t in tools}, "_factory": self, "_token": self.token}
-        if writes_reward:  # TRL 1.16 adds it as a reward source (weight 1, the class's name)
+        if writes_reward and self.env_reward:  # TRL 1.16 adds it as a reward source itself
             body["get_reward"] = get_reward
         for tool in tools:
             call = _tool_body(tool.name, tool.signature.is_async)
@@ -181,6 +182,7 @@ def as_trl_environment_factory(
     reward_key: NestedKey = NEXT_REWARD_KEY,
     done_key: NestedKey = NEXT_DONE_KEY,
     processing_class: Any = None,
+    get_reward: bool = True,
 ):
     """A TorchRL LLM environment as ``GRPOTrainer(environment_factory=...)``: its tools in TRL's
     own tool loop, its reward as a TRL reward function.
@@ -211,9 +213,15 @@ def as_trl_environment_factory(
       argument, a call after the episode ended) is raised, and TRL feeds it back to the model.
     * the properties ``env`` (the TorchRL environment), ``messages`` (its conversation as TRL
       messages) and ``reward`` (the sum of its rewards so far, ``None`` if none was written).
-    * ``get_reward()``, when the environment writes a reward: TRL 1.16 adds it as a reward
-      source itself (weight 1, the class's name; ``reward_funcs`` then optional). It sums the
-      rewards of the steps not yet handed to TRL; it never sees the final answer.
+    * ``get_reward()``, when the environment writes a reward (and ``get_reward=True``): TRL 1.16
+      adds it as a reward source itself (weight 1, the class's name; ``reward_funcs`` then
+      optional). It sums the rewards of the steps not yet handed to TRL; it never sees the final
+      answer. A reward function that reads ``env.reward`` (as TRL's own OpenEnv examples do)
+      scores the episode itself: ``get_reward`` then returns ``None`` for it (TRL ignores a
+      ``None``), so no reward is counted twice. Build the factory with ``get_reward=False`` to
+      leave it out altogether (no extra reward column in TRL's logs; an ``async`` reward
+      function reading ``env.reward`` after an ``await`` needs it: TRL runs ``get_reward``
+      first).
 
     Tool methods raise ``ToolFailed`` when the tool raised (TRL counts it in
     ``tools/failure_frequency``; the environment's History holds the reply), an async tool's
@@ -267,6 +275,9 @@ def as_trl_environment_factory(
         processing_class (tokenizer, optional): the trainer's tokenizer; when given, checked to
             render tool calls and to be parsed by TRL (its chat template one of TRL's shipped
             templates, ``trl/chat_templates/*.jinja``).
+        get_reward (bool, optional): whether the instances define ``get_reward`` when the
+            environment writes a reward (TRL then adds it as a reward source). Defaults to
+            ``True``.
 
     Returns:
         a picklable zero-argument factory for ``GRPOTrainer(environment_factory=...)``, with
@@ -335,6 +346,7 @@ def as_trl_environment_factory(
         raise ValueError(signed("row_keys should not name 'prompt': it resets the ChatEnv."))
     if processing_class is not None:
         check_tool_template(processing_class)
+    check_bool(get_reward, "get_reward")
     factory = _EnvironmentFactory(
         make_env,
         name,
@@ -342,6 +354,7 @@ def as_trl_environment_factory(
         row_keys,
         as_nested_key(reward_key, "reward_key"),
         as_nested_key(done_key, "done_key"),
+        get_reward,
     )
     factory._spare = factory._make()  # checked now; the first instance TRL asks for uses it
     factory._build_class(factory._spare)

@@ -13,6 +13,7 @@ every other public function of the class into a tool. A step's reward reaches TR
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -23,6 +24,7 @@ from .._conversation import is_message_list
 from .._keys import PROMPT_HISTORY_KEY
 from ._chat_episode import conversation, reset_episode, reset_input, step_episode
 from ._tool_outcome import awaited, run_tool
+from ._tools import tool_transforms
 from ._trl_prompts import PLACEHOLDER_PROMPT, has_prompt_source, shown_prompt
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -74,6 +76,39 @@ def _completion_calls(completion: Any, names: set[str]) -> list[tuple[str, Any]]
     return calls
 
 
+def _last_turn_calls(completion: Any, names: set[str]) -> list[tuple[str, Any]]:
+    """The calls of the completion's last turn, when it is an assistant turn (calls TRL's loop
+    may have left unrun)."""
+    if not isinstance(completion, list) or not completion:
+        return []
+    last = completion[-1]
+    return _completion_calls([last], names) if last.get("role") == "assistant" else []
+
+
+def _own_tools(tools: dict[str, TorchRLTool], transforms: list) -> dict[str, TorchRLTool]:
+    """``tools`` (listed from the factory's first environment) run by ``transforms``, another
+    environment's tool transforms: each tool's transform replaced by the one in its place.
+
+    Raises:
+        RuntimeError: if the environment has another number of tool transforms.
+    """
+    first = list(dict.fromkeys(tool.transform for tool in tools.values()))
+    if not first or any(t in transforms for t in first):  # no tool, or the first environment
+        return dict(tools)
+    if len(transforms) != len(first):
+        raise RuntimeError(
+            signed(
+                f"this environment has {len(transforms)} tool transforms, the factory's first had "
+                f"{len(first)}: make_env must build the same environment every time."
+            )
+        )
+    own = {id(t): mine for t, mine in zip(first, transforms)}
+    return {
+        name: dataclasses.replace(tool, transform=own[id(tool.transform)])
+        for name, tool in tools.items()
+    }
+
+
 def _final_answer(completion: Any) -> str | None:
     """The completion's final answer: its last turn, when it is an assistant turn without calls."""
     if isinstance(completion, str):
@@ -100,6 +135,12 @@ class TorchRLEnvironment:
 
     def __init__(self, env: Any) -> None:
         self._env = env
+        #: the class's tools run by this instance's own transforms (the class lists them from
+        #: the first environment built; every instance steps, watches and awaits its own)
+        self._own_tools = _own_tools(type(self)._tools, tool_transforms(env))
+        #: whether the reward was read through ``reward`` (TRL's own examples read
+        #: ``env.reward`` in a reward function): ``get_reward`` then counts nothing more
+        self._reward_read = False
         self._td: Any = None
         self._rewards: list[float | None] = []
         self._calls: list[tuple[str, dict[str, Any]]] = []
@@ -123,7 +164,11 @@ class TorchRLEnvironment:
 
     @property
     def reward(self) -> float | None:
-        """The sum of the rewards the environment wrote over the episode's steps, ``None`` if none."""
+        """The sum of the rewards the environment wrote over the episode's steps, ``None`` if none.
+
+        A reward function that reads it (as TRL's own OpenEnv examples do) scores the episode:
+        ``get_reward`` then hands TRL nothing more for it, so no reward is counted twice."""
+        self._reward_read = True
         written = [r for r in self._rewards if r is not None]
         return sum(written) if written else None
 
@@ -176,17 +221,17 @@ class TorchRLEnvironment:
             ToolFailed: if the tool raised (the environment holds the turn TorchRL wrote).
         """
         tool = self._check_call(name, arguments)
-        return run_tool(tool.transform, tool.env_name, lambda: self._reply(name, arguments))
+        return run_tool(tool.transform, tool.env_name, lambda: self._reply(tool, arguments))
 
     async def _acall_tool(self, name: str, **arguments: Any) -> str:
         """An async tool method's body: the tool awaited once, then :meth:`_call_tool`'s step."""
         tool = self._check_call(name, arguments)
         outcome = await awaited(tool.transform, tool.env_name, arguments)
-        run = lambda: self._reply(name, arguments)  # noqa: E731
+        run = lambda: self._reply(tool, arguments)  # noqa: E731
         return run_tool(tool.transform, tool.env_name, run, outcome)
 
     def _check_call(self, name: str, arguments: dict[str, Any]) -> TorchRLTool:
-        tool = self._tools[name]
+        tool = self._own_tools[name]
         self._calls.append((name, dict(arguments)))
         if self._td is None:
             raise RuntimeError(signed(f"tool {name!r} called before reset()."))
@@ -198,8 +243,9 @@ class TorchRLEnvironment:
         tool.signature.signature.bind(**arguments)  # a missing or unknown argument: TypeError
         return tool
 
-    def _reply(self, name: str, arguments: dict[str, Any]) -> str:
-        added = self._step(self._tools[name].render(arguments))
+    def _reply(self, tool: TorchRLTool, arguments: dict[str, Any]) -> str:
+        name = tool.name
+        added = self._step(tool.render(arguments))
         if len(added) != 1:
             raise RuntimeError(
                 signed(
@@ -215,10 +261,11 @@ class TorchRLEnvironment:
         if self._reward_closed[0]:
             return self._reward_closed[1]
         calls = _completion_calls(completion, set(self._tools))
-        # one list a prefix of the other: TRL's loop stops at max_tool_calling_iterations and
-        # leaves the calls of the model's last turn in the completion, never run
-        common = min(len(calls), len(self._calls))
-        if self._calls[:common] != calls[:common]:
+        # the environment ran every call of the completion, but those of its last turn when
+        # TRL's loop stopped there (max_tool_calling_iterations): they are never run
+        last_turn = _last_turn_calls(completion, set(self._tools))
+        ran = self._calls
+        if calls[: len(ran)] != ran or len(ran) < len(calls) - len(last_turn):
             raise ValueError(
                 signed(
                     f"this environment ran the calls {self._calls!r:.300}, but the completion it "
@@ -243,6 +290,9 @@ def get_reward(self: TorchRLEnvironment) -> float | None:
     episode with the final answer) are not counted again; once it closed the episode, ``None``
     (this rollout is scored there).
     """
+    if self._reward_read:  # a reward function read env.reward: it scored the episode
+        self._uncounted_reward()
+        return None
     closed = self._reward_closed[0]
     reward = self._uncounted_reward()
     return reward if reward is not None or closed else 0.0
