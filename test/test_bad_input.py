@@ -47,6 +47,16 @@ from torchrl_trl_interop.testing import (
 CHAT = [{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "4"}]
 
 
+def toy_primed_calculator():
+    """The calculator with its own prompt source (a DataLoadingPrimer)."""
+    from torchrl.envs.llm.transforms.dataloading import DataLoadingPrimer
+
+    primer = DataLoadingPrimer(
+        dataloader=[{"query": ["What is 2 plus 3?"]}], batch_size=(1,), repeats=1
+    )
+    return toy_calculator_env().append_transform(primer)
+
+
 def brevity(completions, **kwargs):
     return [-float(len(c[0]["content"])) for c in completions]
 
@@ -165,6 +175,24 @@ CASES = [
         lambda: as_trl_environment_factory(toy_calculator_env, reward_key=3),
         TypeError,
         "reward_key",
+    ),
+    (
+        "env-factory-get_reward-str",
+        lambda: as_trl_environment_factory(toy_calculator_env, get_reward="no"),
+        TypeError,
+        "get_reward",
+    ),
+    (
+        "env-own-prompts-and-a-row-prompt",
+        lambda: as_trl_environment_factory(toy_primed_calculator)().reset(prompt="Hi"),
+        ValueError,
+        "DataLoadingPrimer",
+    ),
+    (
+        "rollout-mixed-prompt-kinds",
+        lambda: as_trl_rollout_func(chat_env())(["Hi", [{"role": "user", "content": "Ho"}]], None),
+        TypeError,
+        "prompts[0]",
     ),
     ("tools-str", lambda: as_trl_tools("add"), TypeError, "tools"),
     ("rm-forward-dict", lambda: rm()({"tokens": [1, 2]}), TypeError, "tensordict"),

@@ -23,6 +23,7 @@ from torchrl_trl_interop.testing import (
     toy_buffer,
     toy_causal_lm,
     toy_primed_chat_env,
+    toy_template_tokenizer,
     toy_tokenizer,
 )
 
@@ -119,7 +120,7 @@ def test_protocols_are_implemented():
             if callable(member) and not name.startswith("_"):
                 ours = inspect.signature(getattr(cls, name))
                 assert list(ours.parameters) == list(inspect.signature(member).parameters), name
-    worker = TorchRLRolloutWorker(toy_primed_chat_env(), num_generations=2)
+    worker = TorchRLRolloutWorker(toy_buffer(0), num_generations=2)
     assert {"rollout_buffer", "metrics_queue"} <= set(vars(worker))
 
 
@@ -406,3 +407,69 @@ class TestWorkerDynamicSampling:
         with pytest.raises(RuntimeError, match="rollout thread failed") as info:
             worker.check_health(10)
         assert "select groups by their reward at ('next', 'reward')" in info.value.__cause__.args[0]
+
+
+class TestChatFormats:
+    """The worker's rows are the tokenizer's own chat format (issue 53)."""
+
+    @staticmethod
+    def collector(tok, policy):
+        from torchrl.collectors.llm import LLMCollector
+
+        env = toy_primed_chat_env(tok, repeats=2, batch_size=2)
+        return LLMCollector(env, policy=policy, dialog_turns_per_batch=4, total_dialog_turns=8)
+
+    def test_a_policy_prompting_in_another_format_is_refused(self):
+        from torchrl.modules.llm import TransformersWrapper
+        from trl.chat_template_utils import llama3_1_chat_template
+
+        tok = toy_template_tokenizer(llama3_1_chat_template)
+        policy = TransformersWrapper(
+            toy_causal_lm(tokenizer=tok), tokenizer=tok, input_mode="history", generate=True
+        )
+        collector = self.collector(tok, policy)
+        try:
+            with pytest.raises(ValueError, match=r"torchrl's template pick.*llama3_1\.jinja"):
+                TorchRLRolloutWorker(collector, num_generations=2)
+            # named, it passes: the policy renders what the tokenizer renders
+            policy.chat_template = tok.chat_template
+            TorchRLRolloutWorker(collector, num_generations=2)
+        finally:
+            collector.shutdown()
+
+    def test_trainer_model_policy_rows_are_the_templates_tokens(self):
+        from transformers import GenerationConfig
+        from trl.chat_template_utils import llama3_1_chat_template
+
+        from torchrl_trl_interop import TrainerModelPolicy
+
+        tok = toy_template_tokenizer(llama3_1_chat_template, adds_bos=True)
+        config = GenerationConfig(
+            max_new_tokens=4,
+            do_sample=True,
+            eos_token_id=tok.eos_token_id,
+            pad_token_id=tok.pad_token_id,
+        )
+        policy = TrainerModelPolicy(toy_causal_lm(tokenizer=tok, seed=1), tok, config, 1.0)
+        collector = self.collector(tok, policy)
+        worker = TorchRLRolloutWorker(collector, num_generations=2)
+        worker.start()
+        try:
+            samples = take_samples(worker, 4)
+        finally:
+            worker.stop()
+            collector.shutdown()
+        for s in samples:
+            n_prompt = int((s.completion_mask == 0).sum())
+            prompt, completion = s.input_ids[:n_prompt].tolist(), s.input_ids[n_prompt:].tolist()
+            rendered = tok.apply_chat_template(s.prompt, add_generation_prompt=True)
+            assert prompt == list(rendered["input_ids"])  # Llama 3.1's format, bos once
+            assert prompt.count(tok.bos_token_id) == 1
+            ended = completion[-1] == tok.eos_token_id
+            text = tok.decode(completion[:-1] if ended else completion, skip_special_tokens=False)
+            assert s.completion[-1]["content"] == text  # read with the template's stop token
+
+
+def test_source_must_be_a_collector_or_a_buffer():
+    with pytest.raises(TypeError, match=r"'not a collector'.*LLMCollector"):
+        TorchRLRolloutWorker("not a collector", num_generations=2)

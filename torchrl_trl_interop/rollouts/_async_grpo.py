@@ -24,6 +24,7 @@ from .._conversation import history_to_messages
 from .._keys import NEXT_POLICY_VERSION_KEY, NEXT_REWARD_KEY, POLICY_VERSION_KEY, as_nested_key
 from ..weights._staleness import check_max_staleness
 from ._dynamic_sampling import check_candidate_group_size, select_group
+from ._policy_checks import check_policy_format
 from ._policy_output import PolicyKeys, read_policy_rows
 from ._trainer_policy import TrainerModelPolicy, score_tokens
 
@@ -191,7 +192,19 @@ class TorchRLRolloutWorker:
         self.is_collector = hasattr(source, "update_policy_weights_") and hasattr(
             source, "__iter__"
         )
+        if not self.is_collector and not all(
+            hasattr(source, name) for name in ("sample", "extend", "__getitem__", "__len__")
+        ):
+            raise TypeError(
+                signed(
+                    f"source is {source!r:.100} of type {type(source).__name__}; expected a torchrl "
+                    "LLM collector (LLMCollector, RayLLMCollector: it has update_policy_weights_ "
+                    "and yields batches) or the replay buffer a collector writes into."
+                )
+            )
         policy = getattr(source, "policy", None) if self.is_collector else None
+        if policy is not None:
+            check_policy_format(policy)
         self.keys = PolicyKeys.of(policy)
         if (
             score_model is None

@@ -146,3 +146,69 @@ def check_policy(policy: Any, max_turns: int, recompute_logprobs: bool | None) -
         )
     if is_torchrl_transformers_wrapper(policy):
         check_pad_is_not_eos(policy)
+
+
+def check_policy_format(policy: Any) -> None:
+    """A torchrl LLM policy in history mode prompts in its tokenizer's own chat format.
+
+    torchrl's ``TransformersWrapper`` and ``vLLMWrapper`` render a conversation with a template
+    they pick from ``tokenizer.name_or_path`` (ChatML when nothing matches) unless one is named,
+    and read the answer back with that family's parser: with most real templates, another format
+    than the tokenizer's. A policy whose template is named (``chat_template=``,
+    ``chat_template_name=``), or the package's own (which render with the tokenizer's template),
+    pass; one whose pick renders a probe conversation otherwise than the tokenizer's template is
+    refused.
+
+    Raises:
+        ValueError: naming both renders and the fix.
+
+    Examples:
+        >>> from torchrl.modules.llm import TransformersWrapper
+        >>> from trl.chat_template_utils import llama3_1_chat_template
+        >>> from torchrl_trl_interop.testing import toy_causal_lm, toy_template_tokenizer
+        >>> tok = toy_template_tokenizer(llama3_1_chat_template)
+        >>> policy = TransformersWrapper(toy_causal_lm(tokenizer=tok), tokenizer=tok,
+        ...                              input_mode="history", generate=True)
+        >>> check_policy_format(policy)  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        ValueError: the policy TransformersWrapper renders conversations with torchrl's ...
+    """
+    from tensordict import set_list_to_stack
+    from torchrl.data.llm import History
+
+    from .._chat_format import ChatFormat
+
+    tokenizer = getattr(policy, "tokenizer", None)
+    named = getattr(policy, "chat_template", None) or getattr(policy, "chat_template_name", None)
+    if (
+        tokenizer is None
+        or named
+        or getattr(policy, "chat_format", None) is not None  # the package's own policies
+        or getattr(policy, "input_mode", None) != "history"
+        or not getattr(tokenizer, "chat_template", None)
+    ):
+        return
+    chat = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
+    with set_list_to_stack(True):
+        history = History.from_chats([chat])
+    own = ChatFormat.of(tokenizer)
+    theirs = history.apply_chat_template(
+        tokenizer=tokenizer,
+        add_generation_prompt=True,
+        chat_template=getattr(policy, "chat_template", None),
+        chat_template_name=getattr(policy, "chat_template_name", None),
+    )[0]
+    ours = own.render([chat], add_generation_prompt=True)[0]
+    if theirs != ours:
+        raise ValueError(
+            signed(
+                f"the policy {type(policy).__name__} renders conversations with torchrl's "
+                f"template pick ({theirs[-120:]!r}), not with its tokenizer's own, "
+                f"{own.name} ({ours[-120:]!r}): the rollouts would train the model on a format "
+                "its template never produces, and torchrl would parse its answers with another "
+                "family's parser. Build it with chat_template=tokenizer.chat_template, or use "
+                "TrainerModelPolicy(model, tokenizer, generation_config, temperature), which "
+                "renders and reads answers with the tokenizer's template."
+            )
+        )

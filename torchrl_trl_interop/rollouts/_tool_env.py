@@ -190,7 +190,18 @@ class TorchRLEnvironment:
             )
         messages = shown_prompt(prompt)
         columns = {key: row[key] for key in self._factory._columns(row)}
-        shown = None if has_prompt_source(self._env) else messages
+        own_prompts = has_prompt_source(self._env)
+        if own_prompts and "prompt" in row:
+            raise ValueError(
+                signed(
+                    "the environment serves its own prompts (it holds a DataLoadingPrimer), and "
+                    f"the dataset row has one too ({row['prompt']!r:.200}): TRL would show the "
+                    "model the row's prompt with the environment's appended to its last message. "
+                    "Leave the prompt column out of the dataset (TRL then shows the environment's "
+                    "prompt alone), or drop the DataLoadingPrimer to prompt from the dataset."
+                )
+            )
+        shown = None if own_prompts else messages
         fix = "pass row_keys=[...] without them"
         td = reset_input(self._env, shown, columns, fix=fix)
         self._td, after_reset = reset_episode(self._env, td)

@@ -76,7 +76,8 @@ def check_rollout_prompts(prompts: Sequence[Any], *, warn: bool = True) -> bool:
 
     Raises:
         ValueError: naming the row, if a prompt is an empty message list.
-        TypeError: naming the row, if a prompt is neither a string nor a list of messages.
+        TypeError: naming the row, if a prompt is neither a string nor a list of messages, or
+            the prompts mix both kinds.
 
     Examples:
         >>> check_rollout_prompts([[{"role": "user", "content": "Hi"}]])
@@ -104,6 +105,17 @@ def check_rollout_prompts(prompts: Sequence[Any], *, warn: bool = True) -> bool:
                     "or a non-empty list of {'role', 'content'} messages."
                 )
             )
+    kinds = {isinstance(p, str) for p in prompts}
+    if len(kinds) > 1:
+        text = next(i for i, p in enumerate(prompts) if isinstance(p, str))
+        chat = next(i for i, p in enumerate(prompts) if not isinstance(p, str))
+        raise TypeError(
+            signed(
+                f"the prompts mix plain text (prompts[{text}]) and message lists "
+                f"(prompts[{chat}]); expected one kind per call, as a TRL dataset's prompt "
+                "column holds one: make every prompt a list of {'role', 'content'} messages."
+            )
+        )
     if warn and any(isinstance(p, str) for p in prompts):
         warnings.warn(signed(_PLAIN_TEXT), PlainTextPromptWarning, stacklevel=3)
         return True
