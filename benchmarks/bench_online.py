@@ -111,10 +111,9 @@ _PARTS = (
         "ours: step_mdp, no copy (_upstream/_env_step)",
     ),
     ("transformers", "GenerationMixin.generate", "transformers: model.generate"),
-    ("torchrl.data.llm", "History.from_text", "torchrl: History.from_text (answer parse)"),
-    ("torchrl_trl_interop.rollouts._episodes", "render", "ours: chat-template renders"),
-    ("torchrl_trl_interop.rollouts._episodes", "_render", "ours: chat-template renders"),
-    ("torchrl_trl_interop.rollouts._trainer_policy", "render", "ours: chat-template renders"),
+    ("torchrl_trl_interop._chat_format", "ChatFormat.render", "ours: chat-template renders"),
+    ("torchrl_trl_interop._chat_format", "ChatFormat.encode", "ours: rendered text tokenized"),
+    ("torchrl_trl_interop._chat_format", "ChatFormat.answer", "ours: answers read from tokens"),
     ("torchrl_trl_interop.rollouts._episodes", "_to_messages", "ours: History -> messages"),
     ("torchrl_trl_interop.rollouts._episodes", "read_policy_rows", "ours: policy output rows"),
 )

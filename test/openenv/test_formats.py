@@ -1,9 +1,13 @@
-"""torchrl's placeholder turns never reach messages, datasets or rendered text (issue 53).
+"""OpenEnv environments in real models' chat formats (issue 53).
 
-An ``OpenEnvChatEnv`` whose rows end at different steps fills the finished rows with torchrl's
-``"<none>"`` turn, as a ``ChatEnv`` batch keeps one length. That turn is no one's message:
-``history_to_messages``, the torch dataset and both Hugging Face views leave it out, so a chat
-template never renders it into an SFT text.
+* The rollout function over an ``OpenEnvChatEnv`` renders every turn with the tokenizer's own
+  template: ``prompt + completion`` is the template's rendering of the conversation the
+  environment played, whose rows end at different steps.
+* torchrl's placeholder turns never reach messages, datasets or rendered text: an
+  ``OpenEnvChatEnv`` whose rows end at different steps fills the finished rows with torchrl's
+  ``"<none>"`` turn, as a ``ChatEnv`` batch keeps one length. That turn is no one's message:
+  ``history_to_messages``, the torch dataset and both Hugging Face views leave it out, so a chat
+  template never renders it into an SFT text.
 """
 
 from __future__ import annotations
@@ -13,8 +17,13 @@ from _openenv_helpers import last_step_env_class
 from tensordict import TensorDict
 from torchrl.data import LazyStackStorage, ReplayBuffer
 
-from torchrl_trl_interop import OpenEnvChatEnv, TorchRLBufferDataset, history_to_messages
-from torchrl_trl_interop.testing import ScriptedChatPolicy, toy_tokenizer
+from torchrl_trl_interop import (
+    OpenEnvChatEnv,
+    TorchRLBufferDataset,
+    as_trl_rollout_func,
+    history_to_messages,
+)
+from torchrl_trl_interop.testing import ScriptedChatPolicy, toy_template_tokenizer, toy_tokenizer
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -68,3 +77,34 @@ def test_dataset_views_and_the_sft_text_leave_them_out(rollout, view):
     for chat in chats:  # what SFTTrainer renders from a "messages" column
         clean = [{k: v for k, v in m.items() if v is not None} for m in chat]
         assert "<none>" not in tok.apply_chat_template(clean, tokenize=False)
+
+
+@pytest.mark.parametrize("template", ["llama3_1_chat_template", "qwen2_5_chat_template"])
+def test_rollouts_are_the_templates_rendering(template):
+    """Rows ending at steps 1, 3 and 2, each turn in the template's format, to the token."""
+    from types import SimpleNamespace
+
+    import trl.chat_template_utils
+
+    tok = toy_template_tokenizer(getattr(trl.chat_template_utils, template))
+    env = OpenEnvChatEnv(last_step_env_class(), batch_size=3)
+    policy = ScriptedChatPolicy(lambda messages: "ok", tokenizer=tok)
+    trainer = SimpleNamespace(
+        state=SimpleNamespace(global_step=0),
+        processing_class=tok,
+        num_generations=1,
+        model=SimpleNamespace(training=True),
+        reward_funcs=[],
+    )
+    prompts = [[{"role": "user", "content": p}] for p in PROMPTS]
+    out = as_trl_rollout_func(env, policy=policy, max_turns=3)(prompts, trainer)
+    env.close()
+    turns = []
+    for prompt, completion, history in zip(
+        out["prompt_ids"], out["completion_ids"], out["history"]
+    ):
+        rendered = tok.apply_chat_template(history, tokenize=False)
+        ids = tok(rendered, add_special_tokens=False)["input_ids"]
+        assert ids[: len(prompt + completion)] == prompt + completion
+        turns.append([m["role"] for m in history])
+    assert turns == expected_turns()
