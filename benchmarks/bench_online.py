@@ -111,11 +111,34 @@ _PARTS = (
         "ours: step_mdp, no copy (_upstream/_env_step)",
     ),
     ("transformers", "GenerationMixin.generate", "transformers: model.generate"),
+    ("torchrl.data.llm", "History.from_text", "torchrl: History.from_text (answer parse)"),
+    ("torchrl_trl_interop.rollouts._episodes", "render", "ours: chat-template renders"),
+    ("torchrl_trl_interop.rollouts._trainer_policy", "render", "ours: chat-template renders"),
     ("torchrl_trl_interop._chat_format", "ChatFormat.render", "ours: chat-template renders"),
     ("torchrl_trl_interop._chat_format", "ChatFormat.encode", "ours: rendered text tokenized"),
     ("torchrl_trl_interop._chat_format", "ChatFormat.answer", "ours: answers read from tokens"),
     ("torchrl_trl_interop.rollouts._episodes", "_to_messages", "ours: History -> messages"),
     ("torchrl_trl_interop.rollouts._episodes", "read_policy_rows", "ours: policy output rows"),
+    ("torchrl_trl_interop.rollouts._episodes", "reset", "ours: env reset"),
+    (
+        "torchrl_trl_interop.rollouts._trainer_policy",
+        "TrainerModelPolicy._generate_step",
+        "ours: the policy's step (generate included)",
+    ),
+    ("torchrl_trl_interop.rollouts._episodes", "_add_rewards", "ours: rewards read"),
+    ("torchrl_trl_interop.rollouts._trainer_policy", "answer_turn", "ours: answers as History"),
+    ("torchrl_trl_interop.rollouts._episodes", "_Episodes._give_tokens", "ours: tokens given"),
+    ("torchrl_trl_interop._chat_format", "ChatFormat.of", "ours: chat format looked up"),
+    (
+        "torchrl_trl_interop.rollouts._trainer_policy",
+        "TrainerModelPolicy._sample",
+        "ours: the policy's sampling (generate included)",
+    ),
+    (
+        "torchrl_trl_interop.rewards._env_transform",
+        "RewardTransform._step",
+        "ours: reward transform",
+    ),
 )
 
 
@@ -134,11 +157,14 @@ def _timed(parts: dict):
         return timed
 
     for module, path, label in _PARTS:
-        owner = importlib.import_module(module)
+        try:  # a checkout may lack it (--before)
+            owner = importlib.import_module(module)
+        except ImportError:
+            continue
         *outer, name = path.split(".")
         for attr in outer:
-            owner = getattr(owner, attr)
-        if hasattr(owner, name):  # a checkout may lack it (--before)
+            owner = getattr(owner, attr, None)
+        if owner is not None and hasattr(owner, name):
             setattr(owner, name, wrap(getattr(owner, name), label))
 
 

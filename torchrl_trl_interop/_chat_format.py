@@ -588,19 +588,26 @@ def opening_of(prompt: str) -> str:
 
 
 def answer_turn(content: str, complete: bool, role: str = "assistant") -> Any:
-    """An answer as a one-turn :class:`~torchrl.data.llm.History`, laid out as torchrl's parser
-    writes it (``is_complete``: whether the answer ended at a stop token).
+    """An answer as a one-turn :class:`~torchrl.data.llm.History`, with the fields torchrl's
+    parser writes (``is_complete``: whether the answer ended at a stop token), built directly
+    (``History.from_chats`` costs ~0.1 ms a turn).
 
     Examples:
         >>> answer_turn("4", False).tolist()
         [{'role': 'assistant', 'content': '4', 'is_complete': False}]
     """
-    from tensordict import set_list_to_stack
+    import torch
+    from tensordict import NonTensorStack
     from torchrl.data.llm import History
 
-    with set_list_to_stack(True):
-        turn = {"role": role, "content": content, "is_complete": complete}
-        return History.from_chats([[turn]])[0]
+    from ._upstream._lazy_rows import tensorclass_over, text_stack
+
+    fields = {
+        "role": text_stack([role]),
+        "content": text_stack([content]),
+        "is_complete": NonTensorStack.from_list([bool(complete)]),
+    }
+    return tensorclass_over(History, fields, torch.Size([1]))
 
 
 def _current_template(tokenizer: Any) -> Any:

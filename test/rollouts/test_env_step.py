@@ -29,6 +29,7 @@ from torchrl_trl_interop._upstream._env_step import (
     step,
     step_mdp,
 )
+from torchrl_trl_interop.rollouts._episodes import _same_length
 from torchrl_trl_interop.testing import (
     ScriptedChatPolicy,
     toy_answer_length,
@@ -82,7 +83,9 @@ class DenseHistory(TensorDictModuleBase):
 
     def forward(self, td):
         td = self.policy(td)
-        td.set(("history", "full"), messages_to_history(history_to_messages(td["history", "full"])))
+        # the messages are the real turns: filled again to one length with torchrl's placeholder
+        chats = _same_length(history_to_messages(td["history", "full"]))
+        td.set(("history", "full"), messages_to_history(chats))
         return td
 
 
