@@ -71,7 +71,7 @@ def test_callbacks_are_trainer_callbacks(tmp_path):
     assert isinstance(sync, TrainerCallback) and isinstance(checkpoint, TrainerCallback)
     trainer = Trainer(
         model=toy_causal_lm(),
-        args=TrainingArguments(**toy_trainer_args(tmp_path)),
+        args=TrainingArguments(**toy_trainer_args(tmp_path, bf16=False)),
         callbacks=[sync, checkpoint],
     )
     assert trainer.pop_callback(WeightSyncCallback) is sync

@@ -502,7 +502,7 @@ class TestTRLOnline:
                 num_generations=2,
                 generation_batch_size=2,
                 max_completion_length=4,
-                **toy_trainer_args(tmp_path),
+                **toy_trainer_args(tmp_path, bf16=False),
             ),
             train_dataset=TorchRLBufferDataset(rb, 1, num_batches=None).as_hf_dataset(),
             processing_class=tokenizer,

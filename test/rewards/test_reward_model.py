@@ -539,7 +539,7 @@ class TestTextAndHistory:
             "rejected": ["The fox.", "Two plus two is five."] * 2,
         }
         args = RewardConfig(
-            dataset_num_proc=None, **toy_trainer_args(tmp_path, logging_strategy="no")
+            dataset_num_proc=None, **toy_trainer_args(tmp_path, logging_strategy="no", bf16=False)
         )
         trainer = RewardTrainer(
             model=model, args=args, train_dataset=Dataset.from_dict(data), processing_class=tok

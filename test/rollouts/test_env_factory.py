@@ -267,7 +267,7 @@ class TestSameEpisode:
         trainer = GRPOTrainer(
             model=toy_causal_lm(tokenizer=tok),
             reward_funcs=correct_answer,
-            args=GRPOConfig(num_generations=2, **toy_trainer_args(tmp_path)),
+            args=GRPOConfig(num_generations=2, **toy_trainer_args(tmp_path, bf16=False)),
             train_dataset=prompts_dataset(["What is 2 plus 3?"]),
             processing_class=tok,
             rollout_func=rollout_func,
