@@ -13,6 +13,15 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("WANDB_DISABLED", "true")
 
 
+@pytest.fixture(scope="session")
+def doc_pages(tmp_path_factory):
+    """Runs each page of ``docs/`` once per session (``test/_doc_pages.py``): the tests that
+    check a page read the same run."""
+    from _doc_pages import PageRuns
+
+    return PageRuns(tmp_path_factory.mktemp("doc-pages"))
+
+
 @pytest.fixture
 def tokenizer():
     from torchrl_trl_interop.testing import toy_tokenizer

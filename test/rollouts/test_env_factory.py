@@ -13,7 +13,6 @@ import json
 import multiprocessing
 import pickle
 import sys
-import textwrap
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
@@ -202,14 +201,12 @@ class TestGRPOEnvironmentFactory:
 
 
 @pytest.mark.slow
-def test_the_docs_example_runs(tmp_path, monkeypatch):
-    """The code block of docs/online.rst's section on environment_factory runs as written."""
+def test_the_docs_example_runs(doc_pages):
+    """The code block of docs/online.rst's section on environment_factory, as the page's run
+    (once per session: ``test/_doc_pages.py``) left it: the trainer trained, calling tools."""
     text = (Path(__file__).parents[2] / "docs" / "online.rst").read_text()
-    section = text.split("TorchRL environments in TRL's own tool loop\n", 1)[1]
-    code = section.split(".. code-block:: python\n", 1)[1].split("\nPer rollout", 1)[0]
-    monkeypatch.chdir(tmp_path)
-    namespace: dict = {}
-    exec(compile(textwrap.dedent(code), "docs/online.rst", "exec"), namespace)
+    heading = text.split("TorchRL environments in TRL's own tool loop\n", 1)[0].count("\n") + 1
+    namespace = doc_pages.run("online.rst").after(heading)
     logs = namespace["trainer"].state.log_history
     assert namespace["trainer"].state.global_step == 2
     assert any(log.get("tools/call_frequency", 0) > 0 for log in logs)
