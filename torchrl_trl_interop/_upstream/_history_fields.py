@@ -14,7 +14,8 @@ The walk reads tensordict's internals (a ``TensorDict``'s entry dict ``_tensordi
 ``_batch_size``, a ``NonTensorData``'s payload ``_non_tensordict["data"]``, a tensorclass's
 ``_tensordict``): it runs on the tensordict versions it was measured on
 (:data:`~torchrl_trl_interop._upstream.TENSORDICT_MEASURED`); on any other, every function here is
-tensordict's ``tolist`` (``history.tolist(tolist_first=True)``, ~30x slower on 8 rows).
+tensordict's ``tolist`` (``history.tolist(tolist_first=True)``, much slower: the figures are in
+``benchmarks/RESULTS.rst``, "Why the speed paths").
 
 The upstream fix that would retire it: a ``tolist`` of a History (or of one field of it) that
 reads the payloads in one walk, without building a tensorclass per turn (tensordict/torchrl).
@@ -78,7 +79,7 @@ def _payloads(value: Any, ndim: int) -> Any:
     """
     cls = type(value)
     if cls is NonTensorData:
-        shape = value._tensordict._batch_size  # not .batch_size: a tensorclass call, ~2 us
+        shape = value._tensordict._batch_size  # not .batch_size: a tensorclass call
         if len(shape) != ndim:
             return None
         return _repeat(value._non_tensordict["data"], tuple(shape))
@@ -180,7 +181,7 @@ def history_column(batch: Any, key: tuple[str, ...]) -> tuple[list, list] | None
         td = history._tensordict
         if type(td) is LazyStackedTensorDict:
             turns = td.tensordicts
-            # each row's turns: the stack's one dimension (``td.batch_size``: ~0.5 us a row)
+            # each row's turns: the stack's one dimension (``td.batch_size``, not ``h.ndim``)
             if td.stack_dim != 0 or not turns or len(td.batch_size) != 1:
                 return None
             gathered += turns
@@ -218,7 +219,7 @@ def _turn_fields(turns: list, names: tuple[str, ...], exact: bool) -> tuple | No
     :func:`_layout_values` reads for them; ``None`` for any other.
 
     One pass, each turn's entries read once: the turns of a column lie apart in memory, and a
-    pass a field reads them twice (~1.8x the time on 9k turns)."""
+    pass a field would read them twice."""
     get, n, payloads = itemgetter(*names), len(names), []
     for turn in turns:
         if type(turn) is not TensorDict or turn._batch_size:
@@ -241,7 +242,7 @@ def history_messages(history: History) -> list:
     """``history.tolist(tolist_first=True)`` of a ``[B, T]`` History: per conversation, one dict
     per turn (``role``, ``content`` and ``is_complete`` where the History holds it).
 
-    Read from the payloads in one walk (~30x tensordict's ``tolist`` on 8 rows) when every turn
+    Read from the payloads in one walk (much faster than tensordict's ``tolist``) when every turn
     holds just these fields; any other History (tool calls, other fields, other layouts) goes
     through ``tolist``.
 
@@ -311,7 +312,7 @@ def row_entries(batch: Any, key: tuple[str, ...]) -> list | None:
 
 def non_tensor_payloads(values: list) -> list:
     """The payloads of ``NonTensorData`` values (``value.data``), read without the
-    tensorclass's attribute lookup (~2 us a value) on the tensordict versions measured.
+    tensorclass's attribute lookup on the tensordict versions measured.
 
     Examples:
         >>> from tensordict import NonTensorData

@@ -61,8 +61,8 @@ def row_builder(names: tuple[str, ...]) -> Callable[..., dict[str, Any]]:
     """A function of one value per name that returns the row ``{name: value}``.
 
     Its body is one dict display (``lambda v0, v1: {k0: v0, k1: v1}``, the names bound as
-    globals of the function, never written into its source): ~0.4 us a row less than
-    ``dict(zip(names, values))``, 5-8% of the streaming view's time on 128-token rows.
+    globals of the function, never written into its source): cheaper per row than
+    ``dict(zip(names, values))`` (figures: ``benchmarks/RESULTS.rst``).
 
     Examples:
         >>> row_builder(("input_ids", "score"))([1, 2], 0.5)
