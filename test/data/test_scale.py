@@ -174,15 +174,18 @@ def two_workers():
     online_rb = buffer(64, capacity=ONLINE_CAPACITY, writer=CommittedWriter())
     online = TorchRLBufferDataset(online_rb, 64, num_batches=None, seed=0)
     it = iter(loader(ChainDataset([epoch, seeded, online]), 2, batch_size=64))
-    batches = [next(it)]  # the workers are up
     writer = Writer(online_rb, 64, ONLINE_CAPACITY, chunk=64, pause=0.0002)
-    writer.start()
-    deadline = time.monotonic() + 2.5
-    while time.monotonic() < deadline:
-        batches.append(next(it))
-    writer.stop.set()
-    writer.join()
-    it._shutdown_workers()
+    try:
+        batches = [next(it)]  # the workers are up
+        writer.start()
+        deadline = time.monotonic() + 2.5
+        while time.monotonic() < deadline:
+            batches.append(next(it))
+    finally:
+        writer.stop.set()
+        if writer.is_alive():
+            writer.join()
+        it._shutdown_workers()
     per_worker = [[int(i) for b in batches[w::2] for i in b["row_id"]] for w in range(2)]
     ids = [int(i) for b in batches for i in b["row_id"]]
     ok = [bool(x) for b in batches for x in whole(b["row_id"], b["payload"])]
