@@ -72,9 +72,9 @@ def pytest_configure(config):
         if (self.bf16 or self.fp16) and not _AUTOCAST_ALLOWED[0]:
             raise AssertionError(
                 f"{type(self).__name__} would autocast (bf16={self.bf16}, fp16={self.fp16}): "
-                "every trainer config a test builds states fp32. Build it from "
-                "torchrl_trl_interop.testing.toy_trainer_args (or pass bf16=False), or mark a "
-                "test that autocasts on purpose with @pytest.mark.autocast."
+                "every trainer config a test builds states fp32: pass bf16=False (to the config "
+                "or to torchrl_trl_interop.testing.toy_trainer_args), build it from toy_grpo_args, "
+                "or mark a test that autocasts on purpose with @pytest.mark.autocast."
             )
 
     TrainingArguments.__post_init__ = fp32_only
