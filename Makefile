@@ -12,7 +12,7 @@ export TRANSFORMERS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 export PYTHONHASHSEED := 0
 
-.PHONY: setup test lint pytest demo docs docs-check bench gpu-check gpu-check-cuda clean
+.PHONY: setup test lint pytest wheel-check demo docs docs-check bench gpu-check gpu-check-cuda clean
 
 setup: $(STAMP)
 
@@ -31,6 +31,12 @@ pytest: setup
 	$(PY) -m pytest -q
 
 test: lint pytest
+
+# The package as a user gets it: sdist and wheel built (python -m build), the wheel installed in a
+# fresh virtualenv outside the checkout (torch 2.13.0 CPU through constraints.txt), the README's
+# quickstart and a smoke subset of the tests run there against it (.ci/wheel-check; ~2 min).
+wheel-check: setup
+	PY=$(CURDIR)/$(PY) .ci/wheel-check
 
 demo: setup
 	$(PY) tutorials/trl_interop.py

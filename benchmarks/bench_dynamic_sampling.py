@@ -81,7 +81,11 @@ def warm_start(model_dir: str, out_dir: str, steps: int, accuracy: float) -> Non
             learning_rate=1e-2,
             warmup_steps=20,
             **toy_trainer_args(
-                out_dir, max_steps=steps, per_device_train_batch_size=32, logging_steps=100
+                out_dir,
+                max_steps=steps,
+                per_device_train_batch_size=32,
+                logging_steps=100,
+                bf16=False,
             ),
         ),
         train_dataset=Dataset.from_dict({"messages": chats}),

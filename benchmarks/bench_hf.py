@@ -9,12 +9,13 @@ as its median [min-max] over the repetitions):
   ``pyarrow.ListArray.from_arrays`` (target: at most 2x that direct build);
 * ``to_hf_dataset()``, 3,000 LLM-shaped rows (``LazyStackStorage``: ragged tokens and mask, a
   3-message History, a text), versus ``datasets.Dataset.from_list`` of the same Python rows
-  (target: no slower), once with the History built by ``History.from_chats`` and once by our
-  own ``messages_to_history`` (each History layout has its own row);
+  (target: no slower);
 * the torch dataset's epoch pass over those rows: the History column versus the tokens + mask
-  columns (target: at least 0.5x the rows/s), and the History column built by
-  ``messages_to_history`` versus the same conversations built by ``History.from_chats``
-  (target: the same speed, at least 0.9x the rows/s);
+  columns (target: at least 0.5x the rows/s);
+
+  each of these two on every History layout the package and TorchRL write, a row each: built by
+  ``History.from_chats`` (TorchRL's wrappers), by our ``messages_to_history``
+  (``replay_buffer_from_hf``), and both mixed in one buffer;
 * ``as_hf_dataset()`` iteration (epoch mode) over 20,000 dense rows versus the torch dataset's
   epoch pass over the same rows (target: at most 1.5x its time);
 
@@ -77,9 +78,15 @@ def direct_arrow(rb: ReplayBuffer, hashed: bool = True):
 def llm_rows(
     rows: int, seed: int = 0, history_from: str = "from_chats"
 ) -> tuple[ReplayBuffer, list[dict]]:
-    """LLM-shaped rows: ragged tokens and mask, a 3-message History (built by
-    ``History.from_chats``, or by our ``messages_to_history`` with ``history_from``), a text;
-    and the same rows as Python values (what ``Dataset.from_list`` is given)."""
+    """LLM-shaped rows: ragged tokens and mask, a 3-message History, a text; and the same rows
+    as Python values (what ``Dataset.from_list`` is given).
+
+    ``history_from`` picks the History's layout, among those the package and TorchRL write:
+    ``"from_chats"`` (``History.from_chats``, as TorchRL's LLM wrappers build it: each row a
+    lazy stack of turns), ``"messages_to_history"`` (our ``messages_to_history``, as
+    ``replay_buffer_from_hf`` writes it: each row's fields stack its turns), ``"mixed"`` (both,
+    alternating every 16 rows: a buffer a collector and ``replay_buffer_from_hf`` both wrote).
+    """
     from torchrl.data.llm import History
 
     g = torch.Generator().manual_seed(seed)
@@ -87,17 +94,18 @@ def llm_rows(
     chats = [c + [{"role": "assistant", "content": "ok"}] * (3 - len(c)) for c in chats]
     lengths = torch.randint(16, 512, (rows,), generator=g).tolist()
     tokens = [torch.randint(3, 32_000, (n,), generator=g) for n in lengths]
+    build = {"from_chats": History.from_chats, "messages_to_history": messages_to_history}
     with set_list_to_stack(True):
-        if history_from == "from_chats":
-            history = History.from_chats(chats)
+        if history_from == "mixed":
+            layouts = [("from_chats", "messages_to_history")[(i // 16) % 2] for i in range(rows)]
         else:
-            history = messages_to_history(chats)
+            layouts = [history_from] * rows
         tds = [
             TensorDict(
                 {
                     "tokens": {"full": tokens[i]},
                     "masks": {"all_attention_mask": torch.ones(n, dtype=torch.bool)},
-                    "history": {"full": history[i]},
+                    "history": {"full": build[layouts[i]]([chats[i]])[0]},
                     "text": {"full": f"answer {i}"},
                 }
             )
@@ -115,6 +123,14 @@ def llm_rows(
         for i, n in enumerate(lengths)
     ]
     return rb, python
+
+
+#: the History layouts of ``llm_rows``, as the table names them
+LABELS = {
+    "from_chats": "`History.from_chats`",
+    "messages_to_history": "`messages_to_history`",
+    "mixed": "both layouts, mixed",
+}
 
 
 def paired(timings: dict[str, Timing], ours: str, ref: str, unit: str) -> list[float]:
@@ -185,70 +201,48 @@ def main_table(args: argparse.Namespace) -> None:
     )
 
     n_llm = args.llm_rows
-    rb_llm, python = llm_rows(n_llm)
-    rb_ours, _ = llm_rows(n_llm, history_from="messages_to_history")
+    # every row below runs on each History layout the package and TorchRL write (``llm_rows``)
+    layouts = ("from_chats", "messages_to_history", "mixed")
+    built = {layout: llm_rows(n_llm, history_from=layout) for layout in layouts}
+    python = built["from_chats"][1]  # the same Python rows whatever the layout
+    views = {
+        layout: (lambda n, rb=rb: len(TorchRLBufferDataset(rb, 256).to_hf_dataset()))
+        for layout, (rb, _) in built.items()
+    }
     t = time_interleaved(
-        {
-            "ours": lambda n: len(TorchRLBufferDataset(rb_llm, 256).to_hf_dataset()),
-            "ours, messages_to_history": lambda n: len(
-                TorchRLBufferDataset(rb_ours, 256).to_hf_dataset()
-            ),
-            "from_list": lambda n: len(Dataset.from_list(python)),
-        },
-        n_llm,
-        n_llm,
-        args.repeats,
+        {**views, "from_list": lambda n: len(Dataset.from_list(python))}, n_llm, n_llm, args.repeats
     )
-    row(
-        f"`to_hf_dataset()`, {n_llm:,} LLM-shaped rows, vs `Dataset.from_list`",
-        t,
-        "ours",
-        "from_list",
-        1,
-        True,
-    )
-    row(
-        "same, History built by `messages_to_history`",
-        t,
-        "ours, messages_to_history",
-        "from_list",
-        1,
-        True,
-    )
+    for layout in layouts:
+        row(
+            f"`to_hf_dataset()`, {n_llm:,} LLM-shaped rows, History by {LABELS[layout]}, vs "
+            "`Dataset.from_list`",
+            t,
+            layout,
+            "from_list",
+            1,
+            True,
+        )
 
     def epoch(rb, keys):
         return lambda n: touch_rows(TorchRLBufferDataset(rb, 256, epoch=True, keys=keys))
 
     history = [("history", "full")]
+    tokens = [("tokens", "full"), ("masks", "all_attention_mask")]
+    passes = {layout: epoch(rb, history) for layout, (rb, _) in built.items()}
     t = time_interleaved(
-        {
-            "history": epoch(rb_llm, history),
-            "history, messages_to_history": epoch(rb_ours, history),
-            "tokens": epoch(rb_llm, [("tokens", "full"), ("masks", "all_attention_mask")]),
-        },
-        n_llm,
-        n_llm,
-        args.repeats,
+        {**passes, "tokens": epoch(built["from_chats"][0], tokens)}, n_llm, n_llm, args.repeats
     )
-    row(
-        f"torch dataset, History vs tokens+mask columns ({n_llm:,} rows; ratio of rows/s)",
-        t,
-        "history",
-        "tokens",
-        0.5,
-        False,
-        "rows/s",
-    )
-    row(
-        "torch dataset, History by `messages_to_history` vs by `History.from_chats` "
-        "(ratio of rows/s)",
-        t,
-        "history, messages_to_history",
-        "history",
-        0.9,
-        False,
-        "rows/s",
-    )
+    for layout in layouts:
+        row(
+            f"torch dataset, History by {LABELS[layout]} vs tokens+mask columns ({n_llm:,} "
+            "rows; ratio of rows/s)",
+            t,
+            layout,
+            "tokens",
+            0.5,
+            False,
+            "rows/s",
+        )
 
     n_iter = args.iter_rows
     rb_iter = dense_buffer(n_iter)
@@ -272,7 +266,7 @@ def main_table(args: argparse.Namespace) -> None:
     )
     print(
         f"Hugging Face views, one torch thread, {args.repeats} interleaved repetitions, process "
-        "CPU time; 'ratio' is ours / reference in time, or in rows/s for the two History rows: "
+        "CPU time; 'ratio' is ours / reference in time, or in rows/s for the History rows: "
         "the median [min-max] of the ratios paired per repetition (the verdict reads the "
         "median)."
     )

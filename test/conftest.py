@@ -13,6 +13,15 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("WANDB_DISABLED", "true")
 
 
+@pytest.fixture(scope="session")
+def doc_pages(tmp_path_factory):
+    """Runs each page of ``docs/`` once per session (``test/_doc_pages.py``): the tests that
+    check a page read the same run."""
+    from _doc_pages import PageRuns
+
+    return PageRuns(tmp_path_factory.mktemp("doc-pages"))
+
+
 @pytest.fixture
 def tokenizer():
     from torchrl_trl_interop.testing import toy_tokenizer
@@ -63,9 +72,9 @@ def pytest_configure(config):
         if (self.bf16 or self.fp16) and not _AUTOCAST_ALLOWED[0]:
             raise AssertionError(
                 f"{type(self).__name__} would autocast (bf16={self.bf16}, fp16={self.fp16}): "
-                "every trainer config a test builds states fp32. Build it from "
-                "torchrl_trl_interop.testing.toy_trainer_args (or pass bf16=False), or mark a "
-                "test that autocasts on purpose with @pytest.mark.autocast."
+                "every trainer config a test builds states fp32: pass bf16=False (to the config "
+                "or to torchrl_trl_interop.testing.toy_trainer_args), build it from toy_grpo_args, "
+                "or mark a test that autocasts on purpose with @pytest.mark.autocast."
             )
 
     TrainingArguments.__post_init__ = fp32_only

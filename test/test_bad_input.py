@@ -29,7 +29,6 @@ from torchrl_trl_interop import (
     as_trl_tools,
     build_preference_pairs,
     history_to_messages,
-    is_conversational,
     messages_to_history,
     replay_buffer_from_hf,
     rows_to_tensordict,
@@ -263,7 +262,6 @@ CASES = [
         TypeError,
         "reward_key",
     ),
-    ("is_conversational-None", lambda: is_conversational(None), TypeError, "example"),
     ("writer-compilable-str", lambda: CommittedWriter(compilable="x"), TypeError, "compilable"),
     ("collator-pad-str", lambda: PaddingCollator(pad_token_id="0"), TypeError, "pad_token_id"),
     (

@@ -15,7 +15,6 @@ from torchrl.data.llm import History
 from torchrl_trl_interop import (
     TorchRLBufferDataset,
     history_to_messages,
-    is_conversational,
     is_message_list,
     messages_to_history,
     replay_buffer_from_hf,
@@ -170,7 +169,11 @@ class TestPredicates:
         assert not is_message_list([{"role": "user"}])
 
     def test_is_conversational_is_deprecated_for_trls(self):
+        """The deprecated copy warns (naming TRL's check and the version that removes it), and
+        answers as TRL's does until then; its errors name its argument."""
         from trl.data_utils import is_conversational as trls
+
+        from torchrl_trl_interop import is_conversational
 
         rows = [
             {"messages": CHAT},
@@ -178,16 +181,12 @@ class TestPredicates:
             {"prompt": "Hi", "chosen": "a", "rejected": "b"},
             {"other": CHAT},
         ]
-        with pytest.warns(DeprecationWarning, match="trl.data_utils.is_conversational"):
+        warned = r"removed in 0\.3\.0: use trl\.data_utils\.is_conversational"
+        with pytest.warns(DeprecationWarning, match=warned):
             ours = [is_conversational(row) for row in rows]
+            with pytest.raises(TypeError, match="example must be a dict"):
+                is_conversational(None)
         assert ours == [trls(row) for row in rows] == [True, True, False, False]
-
-    @pytest.mark.filterwarnings("ignore::DeprecationWarning")
-    def test_is_conversational(self):
-        assert is_conversational({"messages": CHAT})
-        assert is_conversational({"prompt": CHAT[:2], "completion": CHAT[2:]})
-        assert not is_conversational({"prompt": "Hi", "chosen": "a", "rejected": "b"})
-        assert not is_conversational({"other": CHAT})
 
 
 class TestSplitPromptCompletion:

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import textwrap
+
+import pytest
 
 import torchrl_trl_interop
 
@@ -24,38 +27,57 @@ def run(code: str) -> subprocess.CompletedProcess:
     )
 
 
-def test_every_public_name_is_lazy_and_light():
-    result = run(
-        f"""
-        import sys
-        import torchrl_trl_interop as pkg
-        assert not any(m in sys.modules for m in {HEAVY!r}), "heavy import at package import"
-        for name in pkg.__all__:
-            if name not in {CALLBACK_MODULE_NAMES!r}:
-                getattr(pkg, name)
-        loaded = [m for m in {HEAVY!r} if m in sys.modules]
-        assert not loaded, f"touching the public names imported {{loaded}}"
-        print("ok")
-        """
-    )
+#: one interpreter, stage after stage (each only adds imports), reporting what it holds after
+#: each: the three checks below share its start-up (torch, tensordict, torchrl: seconds)
+STAGES = f"""
+import json, sys
+def report(stage):
+    heavy = [m for m in {HEAVY!r} if m in sys.modules]
+    checkpoint = "torchrl_trl_interop.data._checkpoint" in sys.modules
+    print(json.dumps({{"stage": stage, "heavy": heavy, "checkpoint": checkpoint}}), flush=True)
+import torchrl_trl_interop as pkg
+report("package")
+pkg.TorchRLBufferDataset
+report("dataset")
+import torch
+from tensordict import TensorDict
+from torchrl.data import LazyTensorStorage, ReplayBuffer
+rb = ReplayBuffer(storage=LazyTensorStorage(4))
+rb.extend(TensorDict({{"x": torch.arange(4)}}, batch_size=[4]))
+ds = pkg.TorchRLBufferDataset(rb, 2)
+list(ds)
+report("iterated")
+for name in pkg.__all__:
+    if name not in {CALLBACK_MODULE_NAMES!r}:
+        getattr(pkg, name)
+report("every light name")
+ds.to_hf_dataset()
+report("to_hf_dataset")
+"""
+
+
+@pytest.fixture(scope="module")
+def stages() -> dict[str, dict]:
+    result = run(STAGES)
     assert result.returncode == 0, result.stderr
-    assert result.stdout.strip().splitlines()[-1] == "ok"
+    lines = [line for line in result.stdout.splitlines() if line.startswith("{")]
+    return {stage["stage"]: stage for stage in map(json.loads, lines)}
 
 
-def test_the_dataset_leaves_transformers_out():
+def test_every_public_name_is_lazy_and_light(stages):
+    assert stages["package"]["heavy"] == [], "heavy import at package import"
+    assert stages["every light name"]["heavy"] == [], "touching the public names imported them"
+
+
+def test_the_dataset_leaves_transformers_out(stages):
     """Touching TorchRLBufferDataset does not import a callback module, hence no transformers."""
-    result = run(
-        """
-        import sys
-        import torchrl_trl_interop
-        torchrl_trl_interop.TorchRLBufferDataset
-        assert "transformers" not in sys.modules, "TorchRLBufferDataset imported transformers"
-        assert "torchrl_trl_interop.data._checkpoint" not in sys.modules
-        print("ok")
-        """
-    )
-    assert result.returncode == 0, result.stderr
-    assert result.stdout.strip().splitlines()[-1] == "ok"
+    assert "transformers" not in stages["dataset"]["heavy"]
+    assert not stages["dataset"]["checkpoint"]
+
+
+def test_features_import_hf_only_when_used(stages):
+    assert "datasets" not in stages["iterated"]["heavy"]
+    assert "datasets" in stages["to_hf_dataset"]["heavy"]
 
 
 def test_callbacks_are_trainer_callbacks(tmp_path):
@@ -71,33 +93,13 @@ def test_callbacks_are_trainer_callbacks(tmp_path):
     assert isinstance(sync, TrainerCallback) and isinstance(checkpoint, TrainerCallback)
     trainer = Trainer(
         model=toy_causal_lm(),
-        args=TrainingArguments(**toy_trainer_args(tmp_path)),
+        args=TrainingArguments(**toy_trainer_args(tmp_path, bf16=False)),
         callbacks=[sync, checkpoint],
     )
     assert trainer.pop_callback(WeightSyncCallback) is sync
     assert trainer.pop_callback(BufferCheckpointCallback) is checkpoint
     kinds = [type(cb) for cb in trainer.callback_handler.callbacks]
     assert WeightSyncCallback not in kinds and BufferCheckpointCallback not in kinds
-
-
-def test_features_import_hf_only_when_used():
-    result = run(
-        """
-        import sys, torch
-        from tensordict import TensorDict
-        from torchrl.data import LazyTensorStorage, ReplayBuffer
-        from torchrl_trl_interop import TorchRLBufferDataset
-        rb = ReplayBuffer(storage=LazyTensorStorage(4))
-        rb.extend(TensorDict({"x": torch.arange(4)}, batch_size=[4]))
-        ds = TorchRLBufferDataset(rb, 2)
-        list(ds)
-        assert "datasets" not in sys.modules
-        ds.to_hf_dataset()
-        assert "datasets" in sys.modules
-        print("ok")
-        """
-    )
-    assert result.returncode == 0, result.stderr
 
 
 def test_import_with_optional_packages_blocked():
@@ -137,7 +139,5 @@ def test_dir_and_all():
 
 
 def test_unknown_name():
-    import pytest
-
     with pytest.raises(AttributeError, match="no attribute 'Nope'"):
         torchrl_trl_interop.Nope  # noqa: B018

@@ -1,4 +1,5 @@
-"""The sdist and the wheel: LICENSE in both, the sdist carries what the tests need.
+"""The sdist and the wheel: LICENSE in both, the sdist carries what the tests need, the wheel's
+version is the package's.
 
 Both are built offline with setuptools' own PEP 517 backend (what ``python -m build`` calls),
 from a copy of the project so that the checkout gets no ``build/`` or ``*.egg-info``.
@@ -15,6 +16,8 @@ import zipfile
 from pathlib import Path
 
 import pytest
+
+import torchrl_trl_interop
 
 ROOT = Path(__file__).resolve().parents[1]
 BUILD = (
@@ -47,6 +50,7 @@ def test_sdist_carries_the_license_and_what_the_tests_need(dists):
     needed = {
         "LICENSE",
         "README.md",
+        "CHANGELOG.md",
         "pyproject.toml",
         "test/conftest.py",
         "test/data/_torchrun_worker.py",
@@ -69,6 +73,8 @@ def test_wheel_carries_the_license_and_spdx_metadata(dists):
         metadata = email.message_from_bytes(whl.read(f"{info}/METADATA"))
     assert f"{info}/licenses/LICENSE" in names
     assert metadata["License-Expression"] == "MIT"
+    assert metadata["Version"] == torchrl_trl_interop.__version__  # the one version
+    assert dists[1].name.startswith(f"torchrl_trl_interop-{torchrl_trl_interop.__version__}-")
     assert metadata.get_all("License-File") == ["LICENSE"]
     assert "torchrl_trl_interop/py.typed" in names
     assert not any(n.startswith(("test/", "docs/", "tutorials/")) for n in names)

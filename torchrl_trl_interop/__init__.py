@@ -18,7 +18,9 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-__version__ = "0.1.0"
+# The one version (pyproject.toml reads it): the next release with a .dev suffix while
+# CHANGELOG.md has an "Unreleased" section, the release itself once it is tagged.
+__version__ = "0.2.0.dev0"
 
 # public name -> the private module defining it, grouped as the folders are (docs/api.rst too)
 _EXPORTS: dict[str, str] = {

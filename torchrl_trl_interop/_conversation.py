@@ -16,7 +16,6 @@ Every field of a message crosses the boundary, kept exactly (no stripping, no te
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -32,6 +31,7 @@ from tensordict import (
 from tensordict.utils import NestedKey
 
 from ._checks import as_names, boundary, check_bool, check_dicts, signed
+from ._deprecation import warn_deprecated
 from ._keys import PLACEHOLDER_ROLE, as_nested_key, flatten_nested, get_entry, key_parts
 from ._message_fields import MessageHistory
 from ._tool_calls import has_turn_fields, message_turns, messages_of_turns
@@ -73,7 +73,7 @@ def is_message_list(value: Any) -> bool:
 
 
 def is_conversational(example: dict[str, Any]) -> bool:
-    """Deprecated (warns; kept for one release): use TRL's ``trl.data_utils.is_conversational``,
+    """Deprecated (warns; removed in 0.3.0): use TRL's ``trl.data_utils.is_conversational``,
     which this copied: whether a TRL row's standard columns hold conversations.
 
     Examples:
@@ -84,12 +84,7 @@ def is_conversational(example: dict[str, Any]) -> bool:
         >>> is_conversational({"prompt": "Hi", "completion": " there"})
         False
     """
-    warnings.warn(
-        "torchrl_trl_interop.is_conversational is deprecated and will be removed in the next "
-        "release: use trl.data_utils.is_conversational, TRL's own check.",
-        DeprecationWarning,
-        stacklevel=2,
-    )
+    warn_deprecated("torchrl_trl_interop.is_conversational")
     if not isinstance(example, Mapping):
         raise TypeError(f"is_conversational: example must be a dict, got {type(example).__name__}.")
     columns = [

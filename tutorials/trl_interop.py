@@ -102,13 +102,14 @@ def _fmt(values):
 
 
 def run_args(steps, batch_size, logging_steps):
-    """The trainers' run settings: CPU, offline, seeded, no checkpoints (``toy_trainer_args``)."""
+    """The trainers' run settings: CPU, fp32, offline, seeded, no checkpoints."""
     return toy_trainer_args(
         OUT_DIR / "runs",
         max_steps=steps,
         per_device_train_batch_size=batch_size,
         logging_steps=logging_steps,
         disable_tqdm=not SHOW_PROGRESS,
+        bf16=False,
     )
 
 
@@ -337,7 +338,7 @@ for refused in (dataset, rollouts_rb):
     try:
         RewardTrainer(
             model=toy_reward_model("llama", tokenizer=toy_tokenizer()),
-            args=RewardConfig(**toy_trainer_args(OUT_DIR / "runs")),
+            args=RewardConfig(**toy_trainer_args(OUT_DIR / "runs", bf16=False)),
             train_dataset=refused,
             processing_class=toy_tokenizer(),
         )

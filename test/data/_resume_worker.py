@@ -113,6 +113,7 @@ def main(cfg: dict) -> None:
         dataloader_num_workers=cfg["workers"],
         ignore_data_skip=cfg["ignore_data_skip"],
         save_only_model=False,
+        bf16=False,
     )
     if cfg["workers"]:
         common["dataloader_persistent_workers"] = cfg.get("persistent", False)

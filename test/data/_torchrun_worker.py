@@ -86,7 +86,11 @@ def _recording(trainer_cls):
 
 def common_args(tmp: str) -> dict:
     return toy_trainer_args(
-        tmp, max_steps=STEPS, per_device_train_batch_size=PER_DEVICE, remove_unused_columns=False
+        tmp,
+        max_steps=STEPS,
+        per_device_train_batch_size=PER_DEVICE,
+        remove_unused_columns=False,
+        bf16=False,
     )
 
 

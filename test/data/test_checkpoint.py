@@ -545,7 +545,12 @@ def online_run(tmp_path: Path, resume: str | None, snapshots: dict) -> ReplayBuf
     rb.extend(TensorDict({"row_id": torch.arange(3), "x": torch.zeros(3, 4)}, [3]))
     ds = TorchRLBufferDataset(rb, 2, num_batches=None, seed=0)  # online: sampled as it grows
     args = toy_trainer_args(
-        str(tmp_path), max_steps=6, save_strategy="steps", save_steps=3, dataloader_num_workers=0
+        str(tmp_path),
+        max_steps=6,
+        save_strategy="steps",
+        save_steps=3,
+        dataloader_num_workers=0,
+        bf16=False,
     )
     callbacks = [BufferCheckpointCallback(rb), OnlineWriter(rb), Snapshot()]
     trainer = Trainer(

@@ -43,7 +43,9 @@ def run(tmp_path, rb, order, resume=None):
             return {"loss": self.lin(x).pow(2).mean()}
 
     callbacks = [BufferCheckpointCallback(rb), StepWriter(rb)]
-    args = toy_trainer_args(str(tmp_path), max_steps=6, save_strategy="steps", save_steps=2)
+    args = toy_trainer_args(
+        str(tmp_path), max_steps=6, save_strategy="steps", save_steps=2, bf16=False
+    )
     trainer = Trainer(
         model=Tiny(),
         args=TrainingArguments(**args),

@@ -8,7 +8,7 @@ from tensordict import TensorDict, lazy_stack
 
 from torchrl_trl_interop import split_columns
 from torchrl_trl_interop._keys import as_nested_key
-from torchrl_trl_interop.data._selection import Selection, column_keys
+from torchrl_trl_interop.data._columns import Selection, column_keys
 
 
 def nested_batch() -> TensorDict:

@@ -123,7 +123,7 @@ def test_trainer_reads_what_a_ray_task_writes(ray_tasks, ray_buffer, tokenizer, 
         args=RewardConfig(
             max_length=64,
             remove_unused_columns=False,
-            **toy_trainer_args(tmp_path, max_steps=4, per_device_train_batch_size=4),
+            **toy_trainer_args(tmp_path, max_steps=4, per_device_train_batch_size=4, bf16=False),
         ),
         train_dataset=TorchRLBufferDataset(rb, 4, num_batches=None).as_hf_dataset(),
         processing_class=tokenizer,

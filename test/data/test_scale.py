@@ -1,8 +1,10 @@
 """Scale: exactly-once epochs across DataLoader workers and ranks, distinct sampling streams,
 online streaming into workers, and a 2-rank ``torchrun`` run of real HF/TRL trainers.
 
-DataLoader worker tests use the ``spawn`` start method (torchrl's default); each costs a few
-seconds of worker start-up on a small machine, so there are only a handful.
+DataLoader worker tests use the ``spawn`` start method (torchrl's default). A spawned worker
+costs a few seconds of start-up (it imports torch, tensordict and torchrl), so the tests share
+them: two DataLoader sessions (:func:`two_workers`, :func:`one_worker`) each read several
+datasets in a row (``ChainDataset``), and each test reads what its own dataset yielded.
 """
 
 from __future__ import annotations
@@ -12,13 +14,13 @@ import json
 import sys
 import threading
 import time
-from collections import Counter
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 import torch
 from tensordict import TensorDict
-from torch.utils.data import DataLoader
+from torch.utils.data import ChainDataset, DataLoader
 from torchrl.data import (
     LazyStackStorage,
     LazyTensorStorage,
@@ -53,10 +55,10 @@ def whole(row_id: torch.Tensor, payload: torch.Tensor) -> torch.Tensor:
     return (payload == row_id[..., None] * 1000 + torch.arange(WIDTH)).all(-1)
 
 
-def buffer(n: int, capacity: int | None = None, **kwargs) -> ReplayBuffer:
+def buffer(n: int, capacity: int | None = None, *, start: int = 0, **kwargs) -> ReplayBuffer:
     rb = ReplayBuffer(storage=LazyTensorStorage(capacity or max(n, 1)), **kwargs)
     if n:
-        rb.extend(rows(0, n))
+        rb.extend(rows(start, n))
     return rb
 
 
@@ -120,6 +122,97 @@ def fake_accelerate(monkeypatch, num_processes: int) -> None:
 
 
 # ---------------------------------------------------------------------------------------------
+# Spawned DataLoader workers, shared: each session reads several datasets in a row
+# ---------------------------------------------------------------------------------------------
+
+#: the first row id of each session dataset's buffer, so that a row tells which one it came from
+#: (the online buffer's ids start at 0 and stay below its capacity)
+EPOCH_ROWS, SEEDED_ROWS, ONLINE_CAPACITY = 1_000_000, 500_000, 40_000
+
+
+@dataclass
+class Session:
+    """What a DataLoader session yielded: each worker's row ids in order, and what was read."""
+
+    per_worker: list[list[int]]
+    payload_ok: list[bool]  # per row, in the order read: whole (not torn)
+    ids: list[int]  # every row id, in the order read
+    extra: dict = field(default_factory=dict)
+
+    def of(self, low: int, high: int, worker: int | None = None) -> list[int]:
+        """The ids in ``[low, high)``, of one worker (in its order) or of all."""
+        ids = self.ids if worker is None else self.per_worker[worker]
+        return [i for i in ids if low <= i < high]
+
+
+class Writer(threading.Thread):
+    """Extends the buffer with consecutive row ids until stopped or full."""
+
+    def __init__(self, rb, start: int, limit: int, chunk: int = 32, pause: float = 0.0005):
+        super().__init__(daemon=True)
+        self.rb, self.written, self.limit, self.chunk, self.pause = rb, start, limit, chunk, pause
+        self.stop = threading.Event()
+
+    def run(self):
+        while not self.stop.is_set() and self.written + self.chunk <= self.limit:
+            self.rb.extend(rows(self.written, self.chunk))
+            self.written += self.chunk
+            time.sleep(self.pause)
+
+
+@pytest.fixture(scope="module")
+def two_workers():
+    """Two spawn workers read, in a row: an epoch pass (45 rows, shuffled), seeded sampling on a
+    buffer built with a seeded generator (3 batches), then an online stream while a writer
+    extends its ``CommittedWriter`` buffer (read for 2.5 s once the workers are up). Each
+    worker's iterator never ends, so the loader takes batches from the workers in turn:
+    ``batches[w::2]`` are worker ``w``'s."""
+    epoch = TorchRLBufferDataset(buffer(45, start=EPOCH_ROWS), 4, epoch=True, shuffle=True, seed=0)
+    seeded_rb = buffer(1000, start=SEEDED_ROWS, generator=torch.Generator().manual_seed(0))
+    rng_state = seeded_rb._rng.get_state()
+    seeded = TorchRLBufferDataset(seeded_rb, 8, num_batches=3, seed=7)
+    online_rb = buffer(64, capacity=ONLINE_CAPACITY, writer=CommittedWriter())
+    online = TorchRLBufferDataset(online_rb, 64, num_batches=None, seed=0)
+    it = iter(loader(ChainDataset([epoch, seeded, online]), 2, batch_size=64))
+    writer = Writer(online_rb, 64, ONLINE_CAPACITY, chunk=64, pause=0.0002)
+    try:
+        batches = [next(it)]  # the workers are up
+        writer.start()
+        deadline = time.monotonic() + 2.5
+        while time.monotonic() < deadline:
+            batches.append(next(it))
+    finally:
+        writer.stop.set()
+        if writer.is_alive():
+            writer.join()
+        it._shutdown_workers()
+    per_worker = [[int(i) for b in batches[w::2] for i in b["row_id"]] for w in range(2)]
+    ids = [int(i) for b in batches for i in b["row_id"]]
+    ok = [bool(x) for b in batches for x in whole(b["row_id"], b["payload"])]
+    extra = {"epoch": epoch, "seeded_rb": seeded_rb, "rng_state": rng_state, "writer": writer}
+    return Session(per_worker, ok, ids, extra)
+
+
+@pytest.fixture(scope="module")
+def one_worker():
+    """One spawn worker reads an epoch pass (45 rows, in batches of 9 so that no batch mixes
+    datasets), then streams a buffer without a ``CommittedWriter``, which it must refuse."""
+    epoch = TorchRLBufferDataset(buffer(45, start=EPOCH_ROWS), 4, epoch=True, shuffle=True, seed=0)
+    stream_ds = TorchRLBufferDataset(buffer(16), 4, num_batches=None)
+    it = iter(loader(ChainDataset([epoch, stream_ds]), 1, batch_size=9))
+    batches, error = [], None
+    try:
+        for batch in it:
+            batches.append(batch)
+    except RuntimeError as err:
+        error = err
+    finally:
+        it._shutdown_workers()
+    ids = [int(i) for b in batches for i in b["row_id"]]
+    return Session([ids], [], ids, {"epoch": epoch, "error": error})
+
+
+# ---------------------------------------------------------------------------------------------
 # Epoch mode: every stored row exactly once
 # ---------------------------------------------------------------------------------------------
 
@@ -155,12 +248,21 @@ class TestEpoch:
         assert [int(r["row_id"]) for r in other_seed] != first
 
     @pytest.mark.parametrize("num_workers", [0, 1, 2])
-    def test_dataloader_workers(self, num_workers):
-        rb = buffer(45)
-        ds = TorchRLBufferDataset(rb, 4, epoch=True, shuffle=True, seed=0)
-        got = ids_of(loader(ds, num_workers, batch_size=6))
-        assert sorted(got) == list(range(45))
+    def test_dataloader_workers(self, num_workers, request):
+        """Every row once, split across the spawn workers (shared sessions, see above)."""
+        if num_workers:
+            session = request.getfixturevalue(("one_worker", "two_workers")[num_workers - 1])
+            ds, got = session.extra["epoch"], session.of(EPOCH_ROWS, EPOCH_ROWS + 45)
+        else:
+            ds = TorchRLBufferDataset(
+                buffer(45, start=EPOCH_ROWS), 4, epoch=True, shuffle=True, seed=0
+            )
+            got = ids_of(loader(ds, 0, batch_size=6))
+        assert sorted(got) == list(range(EPOCH_ROWS, EPOCH_ROWS + 45))
         assert sorted(ds.to_hf_dataset()["row_id"]) == sorted(got)
+        if num_workers == 2:  # each worker read its own share
+            shares = [set(session.of(EPOCH_ROWS, EPOCH_ROWS + 45, w)) for w in (0, 1)]
+            assert shares[0] and shares[1] and not shares[0] & shares[1]
 
     def test_hf_view_every_row_once_and_shardable(self):
         from datasets.distributed import split_dataset_by_node
@@ -295,19 +397,16 @@ class TestSampling:
         if seed is not None:
             assert streams == [stream(rb, info, fake_reader, seed) for info in readers]
 
-    def test_real_workers_match_their_seeded_streams(self, fake_reader, monkeypatch):
+    def test_real_workers_match_their_seeded_streams(self, fake_reader, two_workers):
         """Two spawn workers on a buffer built with a seeded generator (upstream: one stream twice)."""
-        rb = buffer(1000, generator=torch.Generator().manual_seed(0))
-        state = rb._rng.get_state()
-        ds = TorchRLBufferDataset(rb, 8, num_batches=3, seed=7)
-        batches = [b["row_id"].tolist() for b in loader(ds, 2, batch_size=8)]
-        per_worker = [sum(batches[w::2], []) for w in range(2)]  # in-order: w0, w1, w0, ...
+        rb = two_workers.extra["seeded_rb"]
+        per_worker = [two_workers.of(SEEDED_ROWS, EPOCH_ROWS, w) for w in (0, 1)]
         assert per_worker[0] != per_worker[1]
         expected = [
             stream(rb, ShardInfo(0, 1, w, 2, in_worker=True), fake_reader, 7) for w in (0, 1)
         ]
         assert per_worker == expected  # reproducible: seed, rank and worker id decide the stream
-        assert torch.equal(rb._rng.get_state(), state)  # the user's generator is untouched
+        assert torch.equal(rb._rng.get_state(), two_workers.extra["rng_state"])  # untouched
 
     def test_in_process_reader_keeps_the_buffers_own_sampler(self):
         rb = buffer(1000, generator=torch.Generator().manual_seed(0))
@@ -332,21 +431,6 @@ class TestSampling:
 # ---------------------------------------------------------------------------------------------
 
 
-class Writer(threading.Thread):
-    """Extends the buffer with consecutive row ids until stopped or full."""
-
-    def __init__(self, rb, start: int, limit: int, chunk: int = 32, pause: float = 0.0005):
-        super().__init__(daemon=True)
-        self.rb, self.written, self.limit, self.chunk, self.pause = rb, start, limit, chunk, pause
-        self.stop = threading.Event()
-
-    def run(self):
-        while not self.stop.is_set() and self.written + self.chunk <= self.limit:
-            self.rb.extend(rows(self.written, self.chunk))
-            self.written += self.chunk
-            time.sleep(self.pause)
-
-
 class TestOnline:
     def test_in_process_stream_sees_rows_written_during_training(self):
         rb = buffer(32, capacity=20_000)
@@ -364,34 +448,19 @@ class TestOnline:
         writer.join()
         assert seen_max > 32 * 10, (seen_max, writer.written)
 
-    def test_workers_stream_only_whole_rows(self):
+    def test_workers_stream_only_whole_rows(self, two_workers):
         """Two spawn workers sample while a writer extends: every yielded row is whole."""
-        capacity = 40_000
-        rb = buffer(64, capacity=capacity, writer=CommittedWriter())
-        ds = TorchRLBufferDataset(rb, 64, num_batches=None, seed=0)
-        it = iter(loader(ds, 2, batch_size=256))
-        next(it)  # workers are up
-        writer = Writer(rb, 64, capacity, chunk=64, pause=0.0002)
-        writer.start()
-        counts, torn, seen_max = Counter(), 0, 0
-        deadline = time.monotonic() + 2.5
-        while time.monotonic() < deadline:
-            b = next(it)
-            ok = whole(b["row_id"], b["payload"])
-            torn += int((~ok).sum())
-            counts[len(ok)] += 1
-            seen_max = max(seen_max, int(b["row_id"].max()))
-        writer.stop.set()
-        writer.join()
-        it._shutdown_workers()
-        assert torn == 0
+        online = two_workers.of(0, ONLINE_CAPACITY)
+        assert online, "the workers streamed no online row"
+        assert all(two_workers.payload_ok)  # no torn row, in any dataset of the session
+        writer, seen_max = two_workers.extra["writer"], max(online)
         assert seen_max < writer.written
         assert seen_max > writer.written // 2, (seen_max, writer.written)  # new rows arrive
 
-    def test_worker_stream_needs_committed_writer(self):
-        ds = TorchRLBufferDataset(buffer(16), 4, num_batches=None)
-        with pytest.raises(RuntimeError, match="writer=torchrl_trl_interop.CommittedWriter"):
-            first_batch(loader(ds, 1))
+    def test_worker_stream_needs_committed_writer(self, one_worker):
+        error = one_worker.extra["error"]
+        assert error is not None, "the worker streamed a buffer without a CommittedWriter"
+        assert "writer=torchrl_trl_interop.CommittedWriter" in str(error)
 
     def test_list_storage_cannot_go_to_spawn_workers(self):
         rb = ReplayBuffer(storage=LazyStackStorage(16))
@@ -502,7 +571,7 @@ class TestTRLOnline:
                 num_generations=2,
                 generation_batch_size=2,
                 max_completion_length=4,
-                **toy_trainer_args(tmp_path),
+                **toy_trainer_args(tmp_path, bf16=False),
             ),
             train_dataset=TorchRLBufferDataset(rb, 1, num_batches=None).as_hf_dataset(),
             processing_class=tokenizer,

@@ -37,7 +37,7 @@ ANSWERS = ["Four.", "Two plus two is four.", "The lazy dog.", "Hello!", "I am fi
 
 
 def common_args(tmp_path) -> dict:
-    return toy_trainer_args(tmp_path)
+    return toy_trainer_args(tmp_path, bf16=False)
 
 
 def chat_ids(tok, messages, **kwargs) -> list[int]:
@@ -330,7 +330,7 @@ class TestStandardFormat:
         before = weights_of(model)
         trainer = RewardTrainer(
             model=model,
-            args=RewardConfig(max_length=64, **toy_trainer_args(tmp_path)),
+            args=RewardConfig(max_length=64, **toy_trainer_args(tmp_path, bf16=False)),
             train_dataset=train,
             processing_class=tokenizer,
         )
@@ -362,7 +362,7 @@ class TestStandardFormat:
                 generation_batch_size=4,
                 max_completion_length=4,
                 learning_rate=1e-2,
-                **toy_trainer_args(tmp_path),
+                **toy_trainer_args(tmp_path, bf16=False),
             ),
             train_dataset=TorchRLBufferDataset(rb, batch_size=4).to_hf_dataset(),
             processing_class=tokenizer,

@@ -1,14 +1,13 @@
 """``docs/openenv.rst`` as written: one environment, every loop, the same episode.
 
-The page's Python code blocks run in order in one namespace (as a reader would paste them), and
-every loop must have played the scripted episode the TorchRL environment plays itself
+The page's Python code blocks run in order in one namespace (as a reader would paste them; the
+run is the one ``test/test_docs_code.py`` checks, made once per session), and every loop must
+have played the scripted episode the TorchRL environment plays itself
 (``torchrl_episode``): the same conversation and the same reward.
 """
 
 from __future__ import annotations
 
-import re
-import textwrap
 from pathlib import Path
 
 import pytest
@@ -30,21 +29,12 @@ pytestmark = [
 ]
 
 
-def python_blocks(text: str) -> list[str]:
-    """The ``.. code-block:: python`` bodies of an RST text, dedented, in order."""
-    blocks = []
-    for match in re.finditer(r"^( *)\.\. code-block:: python\n\n((?:\1 {4}.*\n|\n)+)", text, re.M):
-        blocks.append(textwrap.dedent(match.group(2)))
-    return blocks
-
-
-def test_the_page_runs_and_every_loop_agrees(tmp_path, monkeypatch, capsys):
-    monkeypatch.chdir(tmp_path)  # the trainer's output_dir is relative
-    blocks = python_blocks(PAGE.read_text())
-    assert len(blocks) >= 6
-    namespace: dict = {}
-    for i, block in enumerate(blocks):
-        exec(compile(block, f"{PAGE.name}[block {i}]", "exec"), namespace)  # noqa: S102
+def test_the_page_runs_and_every_loop_agrees(doc_pages):
+    """The page's run (once per session: ``test/_doc_pages.py``), read: every loop played the
+    episode the TorchRL environment plays itself."""
+    run = doc_pages.run(PAGE)
+    assert sum(block.kind == "code" for block in run.blocks) >= 6
+    namespace = run.namespace
 
     ways = namespace["ways"]
     assert list(ways) == WAYS
@@ -53,8 +43,7 @@ def test_the_page_runs_and_every_loop_agrees(tmp_path, monkeypatch, capsys):
     assert [m["role"] for m in conversation] == ["user", "assistant", "tool", "assistant"]
     for way, got in ways.items():
         assert got == (conversation, reward), way
-    printed = capsys.readouterr().out
-    assert all(f"{way:34} 4 turns, reward 1.0" in printed for way in WAYS)
+    assert all(f"{way:34} 4 turns, reward 1.0" in run.out for way in WAYS)
 
 
 def reference(question, script):

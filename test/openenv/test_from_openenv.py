@@ -22,8 +22,8 @@ from torchrl.envs.llm.transforms import SimpleToolTransform
 
 from torchrl_trl_interop import (
     OpenEnvChatEnv,
+    RewardTransform,
     as_openenv_environment,
-    as_reward_transform,
     as_trl_rollout_func,
     history_to_messages,
     openenv_server,
@@ -186,7 +186,7 @@ class TestServed:
             wrapped.close()
 
     def test_reward_transforms_drive_it(self, served_url):
-        reward = as_reward_transform(toy_answer_length, reward_key="length")
+        reward = RewardTransform(toy_answer_length, reward_key="length")
         env = OpenEnvChatEnv(served_url).append_transform(reward)
         td = env.reset(TensorDict({"query": [PROMPT]}, batch_size=[1]))
         rollout = env.rollout(2, ScriptedChatPolicy(answers()), tensordict=td, auto_reset=False)
@@ -292,7 +292,7 @@ def test_reset_columns_reach_a_served_reward():
         return [float(a in c[-1]["content"]) for c, a in zip(completions, answer)]
 
     def make_env():
-        reward = as_reward_transform(matches_answer, kwargs_keys={"answer": "answer"})
+        reward = RewardTransform(matches_answer, kwargs_keys={"answer": "answer"})
         return toy_chat_env(batch_size=1, transforms=[reward])
 
     env = OpenEnvChatEnv(

@@ -16,7 +16,7 @@ from openenv.core.env_server.interfaces import Environment
 from openenv.core.env_server.types import State
 from torchrl.envs.llm.transforms import SimpleToolTransform
 
-from torchrl_trl_interop import as_openenv_environment, as_reward_transform
+from torchrl_trl_interop import RewardTransform, as_openenv_environment
 from torchrl_trl_interop.testing import (
     toy_add,
     toy_chat_env,
@@ -70,7 +70,7 @@ class TestEpisode:
         def matches_answer(completions, answer, **kwargs):
             return [float(a in c[-1]["content"]) for c, a in zip(completions, answer)]
 
-        reward = as_reward_transform(matches_answer, kwargs_keys={"answer": "answer"})
+        reward = RewardTransform(matches_answer, kwargs_keys={"answer": "answer"})
         make_env = partial(toy_chat_env, batch_size=1, transforms=[reward])
         env = as_openenv_environment(make_env)()
         env.reset(prompt=PROMPT, answer="5")

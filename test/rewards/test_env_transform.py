@@ -1,4 +1,4 @@
-"""TRL rewards inside TorchRL environments: ``RewardTransform`` / ``as_reward_transform``.
+"""TRL rewards inside TorchRL environments: ``RewardTransform``.
 
 The unit tests step a real ``ChatEnv`` with a written answer (a random toy model never writes
 ``<think>`` tags); the training-step test runs the real pipeline: ``LLMCollector`` rollouts
@@ -24,7 +24,6 @@ from torchrl_trl_interop import (
     HFRewardModelWrapper,
     RewardTransform,
     TRLRewardFuncWrapper,
-    as_reward_transform,
     history_to_messages,
     messages_to_history,
 )
@@ -74,13 +73,13 @@ class CountingModule(TRLRewardFuncWrapper):
 
 class TestRewardTransform:
     def test_trl_reward_function_scores_the_assistant_turn(self):
-        env = chat_env(as_reward_transform(think_format_reward))
+        env = chat_env(RewardTransform(think_format_reward))
         assert env.full_reward_spec["reward"].shape == (2, 1, 1)
         out = step(env, [chat(THINKS), chat("Four.")])
         assert out["next", "reward"].tolist() == [[[1.0]], [[0.0]]]
 
     def test_weights_and_several_functions(self):
-        env = chat_env(as_reward_transform([think_format_reward, brevity], weights=[10.0, 1.0]))
+        env = chat_env(RewardTransform([think_format_reward, brevity], weights=[10.0, 1.0]))
         out = step(env, [chat(THINKS), chat("Four.")])
         expected = [10.0 - len(THINKS), -float(len("Four."))]
         assert out["next", "reward"].reshape(-1).tolist() == expected
@@ -120,17 +119,17 @@ class TestRewardTransform:
         torch.testing.assert_close(out["next", "reward"].reshape(-1), expected.reshape(-1))
 
     def test_refuses_to_overwrite_a_reward(self):
-        env = chat_env(as_reward_transform(brevity), as_reward_transform(think_format_reward))
+        env = chat_env(RewardTransform(brevity), RewardTransform(think_format_reward))
         with pytest.raises(ValueError, match="already holds a reward.*accumulate=True"):
             step(env, [chat(THINKS), chat("Four.")])
         env = chat_env(
-            as_reward_transform(brevity), as_reward_transform(think_format_reward, accumulate=True)
+            RewardTransform(brevity), RewardTransform(think_format_reward, accumulate=True)
         )
         out = step(env, [chat(THINKS), chat("Four.")])
         assert out["next", "reward"].reshape(-1).tolist() == [1.0 - len(THINKS), -5.0]
 
     def test_missing_history(self):
-        env = chat_env(as_reward_transform(brevity))
+        env = chat_env(RewardTransform(brevity))
         td = env.reset(TensorDict({"query": ["a", "b"]}, batch_size=[2]))
         td["history"] = ChatHistory(prompt=td["history"].prompt, batch_size=[2])
         with pytest.raises(KeyError, match="no conversation at history_key"):
@@ -141,7 +140,7 @@ class TestRewardTransform:
         with pytest.raises(TypeError, match="or a TensorDict module writing a reward"):
             RewardTransform(3)
         with pytest.raises(TypeError, match=r"\['weights'\], which RewardTransform does not take"):
-            as_reward_transform(TRLRewardFuncWrapper(brevity), weights=[1.0])
+            RewardTransform(TRLRewardFuncWrapper(brevity), weights=[1.0])
 
 
 class TestTRLFunctionsDirectly:
@@ -166,9 +165,6 @@ class TestTRLFunctionsDirectly:
         out = step(env, [chat(THINKS, question="x"), chat("Four.", question="Four.")])
         expected = [10.0 - len(THINKS), -float(len("Four.")) + 100.0]
         assert out["next", "reward"].reshape(-1).tolist() == expected
-        # the alias builds the same thing
-        alias = as_reward_transform([think_format_reward, brevity], weights=[10.0, 1.0])
-        assert type(alias) is RewardTransform and alias.module.weights == [10.0, 1.0]
 
     def test_text_mode_in_a_text_chat_env(self, tokenizer):
         from torchrl.modules.llm.policies import Text
@@ -203,27 +199,12 @@ class TestErrorsNameTheCallMade:
 
     def test_unknown_keyword(self):
         with pytest.raises(
-            TypeError,
-            match=r"as_reward_transform\(\) got an unexpected keyword argument 'only_dne' "
-            r"\(did you mean 'only_done'\?\)\. It takes: \['accumulate', .*'weights'\]",
-        ):
-            as_reward_transform(brevity, only_dne=True)
-        with pytest.raises(
             TypeError, match="RewardTransform.* unexpected keyword argument 'only_dne'"
         ):
             RewardTransform(brevity, only_dne=True)
 
-    @pytest.mark.parametrize("call", [RewardTransform, as_reward_transform])
-    def test_argument_errors(self, call):
-        name = call.__name__
-        with pytest.raises(TypeError, match=rf"^{name}: weights\[0\] must be a real number"):
-            call(brevity, weights=["a"])
-        with pytest.raises(ValueError, match=rf"^{name}: got 2 weights for 1 reward functions"):
-            call(brevity, weights=[1.0, 2.0])
-        with pytest.raises(TypeError, match=rf"^{name}: reward_funcs\[1\] is a int"):
-            call([brevity, 3])
-        with pytest.raises(TypeError, match=rf"^{name}: only_done must be a bool"):
-            call(brevity, only_done="no")
+    def test_argument_errors(self):
+        check_argument_errors(RewardTransform)
 
     @pytest.mark.parametrize("stepper", ["env.step", "the online loop's step"])
     @pytest.mark.parametrize("written", ["reward", ("history", "score"), ("scores", "brevity")])
@@ -251,9 +232,9 @@ class TestErrorsNameTheCallMade:
         def short(completions, **kwargs):
             return [1.0]
 
-        env = chat_env(as_reward_transform(short))
+        env = chat_env(RewardTransform(short))
         with pytest.raises(
-            ValueError, match="^as_reward_transform: reward function 'short' returned 1"
+            ValueError, match="^RewardTransform: reward function 'short' returned 1"
         ):
             step(env, [chat("a"), chat("b")])
         # a wrapper the user built keeps its own name
@@ -305,12 +286,12 @@ class TestOnlyDoneOrder:
             self.two_turns(env)
 
     def test_before_a_transform_writing_done(self):
-        env = chat_env(as_reward_transform(brevity, only_done=True), EndsAtOnce())
+        env = chat_env(RewardTransform(brevity, only_done=True), EndsAtOnce())
         with pytest.raises(
-            ValueError, match=r"as_reward_transform\(only_done=True\) runs before \['EndsAtOnce'\]"
+            ValueError, match=r"RewardTransform\(only_done=True\) runs before \['EndsAtOnce'\]"
         ):
             step(env, [chat("abc"), chat("abcdef")])
-        env = chat_env(EndsAtOnce(), as_reward_transform(brevity, only_done=True))
+        env = chat_env(EndsAtOnce(), RewardTransform(brevity, only_done=True))
         out = step(env, [chat("abc"), chat("abcdef")])
         assert out["next", "reward"].reshape(-1).tolist() == [-3.0, -6.0]
 
@@ -335,7 +316,7 @@ class TestTorchRLTrainingStep:
         env = ChatEnv(batch_size=(2,), tokenizer=tok, input_mode="history")
         env = env.append_transform(DataLoadingPrimer(dataloader=loader, repeats=2, batch_size=(2,)))
         env = env.append_transform(StepCounter(max_steps=1))
-        env = env.append_transform(as_reward_transform([think_format_reward, brevity]))
+        env = env.append_transform(RewardTransform([think_format_reward, brevity]))
         policy = TransformersWrapper(
             model,
             tokenizer=tok,
@@ -390,9 +371,36 @@ class TestTorchRLTrainingStep:
         assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters()))
 
 
-def test_as_reward_transform_is_deprecated_for_reward_transform():
-    from trl.rewards import think_format_reward
+def check_argument_errors(call):
+    """The argument errors of ``call`` (``RewardTransform`` or its deprecated alias), each
+    opening with the name of the call made."""
+    name = call.__name__
+    with pytest.raises(TypeError, match=rf"^{name}: weights\[0\] must be a real number"):
+        call(brevity, weights=["a"])
+    with pytest.raises(ValueError, match=rf"^{name}: got 2 weights for 1 reward functions"):
+        call(brevity, weights=[1.0, 2.0])
+    with pytest.raises(TypeError, match=rf"^{name}: reward_funcs\[1\] is a int"):
+        call([brevity, 3])
+    with pytest.raises(TypeError, match=rf"^{name}: only_done must be a bool"):
+        call(brevity, only_done="no")
 
-    with pytest.warns(DeprecationWarning, match=r"use RewardTransform\(module, \*\*kwargs\)"):
-        transform = as_reward_transform(think_format_reward, only_done=True)
-    assert type(transform) is RewardTransform and transform.only_done
+
+def test_as_reward_transform_is_deprecated_for_reward_transform():
+    """The deprecated alias warns (naming its replacement and the version that removes it),
+    builds the same transform, and its errors name the call made, at build and at step time."""
+    from torchrl_trl_interop import as_reward_transform
+
+    warned = r"as_reward_transform.*removed in 0\.3\.0.*use RewardTransform\(module, \*\*kwargs\)"
+    with pytest.warns(DeprecationWarning, match=warned):
+        transform = as_reward_transform([think_format_reward, brevity], weights=[10.0, 1.0])
+        check_argument_errors(as_reward_transform)
+        with pytest.raises(
+            TypeError,
+            match=r"as_reward_transform\(\) got an unexpected keyword argument 'only_dne' "
+            r"\(did you mean 'only_done'\?\)\. It takes: \['accumulate', .*'weights'\]",
+        ):
+            as_reward_transform(brevity, only_dne=True)
+        short = as_reward_transform(lambda completions, **kwargs: [1.0])
+    assert type(transform) is RewardTransform and transform.module.weights == [10.0, 1.0]
+    with pytest.raises(ValueError, match=r"^as_reward_transform: reward function '<lambda>' "):
+        step(chat_env(short), [chat("a"), chat("b")])

@@ -9,6 +9,8 @@ import threading
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from tensordict import TensorDict, lazy_stack
 
 from torchrl_trl_interop import (
@@ -136,6 +138,46 @@ class TestScoresMatchAlone:
         reward = HFRewardModelWrapper(model, inference_mode=True)(dense_td(ids, mask))["reward"]
         expected = score_alone(model, torch.tensor([11, 13, 14]))
         assert reward.item() == pytest.approx(expected, abs=1e-5)
+
+    def test_mask_values_and_id_dtypes(self):
+        """A mask's nonzero values mark real tokens (a 0/2 mask is a 0/1 one); int32 ids score
+        as int64 ones."""
+        model = reward_model("llama")
+        rows = make_rows([4, 6, 2], seed=4)
+        ids, mask = toy_padded(rows, "right", padding_value=0, mask_dtype=torch.long)
+        wrapper = HFRewardModelWrapper(model, inference_mode=True)
+        expected = torch.tensor([score_alone(model, r) for r in rows])
+        for td in (dense_td(ids, mask * 2), dense_td(ids.int(), mask)):
+            torch.testing.assert_close(wrapper(td)["reward"], expected, atol=1e-5, rtol=0)
+
+    @settings(max_examples=40, deadline=None)
+    @given(
+        lengths=st.lists(st.integers(1, 6), min_size=1, max_size=4),
+        holes=st.lists(st.tuples(st.integers(0, 3), st.integers(0, 6)), max_size=2),
+        pads=st.lists(st.tuples(st.integers(0, 3), st.integers(0, 6)), max_size=2),
+        mask_dtype=st.sampled_from([torch.bool, torch.long]),
+    )
+    def test_holes_and_pad_ids_among_real_tokens(self, lengths, holes, pads, mask_dtype):
+        """Right-padded rows with holes punched in the mask and the pad id written among the
+        real tokens: each row scores as its real tokens alone, or the call names the rows left
+        with none."""
+        model = reward_model("llama")
+        ids, mask = toy_padded(make_rows(lengths, seed=len(lengths)), "right", padding_value=0,
+                               mask_dtype=mask_dtype)  # fmt: skip
+        for row, col in holes:
+            if row < len(lengths) and col < ids.shape[-1]:
+                mask[row, col] = 0
+        for row, col in pads:
+            if row < len(lengths) and col < ids.shape[-1]:
+                ids[row, col] = 0
+        wrapper = HFRewardModelWrapper(model, inference_mode=True)
+        if not mask.bool().any(-1).all():
+            with pytest.raises(ValueError, match="no real token"):
+                wrapper(dense_td(ids, mask))
+            return
+        expected = torch.tensor([score_alone(model, i[m.bool()]) for i, m in zip(ids, mask)])
+        reward = wrapper(dense_td(ids, mask))["reward"]
+        torch.testing.assert_close(reward, expected, atol=1e-5, rtol=0)
 
     def test_no_mask_key_scores_every_token(self):
         model = reward_model("llama")
@@ -497,7 +539,7 @@ class TestTextAndHistory:
             "rejected": ["The fox.", "Two plus two is five."] * 2,
         }
         args = RewardConfig(
-            dataset_num_proc=None, **toy_trainer_args(tmp_path, logging_strategy="no")
+            dataset_num_proc=None, **toy_trainer_args(tmp_path, logging_strategy="no", bf16=False)
         )
         trainer = RewardTrainer(
             model=model, args=args, train_dataset=Dataset.from_dict(data), processing_class=tok
@@ -641,15 +683,7 @@ def test_history_scored_when_the_user_turned_list_to_stack_off():
 
 
 class TestHostSyncs:
-    """The wrapper reads the device once per call on dense input, after the model ran: the
-    general path, which a model on a GPU takes. (On CPU, where a read costs what an op does,
-    dense rows padded on the right are read before the model: ``test_right_padded.py``.)"""
-
-    @pytest.fixture(autouse=True)
-    def general_path(self, monkeypatch):
-        from torchrl_trl_interop.rewards import _reward_model
-
-        monkeypatch.setattr(_reward_model, "score_right_padded", lambda *args, **kwargs: None)
+    """The wrapper reads the device once per call on dense input, after the model ran."""
 
     @pytest.mark.parametrize("side", ["right", "left"])
     @pytest.mark.parametrize("pad_value", [0, 7])  # the model's pad id; an ordinary token

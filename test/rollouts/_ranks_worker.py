@@ -34,7 +34,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 import torch  # noqa: E402
 from transformers import TrainerCallback  # noqa: E402
 
-from torchrl_trl_interop import as_reward_transform, as_trl_rollout_func  # noqa: E402
+from torchrl_trl_interop import RewardTransform, as_trl_rollout_func  # noqa: E402
 from torchrl_trl_interop.testing import (  # noqa: E402
     arithmetic_questions,
     toy_answer_length,
@@ -139,7 +139,7 @@ def train(out_dir: Path, rank: int, world: int, steps: int) -> dict:
     from torchrl_trl_interop import BufferCheckpointCallback
     from torchrl_trl_interop.testing import toy_buffer
 
-    env = toy_chat_env(batch_size=2, transforms=[as_reward_transform(toy_answer_length)])
+    env = toy_chat_env(batch_size=2, transforms=[RewardTransform(toy_answer_length)])
     seeds = []
     env.base_env._set_seed = seeds.append  # a ChatEnv ignores its seed: record it
     rollout_func = as_trl_rollout_func(env, env_seed=ENV_SEED)
@@ -217,7 +217,7 @@ def fsdp2(out_dir: Path, rank: int) -> dict:
 
     # dynamic sampling on the sharded model: this rank's half group samples 4 candidates (2 env
     # batches), keeps 2; the ranks' episodes still end after 1 and 3 turns
-    reward = [as_reward_transform(toy_answer_length)]
+    reward = [RewardTransform(toy_answer_length)]
     env = toy_chat_env(tok, batch_size=2, reply=True, max_steps=turns, transforms=reward)
     dynamic = as_trl_rollout_func(env, max_turns=3, candidate_group_size=8)(prompts, trainer)
     weight = model.model.layers[0].mlp.up_proj.weight  # a DTensor: this rank holds half

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import torch
 
-from torchrl_trl_interop import TorchRLRolloutWorker, TorchRLWeightTransfer, as_reward_transform
+from torchrl_trl_interop import RewardTransform, TorchRLRolloutWorker, TorchRLWeightTransfer
 from torchrl_trl_interop.testing import (
     IM_START,
     toy_buffer,
@@ -66,7 +66,7 @@ def collector_setup():
 
     tok = toy_tokenizer(padding_side="left")
     env = toy_primed_chat_env(
-        tok, repeats=2, batch_size=2, transforms=[as_reward_transform(answer_length)]
+        tok, repeats=2, batch_size=2, transforms=[RewardTransform(answer_length)]
     )
     # torchrl's own wrapper: its first response log-prob is 0.0, the worker rescores
     policy = TransformersWrapper(
@@ -319,7 +319,7 @@ class TestWorkerDynamicSampling:
 
         # K = 4 candidates per prompt (the primer's repeats), num_generations = 2 kept
         env = toy_primed_chat_env(
-            repeats=4, batch_size=4, transforms=[as_reward_transform(spread_reward)]
+            repeats=4, batch_size=4, transforms=[RewardTransform(spread_reward)]
         )
         collector = LLMCollector(env, policy=toy_generator_policy(), dialog_turns_per_batch=4)
         worker = TorchRLRolloutWorker(

@@ -16,7 +16,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from torchrl_trl_interop import as_reward_transform, as_trl_rollout_func
+from torchrl_trl_interop import RewardTransform, as_trl_rollout_func
 from torchrl_trl_interop.rollouts._dynamic_sampling import (
     group_runs,
     has_spread,
@@ -88,7 +88,7 @@ def trainer(tmp_path_factory):
 
 
 def sparse_env(batch_size=8, **kwargs):
-    transforms = [as_reward_transform(sparse_reward)]
+    transforms = [RewardTransform(sparse_reward)]
     return toy_chat_env(toy_tokenizer(), batch_size=batch_size, transforms=transforms, **kwargs)
 
 

@@ -14,7 +14,6 @@ import json
 import multiprocessing
 import pickle
 import sys
-import textwrap
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
@@ -203,14 +202,12 @@ class TestGRPOEnvironmentFactory:
 
 
 @pytest.mark.slow
-def test_the_docs_example_runs(tmp_path, monkeypatch):
-    """The code block of docs/online.rst's section on environment_factory runs as written."""
+def test_the_docs_example_runs(doc_pages):
+    """The code block of docs/online.rst's section on environment_factory, as the page's run
+    (once per session: ``test/_doc_pages.py``) left it: the trainer trained, calling tools."""
     text = (Path(__file__).parents[2] / "docs" / "online.rst").read_text()
-    section = text.split("TorchRL environments in TRL's own tool loop\n", 1)[1]
-    code = section.split(".. code-block:: python\n", 1)[1].split("\nPer rollout", 1)[0]
-    monkeypatch.chdir(tmp_path)
-    namespace: dict = {}
-    exec(compile(textwrap.dedent(code), "docs/online.rst", "exec"), namespace)
+    heading = text.split("TorchRL environments in TRL's own tool loop\n", 1)[0].count("\n") + 1
+    namespace = doc_pages.run("online.rst").after(heading)
     logs = namespace["trainer"].state.log_history
     assert namespace["trainer"].state.global_step == 2
     assert any(log.get("tools/call_frequency", 0) > 0 for log in logs)
@@ -268,7 +265,7 @@ class TestSameEpisode:
         trainer = GRPOTrainer(
             model=toy_causal_lm(tokenizer=tok),
             reward_funcs=correct_answer,
-            args=GRPOConfig(num_generations=2, **toy_trainer_args(tmp_path)),
+            args=GRPOConfig(num_generations=2, **toy_trainer_args(tmp_path, bf16=False)),
             train_dataset=prompts_dataset(["What is 2 plus 3?"]),
             processing_class=tok,
             rollout_func=rollout_func,

@@ -18,7 +18,7 @@ from test_policy_output import _layout
 from torchrl.envs import StepCounter, Transform, TransformedEnv, UnsqueezeTransform
 from torchrl.envs.llm import ChatEnv
 
-from torchrl_trl_interop import as_reward_transform, history_to_messages, messages_to_history
+from torchrl_trl_interop import RewardTransform, history_to_messages, messages_to_history
 from torchrl_trl_interop._keys import placeholder_turn
 from torchrl_trl_interop._upstream._env_step import (
     _flat_step_mdp,
@@ -53,7 +53,7 @@ ENVS = {
             batch_size=3,
             reply=True,
             max_steps=2,
-            transforms=[as_reward_transform(toy_answer_length)],
+            transforms=[RewardTransform(toy_answer_length)],
         ),
         ["one", "two words"],
     ),

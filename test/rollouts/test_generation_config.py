@@ -40,7 +40,7 @@ def test_config_from_args_is_the_trainers(tmp_path, extra_eos):
         top_k=20,
         repetition_penalty=1.1,
         generation_kwargs={"no_repeat_ngram_size": 3},
-        **toy_trainer_args(tmp_path),
+        **toy_trainer_args(tmp_path, bf16=False),
     )
     before = trainer_generation_config(args, tok, model=model).to_dict()
     trainer = GRPOTrainer(

@@ -18,8 +18,8 @@ from tensordict.nn import TensorDictModuleBase
 
 from torchrl_trl_interop import (
     RemotePolicy,
+    RewardTransform,
     WeightSyncCallback,
-    as_reward_transform,
     as_trl_rollout_func,
     trainer_generation_config,
 )
@@ -103,7 +103,7 @@ def test_logprobs_are_the_sampling_weights_per_turn(remote):
     tok = toy_tokenizer()
     first, second = toy_causal_lm(tokenizer=tok, seed=2), toy_causal_lm(tokenizer=tok, seed=3)
     remote.update_policy_weights_(first, policy_version=0)
-    scored = [as_reward_transform(toy_answer_length)]
+    scored = [RewardTransform(toy_answer_length)]
     env = toy_chat_env(tok, batch_size=8, reply=True, max_steps=2, transforms=scored)
     policy = PushAfterFirstTurn(remote, second)
     rollout_func = as_trl_rollout_func(env, policy=policy, max_turns=2, candidate_group_size=4)
@@ -137,7 +137,7 @@ def test_opsm_masks_a_stale_diverged_rollout_and_keeps_a_fresh_one(remote, tmp_p
     from trl import GRPOTrainer
 
     tok = toy_tokenizer()
-    env = toy_chat_env(tok, batch_size=4, transforms=[as_reward_transform(toy_answer_length)])
+    env = toy_chat_env(tok, batch_size=4, transforms=[RewardTransform(toy_answer_length)])
     rollouts = []
 
     def rollout_func(prompts, trainer):

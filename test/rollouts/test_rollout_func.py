@@ -17,7 +17,7 @@ from torchrl.envs.llm import ChatEnv
 from torchrl.envs.llm.transforms.dataloading import DataLoadingPrimer
 from torchrl.modules.llm import TransformersWrapper
 
-from torchrl_trl_interop import as_reward_transform, as_trl_rollout_func, score_final_answer
+from torchrl_trl_interop import RewardTransform, as_trl_rollout_func, score_final_answer
 from torchrl_trl_interop.testing import (
     IM_END,
     IM_START,
@@ -142,7 +142,7 @@ class TestSingleTurn:
     def test_trains_on_env_rollouts(self, tmp_path):
         tok = toy_tokenizer()
         # env batch 2 < 4 prompts per call: every call runs two resets
-        env = toy_chat_env(tok, batch_size=2, transforms=[as_reward_transform(answer_length)])
+        env = toy_chat_env(tok, batch_size=2, transforms=[RewardTransform(answer_length)])
         recorder, rewards = RolloutRecorder(as_trl_rollout_func(env)), RewardRecorder()
         trainer = grpo_trainer(tmp_path, tok, recorder, rewards, temperature=0.8)
         before = weights_of(trainer.model)
@@ -194,7 +194,7 @@ class TestMultiTurn:
             batch_size=4,
             reply=True,
             max_steps=2,
-            transforms=[as_reward_transform(answer_length)],
+            transforms=[RewardTransform(answer_length)],
         )
         recorder, rewards = RolloutRecorder(as_trl_rollout_func(env, max_turns=3)), RewardRecorder()
         model = toy_causal_lm(tokenizer=tok, eos_bias=eos_bias)
@@ -323,7 +323,7 @@ class TestRaggedPrompts:
             batch_size=4,
             reply=max_turns > 1,
             max_steps=max_turns,
-            transforms=[as_reward_transform(answer_length)],
+            transforms=[RewardTransform(answer_length)],
         )
         recorder, rewards = (
             RolloutRecorder(as_trl_rollout_func(env, max_turns=max_turns)),
@@ -464,7 +464,7 @@ class TestUserPolicy:
             return_log_probs=True,
             generate_kwargs={"max_new_tokens": 6, "do_sample": True, "bad_words_ids": banned},
         )
-        env = toy_chat_env(tok, batch_size=4, transforms=[as_reward_transform(answer_length)])
+        env = toy_chat_env(tok, batch_size=4, transforms=[RewardTransform(answer_length)])
         rollout_func = as_trl_rollout_func(env, policy=policy, recompute_logprobs=False)
         recorder, rewards = RolloutRecorder(rollout_func), RewardRecorder()
         trainer = grpo_trainer(tmp_path, tok, recorder, rewards, model=model)

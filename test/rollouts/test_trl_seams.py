@@ -231,7 +231,8 @@ class TestPromptKinds:
     """The parity claim's scope: conversational prompts are TRL's tokens; plain text is not."""
 
     @pytest.fixture(scope="class")
-    def tok(self):
+    @classmethod
+    def tok(cls):
         return toy_tokenizer(padding_side="left")
 
     def test_conversational_prompts_are_trls_tokens(self, tmp_path, tok):

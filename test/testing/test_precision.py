@@ -37,29 +37,32 @@ def test_trl_defaults_to_bf16(name, tmp_path):
     assert args.bf16 is True and args.fp16 is False
 
 
-#: (config, fixture): every config class from the general fixture, GRPO from the GRPO ones too.
-CASES = [(name, "toy_trainer_args") for name in [*CONFIGS, "TrainingArguments"]] + [
-    ("GRPOConfig", "toy_grpo_args"),
-    ("GRPOConfig", "toy_tool_grpo_args"),
-]
+@pytest.mark.parametrize("fixture", ["toy_grpo_args", "toy_tool_grpo_args"])
+def test_grpo_fixtures_are_fp32(fixture, tmp_path):
+    args = _config("GRPOConfig")(**FIXTURES[fixture](str(tmp_path)))
+    assert args.bf16 is False and args.fp16 is False
 
 
-@pytest.mark.parametrize("name, fixture", CASES)
-def test_fixture_configs_are_fp32(name, fixture, tmp_path):
+@pytest.mark.parametrize("name", [*CONFIGS, "TrainingArguments"])
+def test_the_caller_states_precision_beside_toy_trainer_args(name, tmp_path):
+    """``toy_trainer_args`` leaves the precision to the caller (as before it stated it, so
+    scripts written then run): the caller's own ``bf16=``/``fp16=`` beside the splat is no
+    duplicate keyword, and one given to the fixture is kept."""
     if name == "TrainingArguments":
         from transformers import TrainingArguments as config
     else:
         config = _config(name)
-    kwargs = FIXTURES[fixture](str(tmp_path))
-    if name in ("GRPOConfig", "RLOOConfig"):
-        kwargs["num_generations"] = 2  # a group must fit the fixture's batch
-    args = config(**kwargs)
+    extra = {"num_generations": 2} if name in ("GRPOConfig", "RLOOConfig") else {}
+    assert not {"bf16", "fp16"} & set(toy_trainer_args(str(tmp_path)))
+    args = config(bf16=False, **toy_trainer_args(str(tmp_path)), **extra)
+    assert args.bf16 is False and args.fp16 is False
+    args = config(**toy_trainer_args(str(tmp_path), bf16=False, fp16=False), **extra)
     assert args.bf16 is False and args.fp16 is False
 
 
 #: Calls that build a trainer config, and the fixtures whose ``**`` splat states fp32.
 TRAINER_CONFIGS = {*CONFIGS, "TrainingArguments"}
-FP32_FIXTURES = {*FIXTURES, "run_args", "common_args"}
+FP32_FIXTURES = {"toy_grpo_args", "toy_tool_grpo_args", "run_args", "common_args"}
 
 
 def _unchecked_configs(path: Path) -> list[str]:
@@ -94,8 +97,8 @@ def _called(call: ast.Call) -> str:
 
 
 def _states_fp32(value: ast.AST) -> bool:
-    if isinstance(value, ast.Call):
-        return _called(value) in FP32_FIXTURES
+    if isinstance(value, ast.Call):  # a fixture that states it, or one told to
+        return _called(value) in FP32_FIXTURES or any(kw.arg == "bf16" for kw in value.keywords)
     if isinstance(value, ast.Dict):
         keys = [k.value for k in value.keys if isinstance(k, ast.Constant)]
         return "bf16" in keys or any(

@@ -2,10 +2,9 @@
 ``rb[index]`` return, without tensordict's slow index of string columns.
 
 A ``LazyTensorStorage`` keeps a string column as one ``NonTensorStack`` of ``NonTensorData``,
-one per row, and indexing it (``storage[index]``) builds every selected row anew: 5.8 ms of the
-6.9 ms ``rb.sample(256)`` takes on a buffer with a ``prompt`` column (torch 2.13, tensordict
-0.14, one thread), which caps any reader that samples through the buffer at ~3x upstream's
-dataset. :func:`take` indexes tensors as torch does and stacks the selected rows' own
+one per row, and indexing it (``storage[index]``) builds every selected row anew: most of what
+``rb.sample`` takes on a buffer with a ``prompt`` column, which caps any reader that samples
+through the buffer (figures: ``benchmarks/RESULTS.rst``). :func:`take` indexes tensors as torch does and stacks the selected rows' own
 ``NonTensorData`` (the same objects, read-only here); anything else is indexed as tensordict
 does.
 
@@ -80,8 +79,8 @@ READS = (
 def take(value: Any, index: torch.Tensor, rows: list[int] | None = None) -> Any:
     """``value[index]`` along its first dimension, for a 1-D ``index`` of rows (none negative).
 
-    Tensors are read with ``index_select`` (~47 us for 256 rows of 256 int64 tokens, where
-    ``value[index]`` takes ~140 us); plain TensorDicts are indexed per entry; a
+    Tensors are read with ``index_select`` (faster than ``value[index]`` on rows of tokens);
+    plain TensorDicts are indexed per entry; a
     ``NonTensorStack`` of single ``NonTensorData`` rows is restacked from the selected rows; any
     other value is ``value[index]``.
 
@@ -97,7 +96,7 @@ def take(value: Any, index: torch.Tensor, rows: list[int] | None = None) -> Any:
         return value[index]
     if isinstance(value, torch.Tensor):
         if index.dtype in (torch.int64, torch.int32) and index.device == value.device:
-            return value.index_select(0, index)  # 3x faster than value[index] on [256] rows
+            return value.index_select(0, index)  # faster than value[index]
         return value[index]
     if type(value) is TensorDict and not value._has_names():
         rows = index.tolist() if rows is None else rows

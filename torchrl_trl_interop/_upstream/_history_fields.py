@@ -14,7 +14,8 @@ The walk reads tensordict's internals (a ``TensorDict``'s entry dict ``_tensordi
 ``_batch_size``, a ``NonTensorData``'s payload ``_non_tensordict["data"]``, a tensorclass's
 ``_tensordict``): it runs on the tensordict versions it was measured on
 (:data:`~torchrl_trl_interop._upstream.TENSORDICT_MEASURED`); on any other, every function here is
-tensordict's ``tolist`` (``history.tolist(tolist_first=True)``, ~30x slower on 8 rows).
+tensordict's ``tolist`` (``history.tolist(tolist_first=True)``, much slower: the figures are in
+``benchmarks/RESULTS.rst``, "Why the speed paths").
 
 The upstream fix that would retire it: a ``tolist`` of a History (or of one field of it) that
 reads the payloads in one walk, without building a tensorclass per turn (tensordict/torchrl).
@@ -78,7 +79,7 @@ def _payloads(value: Any, ndim: int) -> Any:
     """
     cls = type(value)
     if cls is NonTensorData:
-        shape = value._tensordict._batch_size  # not .batch_size: a tensorclass call, ~2 us
+        shape = value._tensordict._batch_size  # not .batch_size: a tensorclass call
         if len(shape) != ndim:
             return None
         return _repeat(value._non_tensordict["data"], tuple(shape))
@@ -155,40 +156,62 @@ def _holds(fields: dict, names: tuple[str, ...], exact: bool) -> bool:
 def history_column(batch: Any, key: tuple[str, ...]) -> tuple[list, list] | None:
     """``(roles, contents)`` per row of the ``[T]`` Histories at ``key`` of a lazy stack of
     rows (what TorchRL's LLM storages return), without building the stacked History; ``None``
-    for any other layout (read ``batch.get(key)`` then)."""
+    for any other layout (read ``batch.get(key)`` then).
+
+    Every layout the package and TorchRL produce is read in one pass over the rows, and a column
+    may mix them: rows that are lazy stacks of turns (``History.from_chats``, TorchRL's wrappers)
+    have their turns gathered and read together in one pass over the turns
+    (:func:`_turn_fields`); rows whose fields stack their turns
+    (:func:`~torchrl_trl_interop.messages_to_history`, ``replay_buffer_from_hf``, a
+    ``LazyTensorStorage``) are read from their two stacks' payloads (:func:`_payloads`).
+    """
     from torchrl.data.llm import History
 
     if not use_fast(TENSORDICT_MEASURED):
         return None
     rows = row_entries(batch, key)
-    if rows is None or not all(type(h) is History for h in rows):
+    if rows is None:
         return None
-    tds = [h._tensordict for h in rows]
-    # each row's turns: its tensordict's one dimension (``h.ndim``, a tensorclass call, ~0.5 us)
-    if not all(len(td.batch_size) == 1 for td in tds):
-        return None
-    if all(
-        type(td) is LazyStackedTensorDict and td.stack_dim == 0 and td.tensordicts for td in tds
-    ):
-        # lazy stacks of turns (``History.from_chats``, TorchRL's wrappers): every row's turns
-        # read in one pass, then cut back into rows
-        turns = [td.tensordicts for td in tds]
-        fields = _turn_fields([t for row in turns for t in row], ("role", "content"), False)
-        if fields is not None:
-            return _cut(fields[0], turns), _cut(fields[1], turns)
-    fields = [_layout_fields(td, 1) for td in tds]
-    if not all(f is not None for f in fields):
-        return None
-    return [r for r, _ in fields], [c for _, c in fields]
-
-
-def _cut(values: list, rows: list[list]) -> list[list]:
-    """``values`` (one per turn, rows one after the other) cut into one list per row."""
-    out, start = [], 0
-    for row in rows:
-        out.append(values[start : start + len(row)])
-        start += len(row)
-    return out
+    # per row: the number of its turns read with the gathered ones, or its (roles, contents)
+    parts: list[Any] = []
+    gathered: list = []
+    for history in rows:
+        if type(history) is not History:
+            return None
+        td = history._tensordict
+        if type(td) is LazyStackedTensorDict:
+            turns = td.tensordicts
+            # each row's turns: the stack's one dimension (``td.batch_size``, not ``h.ndim``)
+            if td.stack_dim != 0 or not turns or len(td.batch_size) != 1:
+                return None
+            gathered += turns
+            parts.append(len(turns))
+            continue
+        if type(td) is not TensorDict or len(td._batch_size) != 1:
+            return None
+        fields = td._tensordict
+        if "tool_calls" in fields:
+            return None
+        roles, contents = _payloads(fields.get("role"), 1), _payloads(fields.get("content"), 1)
+        if roles is None or contents is None:
+            return None
+        parts.append((roles, contents))
+    turn_fields = ([], [])
+    if gathered:
+        turn_fields = _turn_fields(gathered, ("role", "content"), False)
+        if turn_fields is None:
+            return None
+    roles_out, contents_out, start = [], [], 0
+    all_roles, all_contents = turn_fields
+    for part in parts:
+        if type(part) is int:
+            roles_out.append(all_roles[start : start + part])
+            contents_out.append(all_contents[start : start + part])
+            start += part
+        else:
+            roles_out.append(part[0])
+            contents_out.append(part[1])
+    return roles_out, contents_out
 
 
 def _turn_fields(turns: list, names: tuple[str, ...], exact: bool) -> tuple | None:
@@ -196,7 +219,7 @@ def _turn_fields(turns: list, names: tuple[str, ...], exact: bool) -> tuple | No
     :func:`_layout_values` reads for them; ``None`` for any other.
 
     One pass, each turn's entries read once: the turns of a column lie apart in memory, and a
-    pass a field reads them twice (~1.8x the time on 9k turns)."""
+    pass a field would read them twice."""
     get, n, payloads = itemgetter(*names), len(names), []
     for turn in turns:
         if type(turn) is not TensorDict or turn._batch_size:
@@ -219,7 +242,7 @@ def history_messages(history: History) -> list:
     """``history.tolist(tolist_first=True)`` of a ``[B, T]`` History: per conversation, one dict
     per turn (``role``, ``content`` and ``is_complete`` where the History holds it).
 
-    Read from the payloads in one walk (~30x tensordict's ``tolist`` on 8 rows) when every turn
+    Read from the payloads in one walk (much faster than tensordict's ``tolist``) when every turn
     holds just these fields; any other History (tool calls, other fields, other layouts) goes
     through ``tolist``.
 
@@ -289,7 +312,7 @@ def row_entries(batch: Any, key: tuple[str, ...]) -> list | None:
 
 def non_tensor_payloads(values: list) -> list:
     """The payloads of ``NonTensorData`` values (``value.data``), read without the
-    tensorclass's attribute lookup (~2 us a value) on the tensordict versions measured.
+    tensorclass's attribute lookup on the tensordict versions measured.
 
     Examples:
         >>> from tensordict import NonTensorData

@@ -6,7 +6,7 @@ torchrl's attribute assignment runs one validated ``set`` per row and field (its
 as ``NonTensorData``'s constructor builds them, without its argument handling, and a
 ``ChatHistory`` without the ``__post_init__`` check that changes nothing on these rows);
 :func:`extend_history` appends a row's answer to its prompt as ``History.extend`` does, over the
-same leaves, without tensordict's concatenation (~240 us a row, ~10x this); :func:`text_stack` is
+same leaves, without tensordict's concatenation (figures: ``benchmarks/RESULTS.rst``); :func:`text_stack` is
 ``NonTensorStack.from_list`` of str with those fast leaves (``messages_to_history``'s columns).
 
 Both read tensordict's internals (``TensorDict._new_unsafe``,
@@ -88,7 +88,7 @@ def stack_rows(cls: Any, **columns: list) -> Any:
 
 def _text_leaf(value: str) -> NonTensorData:
     """``NonTensorData(data=value)``, what a ``set`` makes of a str, built as its constructor
-    builds it (the same fields) without the constructor's argument handling: ~3x faster."""
+    builds it (the same fields) without the constructor's argument handling."""
     leaf = NonTensorData._from_tensordict(
         TensorDict._new_unsafe({}, batch_size=_SCALAR),
         {"data": value, "_is_non_tensor": True, "_metadata": None},
@@ -99,7 +99,7 @@ def _text_leaf(value: str) -> NonTensorData:
 
 def text_stack(values: list) -> NonTensorStack:
     """``NonTensorStack.from_list(values)``; a list of str gets its leaves as
-    ``NonTensorData``'s constructor builds them (see :func:`stack_rows`), ~3x faster.
+    ``NonTensorData``'s constructor builds them (see :func:`stack_rows`).
 
     Examples:
         >>> text_stack(["user", "assistant"]).tolist()
@@ -115,7 +115,7 @@ def _post_init_is_noop(cls: Any, columns: dict[str, list]) -> bool:
 
     torchrl's ``ChatHistory.__post_init__`` unsqueezes a History with no turn dimension; with
     every row's History one-dimensional (its turns) it changes nothing, but it reads each field
-    of the lazy stack (a stack of the rows' Histories: ~300 us for 8 rows). The other LLM
+    of the lazy stack (a stack of the rows' Histories). The other LLM
     tensorclasses have none.
     """
     from torchrl.modules.llm import ChatHistory
@@ -172,7 +172,8 @@ def _turn_leaves(history: Any) -> dict[str, list[NonTensorData]] | None:
 
 
 def extend_history(history: Any, turns: Any) -> Any:
-    """``history.extend(turns, inplace=False, dim=0)`` for two 1-D Histories, ~10x faster.
+    """``history.extend(turns, inplace=False, dim=0)`` for two 1-D Histories, without
+    tensordict's concatenation.
 
     ``torch.cat`` of two Histories builds a ``TensorDict`` whose fields are ``NonTensorStack``
     columns over both inputs' own ``NonTensorData`` leaves. This builds the same containers

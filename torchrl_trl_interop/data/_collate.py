@@ -44,7 +44,7 @@ def _column_tensors(name: str, values: list) -> list[torch.Tensor]:
     """The rows' values of column ``name`` as tensors; a value that is none names its row."""
     if set(map(type, values)) == {torch.Tensor} or all(
         isinstance(v, torch.Tensor) for v in values
-    ):  # the set first: ~1 us for 32 rows, the generator ~3 us
+    ):  # the set first: cheaper than the generator
         return values
     try:
         return [_as_tensor(v) for v in values]

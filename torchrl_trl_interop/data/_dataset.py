@@ -1,12 +1,12 @@
 """A torchrl ``ReplayBuffer`` seen as a dataset: :class:`TorchRLBufferDataset`.
 
-Configuration, then iteration: every view (the torch ``IterableDataset``, :meth:`iter_storage`,
-the Hugging Face views) reads batches from the buffer and walks each one into columns once
-(``_reader.BufferReader``); who reads which rows is decided by ``_sharding`` and ``_epochs``,
-and reads from other processes are checked by ``_processes``. Errors are signed by the public
-call that was made (``TorchRLBufferDataset``, ``TorchRLBufferDataset.to_hf_dataset``, ...): each
-method is a ``_checks.boundary``, and the rows of a view are read under the name of the call that
-made it (``_reader.View``), batch by batch.
+Configuration, then iteration: every view (the torch ``IterableDataset``, :meth:`iter_storage`, the
+Hugging Face views) reads batches from the buffer and walks each one into columns once
+(``_reader.BufferReader``); who reads which rows, and the pass each reader makes, is decided by
+``_sharding``, and reads from other processes are checked by ``_processes``. Errors are signed by
+the public call that was made (``TorchRLBufferDataset``, ``TorchRLBufferDataset.to_hf_dataset``,
+...): each method is a ``_checks.boundary``, and the rows of a view are read under the name of the
+call that made it (``_reader.View``), batch by batch.
 """
 
 from __future__ import annotations
@@ -22,11 +22,10 @@ from torchrl.data import ReplayBuffer
 
 from .._checks import as_device, boundary, check_positive_int, require
 from .._keys import key_to_str
-from ._epochs import PassCounter, slot_pass
+from ._columns import Selection
 from ._processes import check_buffer, check_picklable_for_workers, check_remote_seed, is_remote
 from ._reader import BufferReader, View
-from ._selection import Selection
-from ._sharding import ReadMode, ShardInfo, distributed_rank, shard_info
+from ._sharding import PassCounter, ReadMode, ShardInfo, distributed_rank, shard_info, slot_pass
 
 if TYPE_CHECKING:  # pragma: no cover
     import datasets

@@ -19,9 +19,9 @@ from torchrl.data import LazyStackStorage, ReplayBuffer
 from .._checks import as_names, boundary, check_real, signed, type_error
 from .._conversation import row_values, split_completion
 from .._keys import HISTORY_KEY, REWARD_KEY, get_entry, key_parts
+from ._columns import as_column_key
 from ._processes import check_replay_buffer
 from ._rows import extend_with_rows
-from ._selection import as_column_key
 
 __all__ = ["build_preference_pairs"]
 

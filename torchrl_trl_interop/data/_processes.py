@@ -28,8 +28,8 @@ from .._checks import signed, type_error
 from .._keys import key_to_str
 from .._upstream._buffers import buffer_generator, generator_of, storage_data, write_counters
 from .._upstream._direct import direct_sample
+from ._columns import column_keys, non_tensor_columns
 from ._committed import CommittedWriter
-from ._selection import column_keys, non_tensor_columns
 
 __all__ = [
     "check_buffer",

@@ -18,7 +18,7 @@ from tensordict.utils import NestedKey
 
 from .._checks import as_mapping, boundary, check_among, check_dicts, signed
 from .._conversation import conversations_to_histories, is_message_list
-from ._selection import as_column_key
+from ._columns import as_column_key
 
 __all__ = ["extend_with_rows", "rows_to_tensordict"]
 

@@ -31,6 +31,7 @@ from .._checks import (
     signed,
     speaking_for,
 )
+from .._deprecation import warn_deprecated
 from .._keys import (
     DONE_KEY,
     HISTORY_KEY,
@@ -312,7 +313,7 @@ class RewardTransform(Transform):
         """What the module reads of the rows to score, in a new tensordict (its writes stay
         there). For a :class:`TRLRewardFuncWrapper` scoring every row (it reads its ``in_keys``
         by key), the entries holding them whole: selecting ``("history", "full")`` rebuilds the
-        ``ChatHistory`` row by row (~0.2 ms for 8 rows)."""
+        ``ChatHistory`` row by row."""
         missing = [k for k in self.in_keys if k not in tensordict.keys(True)]
         if missing:
             keys = keys_present(tensordict)
@@ -407,10 +408,11 @@ _KEYWORDS = tuple(
 def as_reward_transform(
     module: TensorDictModuleBase | Callable | Sequence[Callable], **kwargs: Any
 ) -> RewardTransform:
-    """Deprecated: use :class:`RewardTransform` (``RewardTransform(module, **kwargs)``).
+    """Deprecated (removed in 0.3.0): use :class:`RewardTransform` (``RewardTransform(module,
+    **kwargs)``).
 
-    The same call spelled as a function, kept for one release for the code written with it: it
-    warns with a :class:`DeprecationWarning`, and its errors name ``as_reward_transform``.
+    The same call spelled as a function, kept for the code written with it: it warns with a
+    :class:`DeprecationWarning`, and its errors name ``as_reward_transform``.
 
     Args:
         module (TRL reward function(s) or TensorDictModuleBase): as :class:`RewardTransform`.
@@ -439,11 +441,7 @@ def as_reward_transform(
         ...
         TypeError: as_reward_transform() got an unexpected keyword argument 'only_dne' (did you mean 'only_done'?). It takes: ['accumulate', 'completion_ids_key', 'completion_key', 'completion_roles', 'done_key', 'history_key', 'input_mode', 'kwargs_keys', 'module_reward_key', 'nonfinite', 'only_done', 'prompt_key', 'reward_key', 'weights'].
     """
-    warnings.warn(
-        "as_reward_transform(module, **kwargs) is deprecated and will be removed in the next "
-        "release: use RewardTransform(module, **kwargs), the same transform.",
-        DeprecationWarning,
-        stacklevel=3,  # the caller's line, past boundary's wrapper
-    )
+    # the caller's line, past boundary's wrapper
+    warn_deprecated("torchrl_trl_interop.as_reward_transform", stacklevel=3)
     check_keywords(kwargs, _KEYWORDS)
     return RewardTransform(module, **kwargs)

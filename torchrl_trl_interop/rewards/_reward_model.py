@@ -1,7 +1,6 @@
 """Hugging Face reward models as TensorDict modules: :class:`HFRewardModelWrapper`.
 
-Read -> score -> write. Dense rows padded on the right on CPU are scored as they are
-(``_right_padded``); other input is read into right-packed ids by ``_inputs`` (one reader per
+Read -> score -> write. The input is read into right-packed ids by ``_inputs`` (one reader per
 ``input_mode``) and scored by ``_scoring``; ``_pooling`` reads the reward out of the model's
 output. Where this differs from upstream's wrapper: ``docs/overview.rst``.
 """
@@ -37,7 +36,6 @@ from ._pooling import (
     guard_model_input,
     text_config,
 )
-from ._right_padded import input_embedding, score_right_padded
 from ._scoring import check_nonfinite, report_nonfinite, score_packed, scores_without_mask
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -356,25 +354,12 @@ class HFRewardModelWrapper(TensorDictModuleBase):
                 output holds no reward tensor.
         """
         model = self._reward_module.model
-        config, maskless, embedding = self._facts_of(model)
+        config, maskless = self._facts_of(model)
         no_grad = self._inference_mode and torch.is_grad_enabled()
         if no_grad:
             torch.set_grad_enabled(False)  # torch.no_grad(), without its two context objects
-        try:  # dense rows padded on the right on CPU are scored as they are
-            scored = None
-            if embedding is not None and self._attention_mask_key is not None:
-                scored = score_right_padded(
-                    model,
-                    embedding,
-                    config,
-                    tensordict,
-                    self._input_key,
-                    self._attention_mask_key,
-                    max_batch_size=self.max_batch_size,
-                    maskless=maskless,
-                    nonfinite=self.nonfinite,
-                )
-            scored = scored or self._score(tensordict, model, config, maskless)
+        try:
+            scored = self._score(tensordict, model, config, maskless)
         finally:
             if no_grad:
                 torch.set_grad_enabled(True)
@@ -440,11 +425,11 @@ class HFRewardModelWrapper(TensorDictModuleBase):
         tokenized = "" if self.input_mode == "tokens" else " (tokenized)"
         return f"{MODE_KEY_ARGS[self.input_mode]}={self._input_key!r}{tokenized}"
 
-    def _facts_of(self, model: nn.Module) -> tuple[Any, bool, nn.Embedding | None]:
-        """``(text_config, scores_without_mask, input_embedding)``, once per model and config."""
+    def _facts_of(self, model: nn.Module) -> tuple[Any, bool]:
+        """``(text_config, scores_without_mask)``, once per model and config."""
         source = getattr(model, "config", None)
         cached = self._facts
         if cached is None or cached[0] is not model or cached[1] is not source:
-            facts = (text_config(model), scores_without_mask(model), input_embedding(model))
+            facts = (text_config(model), scores_without_mask(model))
             cached = self._facts = (model, source, *facts)
         return cached[2:]

@@ -225,7 +225,7 @@ def scores_without_mask(model: nn.Module) -> bool:
     ModernBERT and in bidirectional variants). A real token then attends only to the real tokens
     before it, at the same positions: its hidden state, and the reward pooled at the last one,
     are those of the masked call, while attention runs on the causal kernel instead of a
-    materialised mask (~10-20% of a toy Llama's forward on CPU). Models whose forward logs a
+    materialised mask (figures: ``benchmarks/RESULTS.rst``). Models whose forward logs a
     padding warning when called without a mask (GPT-2) keep the mask, and so does a model
     without the flag (a custom module).
 

@@ -1,29 +1,20 @@
 """Offline toy fixtures: a byte-level BPE tokenizer with a ChatML template and tiny models.
 
 Everything here is built locally from configs, with random weights and no download, so tests,
-the tutorial and the benchmarks all run offline on CPU from the same objects:
-
-* the tokenizer and its chat template, and the same vocabulary with any real model's chat
-  template and its markup as single tokens (``_tokenizer.py``);
-* tiny reward models and causal LMs (``_models.py``);
-* conversations, prompts, buffers, trainer settings (``_data.py``);
-* chat environments for the online loop, the toy tool task (``_envs.py``);
-* a scripted chat policy, for episodes that must agree (``_scripted.py``);
-* a generator apart from the trainer (``_generation.py``);
-* stand-ins for measuring the reward wrapper (``_stubs.py``);
-* the tutorial's toy task: small additions, a sloppy teacher, a checkable reward
-  (``_toy_task.py``);
-* weight-sync fixtures: a toy Llama with many parameters, a LoRA model, a peak-memory probe
-  (``_weights.py``);
-* running a script on several local ranks under ``torchrun`` (``_torchrun.py``);
-* a toy that calls tools: TRL's Qwen2.5 template, a calculator environment, a caller model
-  (``_tool_task.py``).
+the tutorial and the benchmarks all run offline on CPU from the same objects: the tokenizer and
+its chat template (and the same vocabulary with any real model's chat template, its markup as
+single tokens), tiny reward models and causal LMs, conversations, prompts, buffers and trainer
+settings, chat environments, a scripted chat policy, a generator apart from the trainer, the
+tutorial's toy task (small additions, a sloppy teacher, a checkable reward), weight-sync
+fixtures, and a toy that calls tools (TRL's Qwen2.5 template, a calculator environment, a caller
+model).
 
 This package is the one import path of what the tutorial, the benchmarks and the docs use:
-``from torchrl_trl_interop.testing import ...``. Helpers only the package's own test suite needs
-(free ports and ``torchrun`` runs, scripted tool episodes, the environments of TRL's ported
-tests) and the constants behind the fixtures stay in their private modules, where the tests
-import them.
+``from torchrl_trl_interop.testing import ...``; it is public API, under the package's
+deprecation policy (``CHANGELOG.md``). Helpers only the package's own test suite needs stay in
+their private modules; those this face exported before (``free_port``, ``scripted_episode``,
+...) are still served here, deprecated (each warns, naming its replacement and the version that
+removes it).
 
 Examples:
     >>> from torchrl_trl_interop.testing import toy_tokenizer, toy_reward_model
@@ -35,6 +26,7 @@ Examples:
     1
 """
 
+from .._deprecation import deprecated_getattr
 from ._data import (
     toy_buffer,
     toy_chats,
@@ -136,3 +128,6 @@ __all__ = [
     "toy_tool_tokenizer",
     "toy_trainer_args",
 ]
+
+#: the names this face exported before and dropped without notice, served again with a warning
+__getattr__ = deprecated_getattr(__name__)

@@ -191,16 +191,19 @@ def toy_collected_buffer(
 def toy_trainer_args(output_dir: str, **overrides: Any) -> dict[str, Any]:
     """Keyword arguments for a TRL/transformers ``*Config`` that trains a toy model for 2 steps on CPU.
 
-    Offline, no checkpoint, no report, one row logged per step, and full fp32 precision:
-    ``bf16=False`` and ``fp16=False``. TRL's configs default to ``bf16=True`` when ``fp16`` is
-    not set, and a CPU with native bf16 (AMX, AVX512-BF16) then trains under bf16 autocast, so a
-    toy run's numbers would depend on the machine. ``overrides`` win.
+    Offline, no checkpoint, no report, one row logged per step; ``overrides`` win. The precision
+    is the caller's to state: the dict holds no ``bf16`` or ``fp16`` unless ``overrides`` put
+    one in, so a caller's own ``GRPOConfig(bf16=False, **toy_trainer_args(...))`` is no
+    duplicate keyword. State it: TRL's configs default to ``bf16=True`` when ``fp16`` is not
+    set, and a CPU with native bf16 (AMX, AVX512-BF16) then trains under bf16 autocast, so a toy
+    run's numbers would depend on the machine. :func:`~torchrl_trl_interop.testing.toy_grpo_args`
+    and :func:`~torchrl_trl_interop.testing.toy_tool_grpo_args` state fp32 themselves.
 
     Examples:
         >>> args = toy_trainer_args("/tmp/run", max_steps=4)
         >>> args["max_steps"], args["use_cpu"], args["report_to"]
         (4, True, 'none')
-        >>> args["bf16"], args["fp16"]
+        >>> "bf16" in args, toy_trainer_args("/tmp/run", bf16=False)["bf16"]
         (False, False)
     """
     args: dict[str, Any] = {
@@ -208,8 +211,6 @@ def toy_trainer_args(output_dir: str, **overrides: Any) -> dict[str, Any]:
         "max_steps": 2,
         "per_device_train_batch_size": 2,
         "use_cpu": True,
-        "bf16": False,
-        "fp16": False,
         "report_to": "none",
         "save_strategy": "no",
         "logging_steps": 1,

@@ -90,7 +90,7 @@ def toy_grpo_args(output_dir: str, *, tokenizer: Any = None, **overrides: Any) -
         "max_completion_length": 6,
         "learning_rate": 1e-2,
         "generation_kwargs": {"suppress_tokens": [tokenizer.convert_tokens_to_ids(IM_START)]},
-        **toy_trainer_args(output_dir, per_device_train_batch_size=4),
+        **toy_trainer_args(output_dir, per_device_train_batch_size=4, bf16=False, fp16=False),
     }
     args.update(overrides)
     return args

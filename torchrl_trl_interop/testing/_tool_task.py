@@ -297,7 +297,7 @@ def toy_tool_grpo_args(output_dir: str, **overrides: Any) -> dict[str, Any]:
         "max_completion_length": 64,
         "max_tool_calling_iterations": 1,
         "learning_rate": 1e-3,
-        **toy_trainer_args(output_dir, per_device_train_batch_size=4),
+        **toy_trainer_args(output_dir, per_device_train_batch_size=4, bf16=False, fp16=False),
     }
     args.update(overrides)
     return args
