@@ -365,3 +365,50 @@ class TestGRPOTrainer:
                 assert [m["role"] for m in history] == ["user", "assistant", "user", "assistant"]
                 checked += 1
         assert checked
+
+
+@pytest.mark.parametrize("padding_side", ["left", "right"])
+@pytest.mark.parametrize("pad", ["own pad", "pad is eos"])
+@pytest.mark.parametrize("template", ["llama3_1_chat_template", "qwen2_5_chat_template"])
+def test_tokenizer_layouts(template, pad, padding_side):
+    """The trainer's model policy on real layouts: pad other than eos or the eos itself, left or
+    right padding: prompts are the template's rendering, two turns continue from the tokens."""
+    import torch
+    import trl.chat_template_utils
+    from transformers import GenerationConfig
+
+    from torchrl_trl_interop import TrainerModelPolicy
+    from torchrl_trl_interop.testing import toy_causal_lm
+
+    chat_template = getattr(trl.chat_template_utils, template)
+    tok = toy_template_tokenizer(chat_template, padding_side=padding_side)
+    if pad == "pad is eos":
+        tok.pad_token = tok.eos_token
+    model = stop_bias(toy_causal_lm(tokenizer=tok), [tok.eos_token_id], bias=2.0)
+    config = GenerationConfig(
+        max_new_tokens=6,
+        do_sample=True,
+        eos_token_id=[tok.eos_token_id],
+        pad_token_id=tok.pad_token_id,
+        output_logits=True,
+        return_dict_in_generate=True,
+    )
+    policy = TrainerModelPolicy(model, tok, config, temperature=1.0)
+    env = ChatEnv(batch_size=(4,), tokenizer=tok, input_mode="history")
+    env = env.append_transform(toy_tool_reply()).append_transform(StepCounter(max_steps=2))
+    rollout_func = as_trl_rollout_func(env, policy=policy, max_turns=2, recompute_logprobs=False)
+    prompts = [[QUESTION]] * 2 + [[SYSTEM, QUESTION]] * 2  # groups of 2, of different lengths
+    torch.manual_seed(0)
+    out = rollout_func(prompts, stand_in_trainer(tok))
+    for prompt, ids, completion, mask in zip(
+        prompts, out["prompt_ids"], out["completion_ids"], out["env_mask"]
+    ):
+        expected = tok.apply_chat_template(
+            prompt, add_generation_prompt=True, tokenize=True, return_dict=False
+        )
+        assert ids == expected
+        answers = [t for t, m in zip(completion, mask) if m]
+        assert tok.pad_token_id not in answers or pad == "pad is eos"
+        if 0 in mask:  # the first answer ended (at eos or the length limit), then the env's turn
+            first = completion[: mask.index(0)]
+            assert len(first) <= 6 and tok.eos_token_id not in first[:-1]
