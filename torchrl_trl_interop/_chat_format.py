@@ -225,6 +225,8 @@ class ChatFormat:
         """The :class:`ChatFormat` of ``tokenizer`` with that template, built once (its probes
         run once); a tokenizer that takes no weak reference gets a new one each time."""
         kwargs = dict(template_kwargs or {})
+        if chat_template is not None and chat_template == _current_template(tokenizer):
+            chat_template = None  # the tokenizer's own, named: the same format
         key = (
             chat_template,
             chat_template_name,
