@@ -250,7 +250,9 @@ def sendable(
     same PEFT model) and this is one process, its merged weights otherwise (always on several
     ranks, where every rank must gather the same tensors). ``stable=True``: every tensor stays
     valid after the stream moves on (a gathered ZeRO-3 parameter is copied), for a consumer that
-    keeps them all until it sends.
+    keeps them all until it sends. A ``state_dict`` is sent as a partial push: the receiver's
+    tensors it does not hold (the non-persistent buffers no ``state_dict`` holds, such as rotary
+    tables) keep their values; a name the receiver lacks still raises.
 
     Raises:
         TypeError: if ``weights`` is none of these.
@@ -269,10 +271,10 @@ def sendable(
         items = weights.items(include_nested=True, leaves_only=True)
         stream = ((k if isinstance(k, str) else ".".join(k), t) for k, t in items)
         return weights_layout(weights), stream, partial
-    if isinstance(weights, Mapping):
+    if isinstance(weights, Mapping):  # partial: a state_dict holds no non-persistent buffer
         tensors = _checked_mapping(weights)
         layout = {name: tuple(t.shape) for name, t in tensors.items()}
-        return layout, ((name, t.detach()) for name, t in tensors.items()), partial
+        return layout, ((name, t.detach()) for name, t in tensors.items()), True
     if not isinstance(weights, torch.nn.Module):
         raise type_error(
             "weights",
