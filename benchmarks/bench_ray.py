@@ -7,10 +7,16 @@ Each figure is measured in one run (the machines are shared: compare within a ru
   (``toy_generator_policy``, a torchrl ``TransformersWrapper``) in this process, and by a
   :class:`~torchrl_trl_interop.RayRemotePolicy` with 1 and 2 replicas (each actor one torch
   thread, as this process). Median over ``--repeats`` calls after a warm-up, interleaved.
-* **One weight push** (seconds, GB/s): a 12-layer toy Llama (``toy_big_llama``, 40 MB of fp32
-  weights) pushed by ``WeightSyncCallback`` into a ``RayRemotePolicy`` of 1 and 2 replicas
-  (streamed into one flat buffer, one ``ray.put``, every actor commits), against the floor: one
-  ``copy_`` of every tensor into a preallocated buffer in this process. Interleaved; median.
+* **One weight sync** (seconds per sync, GB/s, bytes sent): a 20-layer toy Llama of width 256
+  (66 MB of fp32 weights, 185 tensors) pushed by ``WeightSyncCallback`` into a model in this
+  process and into a ``RayRemotePolicy`` of 1 and 2 replicas (one ``ray.put`` straight from the
+  stream, every actor copies it in), against the floor: one ``copy_`` of every tensor into a
+  preallocated buffer in this process (in the receiver's dtype). Receivers in fp32 (a whole
+  push), and in bf16: whole, and delta pushes (``delta=True``) each after one AdamW step at
+  ``lr=1e-6`` (TRL's default learning rate) on a random batch, the step not timed. GB/s is the
+  receiver's model bytes over the seconds of a sync (what a whole push would move), bytes what
+  the push sent. Median; :data:`GAP_S` seconds between two timed syncs, as a training step
+  would leave (Ray frees a push's object asynchronously: back-to-back puts land on fresh pages).
 
 Run with ``python benchmarks/bench_ray.py`` (``make bench``); it starts a local Ray instance
 (``ray.init(num_cpus=3)``: the 1- and 2-replica policies are live at once).
@@ -25,11 +31,17 @@ from functools import partial
 
 import torch
 
+#: seconds between two timed syncs (a training step's stand-in, not timed): Ray frees the last
+#: push's object asynchronously, and a put landing before that goes to fresh pages of the object
+#: store (page faults: ~45 ms for 66 MB on this machine, against ~6 ms into reused memory)
+GAP_S = 0.2
 
-def _median_seconds(fn, repeats: int) -> float:
+
+def _median_seconds(fn, repeats: int, gap: float = 0.0) -> float:
     fn()  # warm-up
     times = []
     for _ in range(repeats):
+        time.sleep(gap)
         start = time.perf_counter()
         fn()
         times.append(time.perf_counter() - start)
@@ -74,31 +86,101 @@ def generation(rows: int, new_tokens: int, repeats: int) -> list[tuple[str, floa
     return [(name, rows / statistics.median(t)) for name, t in times.items()]
 
 
-def push(repeats: int) -> list[tuple[str, float]]:
-    """Median seconds of the copy floor and of a push into 1 and 2 Ray replicas."""
+#: the pushed model: 20 layers of width 256, 16.6M parameters, 66 MB of fp32 weights
+PUSH_SIZES = {
+    "hidden_size": 256,
+    "intermediate_size": 1024,
+    "num_hidden_layers": 20,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 4,
+}
+
+
+def push_model(dtype: torch.dtype | None = None, seed: int = 0):
+    """The pushed model (module-level: a Ray actor builds it too), in ``dtype``."""
+    from torchrl_trl_interop.testing import toy_causal_lm
+
+    model = toy_causal_lm(seed=seed, **PUSH_SIZES)
+    return model if dtype is None else model.to(dtype)
+
+
+def _optimizer_step(model, optimizer) -> None:
+    ids = torch.randint(5, 60, (2, 16))
+    model(input_ids=ids, labels=ids).loss.backward()
+    optimizer.step()
+    optimizer.zero_grad()
+
+
+def push(repeats: int) -> list[tuple[str, float, float, float]]:
+    """``(name, median seconds, bytes sent, receiver model bytes)`` of each sync, the floors
+    first."""
     from torchrl_trl_interop import RayRemotePolicy, WeightSyncCallback
-    from torchrl_trl_interop.testing import toy_big_llama
     from torchrl_trl_interop.weights._tensors import named_tensors
 
-    model = toy_big_llama()
-    tensors = named_tensors(model)
-    floor_buffers = {name: torch.empty_like(t) for name, t in tensors.items()}
+    model = push_model()
+    tensors = {name: t.detach() for name, t in named_tensors(model).items()}
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6)
+    results = []
+    for dtype, label in ((torch.float32, "fp32"), (torch.bfloat16, "bf16")):
+        buffers = {name: torch.empty_like(t, dtype=dtype) for name, t in tensors.items()}
+        nbytes = sum(b.numel() * b.element_size() for b in buffers.values())
 
-    def floor():
-        with torch.no_grad():
-            for name, t in tensors.items():
-                floor_buffers[name].copy_(t)
+        def floor(buffers=buffers):
+            with torch.no_grad():
+                for name, t in tensors.items():
+                    buffers[name].copy_(t)
 
-    results = [("floor: one copy_ per tensor", _median_seconds(floor, repeats))]
-    for n in (1, 2):
-        remote = RayRemotePolicy(toy_big_llama, num_replicas=n, num_threads=1, timeout=600)
-        sync = WeightSyncCallback(remote)
+        results.append(
+            (
+                f"floor: one copy_ per tensor ({label})",
+                _median_seconds(floor, repeats),
+                nbytes,
+                nbytes,
+            )
+        )
+    local = {
+        label: push_model(dtype) for dtype, label in ((None, "fp32"), (torch.bfloat16, "bf16"))
+    }
+    for label, receiver in local.items():
+        sync = WeightSyncCallback(receiver)
         step = iter(range(10**6))
-        try:
-            seconds = _median_seconds(lambda s=sync, i=step: s.push(model, next(i)), repeats)
-        finally:
-            remote.close()
-        results.append((f"into RayRemotePolicy, {n} replica{'s' if n > 1 else ''}", seconds))
+        seconds = _median_seconds(lambda s=sync, i=step: s.push(model, next(i)), repeats, GAP_S)
+        sent = sync.pushes[-1]["bytes"]
+        results.append((f"into a model in this process ({label})", seconds, sent, sent))
+    for n in (1, 2):
+        replicas = f"{n} replica{'s' if n > 1 else ''}"
+        for dtype, label in ((None, "fp32"), (torch.bfloat16, "bf16")):
+            remote = RayRemotePolicy(
+                partial(push_model, dtype), num_replicas=n, num_threads=1, timeout=600
+            )
+            try:
+                sync = WeightSyncCallback(remote)
+                step = iter(range(10**6))
+                push_once = lambda s=sync, i=step: s.push(model, next(i))  # noqa: E731
+                seconds = _median_seconds(push_once, repeats, GAP_S)
+                whole = sync.pushes[-1]["bytes"]
+                results.append(
+                    (f"into RayRemotePolicy, {replicas} ({label}, whole)", seconds, whole, whole)
+                )
+                if dtype is None:
+                    continue
+                delta = WeightSyncCallback(remote, delta=True, full_push_every=10**6)
+                version = 10**5
+                delta.push(model, version)  # whole: the delta's base
+                times, sent = [], []
+                for _ in range(repeats):
+                    _optimizer_step(model, optimizer)  # also the gap between two syncs
+                    time.sleep(GAP_S)
+                    version += 1
+                    start = time.perf_counter()
+                    delta.push(model, version)
+                    times.append(time.perf_counter() - start)
+                    sent.append(delta.pushes[-1]["bytes"])
+                assert all(p["delta"] for p in delta.pushes[1:]), "a delta push went whole"
+                name = f"into RayRemotePolicy, {replicas} (bf16, delta, one step at lr 1e-6)"
+                results.append((name, statistics.median(times), statistics.median(sent), whole))
+            finally:
+                remote.close()
     return results
 
 
@@ -107,6 +189,7 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=16)
     parser.add_argument("--new-tokens", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--pushes-only", action="store_true", help="skip the generation rows")
     args = parser.parse_args()
 
     import ray
@@ -115,29 +198,25 @@ def main() -> None:
     # 3 actors live at once (1 + 2 replicas, one logical CPU each) on this 2-core machine
     ray.init(num_cpus=3, include_dashboard=False, log_to_driver=False)
     try:
-        figures = generation(args.rows, args.new_tokens, args.repeats)
-        base = figures[0][1]
-        print(f"Generation: {args.rows} rows, {args.new_tokens} new tokens each (rows/s)")
+        figures = [] if args.pushes_only else generation(args.rows, args.new_tokens, args.repeats)
+        if figures:
+            base = figures[0][1]
+            print(f"Generation: {args.rows} rows, {args.new_tokens} new tokens each (rows/s)")
         for name, rate in figures:
             print(f"  {name:40s} {rate:8.1f} rows/s  {rate / base:5.2f}x")
-        nbytes = sum(t.numel() * t.element_size() for t in _big_tensors())
-        print(f"One push of toy_big_llama ({nbytes / 1e6:.0f} MB)")
         pushes = push(args.repeats)
-        floor = pushes[0][1]
-        for name, seconds in pushes:
+        floors = {"fp32": pushes[0][1], "bf16": pushes[1][1]}
+        print(
+            f"One weight sync of a 66 MB fp32 model ({len(pushes)} rows, median of {args.repeats})"
+        )
+        for name, seconds, sent, model_bytes in pushes:
+            floor = floors["bf16" if "bf16" in name else "fp32"]
             print(
-                f"  {name:40s} {seconds * 1e3:8.1f} ms  {nbytes / seconds / 1e9:5.2f} GB/s  "
-                f"{seconds / floor:5.1f}x the floor"
+                f"  {name:62s} {seconds * 1e3:8.1f} ms  {model_bytes / seconds / 1e9:6.2f} GB/s  "
+                f"{sent / 1e6:7.2f} MB sent  {seconds / floor:5.1f}x the floor"
             )
     finally:
         ray.shutdown()
-
-
-def _big_tensors():
-    from torchrl_trl_interop.testing import toy_big_llama
-    from torchrl_trl_interop.weights._tensors import named_tensors
-
-    return list(named_tensors(toy_big_llama()).values())
 
 
 if __name__ == "__main__":

@@ -98,9 +98,11 @@ class DeltaEncoder:
         with torch.no_grad():
             for name, tensor in stream:
                 new = tensor.detach().to(device="cpu", dtype=self.dtypes[name])
+                if new.data_ptr() == tensor.data_ptr() or not new.is_contiguous():
+                    new = new.clone(memory_format=torch.contiguous_format)  # never the live one
                 old = self.last.get(name)
-                if old is None:  # the first time: a copy of its own (new may be the live tensor)
-                    self.last[name] = new.clone(memory_format=torch.contiguous_format)
+                self.last[name] = new  # what the receivers hold once this push lands
+                if old is None:
                     continue
                 if not whole:
                     where = (_bits(new) != _bits(old)).nonzero().squeeze(1)
@@ -112,7 +114,6 @@ class DeltaEncoder:
                         size += values.numel() * values.element_size()
                         if size > budget:  # too much changed to gain: send it whole
                             whole, changes = True, {}
-                old.copy_(new)
         if whole:
             self._since_full = 0
             return "full", [(name, self.last[name]) for name in layout]

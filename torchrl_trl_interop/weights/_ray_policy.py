@@ -5,9 +5,10 @@ torchrl LLM policy (built by ``policy_factory``) in ``num_replicas`` Ray actors
 (:class:`PolicyActor`): a call splits its rows into contiguous chunks, one per replica, and
 joins the answers in order; every row carries the ``"policy_version"`` of the weights that
 produced it. A push puts the streamed weights (cast to the actors' dtypes) in Ray's object
-store once, straight from the stream (``ray.put`` of numpy views: one copy in; the actors on the
-same node read it without a copy, Ray moves it once to each other node), and each actor copies
-it into its model, with its version, between two calls (a Ray actor runs one method at a time).
+store once, straight from the stream (``ray.put`` of numpy views: one copy in; Ray moves it
+once to each other node), and each actor makes it its model's, with its version, between two
+calls (a Ray actor runs one method at a time): a model on the CPU adopts the object store's
+memory (no copy; the replicas of a node share it), one on a GPU copies it in.
 A delta push (``WeightSyncCallback(delta=True)``) puts only the changed elements.
 
 The actors are *named* (in Ray's namespace :data:`NAMESPACE`): the same ``RayRemotePolicy``
@@ -98,6 +99,7 @@ class PolicyActor:
         self.live = named_tensors(self.model)
         self.version: int | None = None
         self.owner, self.num_replicas = owner, num_replicas
+        self.held: dict[str, Any] = {}  # object-store arrays the model's CPU tensors use
 
     def info(self) -> dict[str, Any]:
         """The policy's keys, its weights (as ``meta`` tensors: names, shapes, dtypes), who
@@ -107,24 +109,39 @@ class PolicyActor:
         return {**keys, "tensors": tensors, "owner": self.owner, "num_replicas": self.num_replicas}
 
     def commit(self, weights: dict[str, Any], version: int) -> int:
-        """Copies the pushed weights (``{name: flat uint8 array}`` in the model's dtypes; the
-        tensors not among them keep their values) into the model, as ``version``."""
+        """Makes the pushed weights (``{name: flat uint8 array}`` in the model's dtypes; the
+        tensors not among them keep their values) the model's, as ``version``.
+
+        A tensor on the CPU adopts the object store's memory (no copy: the replicas of a node
+        share one copy of the weights, read-only, kept while the model uses it); one elsewhere (a
+        GPU) is copied into."""
         with torch.no_grad():
             for name, array in weights.items():
                 live = self.live[name]
-                live.copy_(_from_wire(array, live.dtype).view(live.shape))
+                pushed = _from_wire(array, live.dtype).view(live.shape)
+                if live.device.type == "cpu":
+                    live.data = pushed
+                    self.held[name] = array  # the store keeps it while the model reads it
+                else:
+                    live.copy_(pushed)
         self.version = int(version)
         return self.version
 
     def commit_delta(self, base: int, version: int, changes: dict[str, tuple[Any, Any]]) -> Any:
         """Writes a delta push (``{name: (flat indices, values as uint8)}``) as ``version`` if
-        the model holds ``base``; ``None`` (nothing written) otherwise."""
+        the model holds ``base``; ``None`` (nothing written) otherwise. A tensor that uses the
+        object store's (read-only, shared) memory is first copied into memory of its own."""
         if self.version != base:
             return None
         tensors: Changes = {
             name: (torch.from_numpy(index), _from_wire(values, self.live[name].dtype))
             for name, (index, values) in changes.items()
         }
+        with torch.no_grad():
+            for name in tensors:
+                if self.held.pop(name, None) is not None:
+                    live = self.live[name]
+                    live.data = live.data.clone()
         apply_delta(self.live, tensors)
         self.version = int(version)
         return self.version
