@@ -15,8 +15,9 @@ Each figure is measured in one run (the machines are shared: compare within a ru
   push), and in bf16: whole, and delta pushes (``delta=True``) each after one AdamW step at
   ``lr=1e-6`` (TRL's default learning rate) on a random batch, the step not timed. GB/s is the
   receiver's model bytes over the seconds of a sync (what a whole push would move), bytes what
-  the push sent. Median; :data:`GAP_S` seconds between two timed syncs, as a training step
-  would leave (Ray frees a push's object asynchronously: back-to-back puts land on fresh pages).
+  the push sent. Median after :data:`WARMUP` untimed syncs; :data:`GAP_S` seconds between two
+  syncs, as a training step would leave (Ray frees a push's object asynchronously: back-to-back
+  puts land on fresh pages).
 
 Run with ``python benchmarks/bench_ray.py`` (``make bench``); it starts a local Ray instance
 (``ray.init(num_cpus=3)``: the 1- and 2-replica policies are live at once).
@@ -37,15 +38,8 @@ import torch
 GAP_S = 0.2
 
 
-def _median_seconds(fn, repeats: int, gap: float = 0.0) -> float:
-    fn()  # warm-up
-    times = []
-    for _ in range(repeats):
-        time.sleep(gap)
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+#: untimed syncs before the timed ones: the object store's first objects land on fresh pages
+WARMUP = 3
 
 
 def generation(rows: int, new_tokens: int, repeats: int) -> list[tuple[str, float]]:
@@ -111,42 +105,55 @@ def _optimizer_step(model, optimizer) -> None:
     optimizer.zero_grad()
 
 
-def push(repeats: int) -> list[tuple[str, float, float, float]]:
-    """``(name, median seconds, bytes sent, receiver model bytes)`` of each sync, the floors
-    first."""
+def _timed_pairs(sync, floor, repeats: int, warmup: int, between=None) -> tuple[float, float]:
+    """Median seconds of ``sync()`` and of ``floor()``, timed in turn (the floor right before each
+    sync: the same load hits both), after ``warmup`` untimed syncs; ``between()`` (untimed) and
+    :data:`GAP_S` before each sync."""
+    syncs, floors = [], []
+    for timed in [False] * warmup + [True] * repeats:
+        if between is not None:
+            between()
+        time.sleep(GAP_S)
+        start = time.perf_counter()
+        floor()
+        floor_s = time.perf_counter() - start
+        start = time.perf_counter()
+        sync()
+        if timed:
+            syncs.append(time.perf_counter() - start)
+            floors.append(floor_s)
+    return statistics.median(syncs), statistics.median(floors)
+
+
+def push(repeats: int) -> list[tuple[str, float, float, float, float]]:
+    """``(name, median seconds, bytes sent, receiver model bytes, median floor seconds)`` of each
+    sync, each with its own floor (one ``copy_`` per tensor in the receiver's dtype, timed in
+    turn with it)."""
     from torchrl_trl_interop import RayRemotePolicy, WeightSyncCallback
     from torchrl_trl_interop.weights._tensors import named_tensors
 
     model = push_model()
     tensors = {name: t.detach() for name, t in named_tensors(model).items()}
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6)
-    results = []
+    floors = {}
     for dtype, label in ((torch.float32, "fp32"), (torch.bfloat16, "bf16")):
         buffers = {name: torch.empty_like(t, dtype=dtype) for name, t in tensors.items()}
-        nbytes = sum(b.numel() * b.element_size() for b in buffers.values())
 
         def floor(buffers=buffers):
             with torch.no_grad():
                 for name, t in tensors.items():
                     buffers[name].copy_(t)
 
-        results.append(
-            (
-                f"floor: one copy_ per tensor ({label})",
-                _median_seconds(floor, repeats),
-                nbytes,
-                nbytes,
-            )
-        )
-    local = {
-        label: push_model(dtype) for dtype, label in ((None, "fp32"), (torch.bfloat16, "bf16"))
-    }
-    for label, receiver in local.items():
-        sync = WeightSyncCallback(receiver)
+        floors[label] = floor
+    results = []
+    for dtype, label in ((None, "fp32"), (torch.bfloat16, "bf16")):
+        sync = WeightSyncCallback(push_model(dtype))
         step = iter(range(10**6))
-        seconds = _median_seconds(lambda s=sync, i=step: s.push(model, next(i)), repeats, GAP_S)
+        seconds, floor_s = _timed_pairs(
+            lambda s=sync, i=step: s.push(model, next(i)), floors[label], repeats, 1
+        )
         sent = sync.pushes[-1]["bytes"]
-        results.append((f"into a model in this process ({label})", seconds, sent, sent))
+        results.append((f"into a model in this process ({label})", seconds, sent, sent, floor_s))
     for n in (1, 2):
         replicas = f"{n} replica{'s' if n > 1 else ''}"
         for dtype, label in ((None, "fp32"), (torch.bfloat16, "bf16")):
@@ -156,29 +163,28 @@ def push(repeats: int) -> list[tuple[str, float, float, float]]:
             try:
                 sync = WeightSyncCallback(remote)
                 step = iter(range(10**6))
-                push_once = lambda s=sync, i=step: s.push(model, next(i))  # noqa: E731
-                seconds = _median_seconds(push_once, repeats, GAP_S)
-                whole = sync.pushes[-1]["bytes"]
-                results.append(
-                    (f"into RayRemotePolicy, {replicas} ({label}, whole)", seconds, whole, whole)
+                seconds, floor_s = _timed_pairs(
+                    lambda s=sync, i=step: s.push(model, next(i)), floors[label], repeats, WARMUP
                 )
+                whole = sync.pushes[-1]["bytes"]
+                name = f"into RayRemotePolicy, {replicas} ({label}, whole)"
+                results.append((name, seconds, whole, whole, floor_s))
                 if dtype is None:
                     continue
                 delta = WeightSyncCallback(remote, delta=True, full_push_every=10**6)
-                version = 10**5
-                delta.push(model, version)  # whole: the delta's base
-                times, sent = [], []
-                for _ in range(repeats):
-                    _optimizer_step(model, optimizer)  # also the gap between two syncs
-                    time.sleep(GAP_S)
-                    version += 1
-                    start = time.perf_counter()
-                    delta.push(model, version)
-                    times.append(time.perf_counter() - start)
-                    sent.append(delta.pushes[-1]["bytes"])
+                versions = iter(range(10**5, 10**6))
+                delta.push(model, next(versions))  # whole: the delta's base
+                seconds, floor_s = _timed_pairs(
+                    lambda d=delta, v=versions: d.push(model, next(v)),
+                    floors[label],
+                    repeats,
+                    WARMUP,
+                    between=lambda: _optimizer_step(model, optimizer),
+                )
+                sent = statistics.median(p["bytes"] for p in delta.pushes[1 + WARMUP :])
                 assert all(p["delta"] for p in delta.pushes[1:]), "a delta push went whole"
                 name = f"into RayRemotePolicy, {replicas} (bf16, delta, one step at lr 1e-6)"
-                results.append((name, statistics.median(times), statistics.median(sent), whole))
+                results.append((name, seconds, sent, whole, floor_s))
             finally:
                 remote.close()
     return results
@@ -188,7 +194,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=16)
     parser.add_argument("--new-tokens", type=int, default=32)
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--pushes-only", action="store_true", help="skip the generation rows")
     args = parser.parse_args()
 
@@ -205,15 +211,13 @@ def main() -> None:
         for name, rate in figures:
             print(f"  {name:40s} {rate:8.1f} rows/s  {rate / base:5.2f}x")
         pushes = push(args.repeats)
-        floors = {"fp32": pushes[0][1], "bf16": pushes[1][1]}
-        print(
-            f"One weight sync of a 66 MB fp32 model ({len(pushes)} rows, median of {args.repeats})"
-        )
-        for name, seconds, sent, model_bytes in pushes:
-            floor = floors["bf16" if "bf16" in name else "fp32"]
+        print(f"One weight sync of a 66 MB fp32 model (median of {args.repeats}; the floor: one")
+        print("copy_ per tensor in this process, in the receiver's dtype, timed in turn with it)")
+        for name, seconds, sent, model_bytes, floor in pushes:
             print(
-                f"  {name:62s} {seconds * 1e3:8.1f} ms  {model_bytes / seconds / 1e9:6.2f} GB/s  "
-                f"{sent / 1e6:7.2f} MB sent  {seconds / floor:5.1f}x the floor"
+                f"  {name:62s} {seconds * 1e3:7.1f} ms  {model_bytes / seconds / 1e9:5.2f} GB/s  "
+                f"{sent / 1e6:6.2f} MB sent  floor {floor * 1e3:5.1f} ms  "
+                f"{seconds / floor:5.1f}x"
             )
     finally:
         ray.shutdown()

@@ -110,8 +110,8 @@ class WeightSyncCallback(TrainerCallback):
     (its ``weight_sync_scheme``, a                  shapes, streamed into its shared-memory
     ``StagingWeightSyncScheme``)                    staging buffer, committed there with
                                                     ``step`` between two calls
-    :class:`~torchrl_trl_interop.RayRemotePolicy`   the same scheme over Ray: streamed into one
-    (its ``weight_sync_scheme``)                    buffer, put in Ray's object store once,
+    :class:`~torchrl_trl_interop.RayRemotePolicy`   the same scheme over Ray: streamed straight
+    (its ``weight_sync_scheme``)                    into Ray's object store (one ``ray.put``),
                                                     committed by every actor with ``step``
     a torchrl ``RayLLMCollector`` (adapted)         in its actor: checked against its policy, in
                                                     the wrapper's layout, its

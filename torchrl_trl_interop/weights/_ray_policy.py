@@ -53,8 +53,11 @@ _BUILT = itertools.count()  # RayRemotePolicy objects built in this process, in 
 def _to_wire(tensor: torch.Tensor, dtype: torch.dtype) -> Any:
     """``tensor`` cast to ``dtype`` on the CPU as a flat ``uint8`` numpy array (a view when it
     already is: ``ray.put`` copies it once into the object store)."""
-    flat = tensor.detach().to(device="cpu", dtype=dtype).contiguous().reshape(-1)
-    return flat.view(torch.uint8).numpy()
+    if tensor.dtype != dtype or tensor.device.type != "cpu":
+        tensor = tensor.to(device="cpu", dtype=dtype)
+    if not tensor.is_contiguous():
+        tensor = tensor.contiguous()
+    return tensor.detach().view(-1).view(torch.uint8).numpy()
 
 
 def _from_wire(array: Any, dtype: torch.dtype) -> torch.Tensor:

@@ -113,6 +113,11 @@ class RemotePolicy(ServedPolicy):
     As a policy for :func:`~torchrl_trl_interop.as_trl_rollout_func`, every rollout row gets a
     ``policy_version``; the rollout function compares it with the trainer's step.
 
+    On several trainer ranks each rank builds its own (a generator process beside each rank),
+    and :class:`~torchrl_trl_interop.WeightSyncCallback` on each rank pushes its own. For one
+    pool of generators shared by every rank, use a
+    :class:`~torchrl_trl_interop.RayRemotePolicy`.
+
     Args:
         policy_factory (Callable[[], TensorDictModuleBase]): builds the policy in the generator
             process; it must be picklable (a module-level function or a ``functools.partial``).

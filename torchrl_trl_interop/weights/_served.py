@@ -135,7 +135,8 @@ class ServedPolicy(TensorDictModuleBase):
         The first call starts the generators. A model is streamed one tensor at a time
         (:func:`~torchrl_trl_interop.weights._stream.stream_weights`: sharded parameters gathered
         one by one, LoRA merged, or a PEFT adapter alone when the generators hold the same PEFT
-        model) into the staging buffer; each generator commits it between two calls.
+        model) to the generators (a shared-memory staging buffer, Ray's object store); each
+        generator commits it between two calls.
 
         Args:
             weights (nn.Module, TensorDictBase or dict): the trainer's model, its
