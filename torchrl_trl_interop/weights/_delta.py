@@ -62,15 +62,18 @@ class DeltaEncoder:
         last (dict): ``{name: tensor}``, the weights as the receivers hold them (CPU).
 
     Examples:
-        >>> weights = {"w": torch.tensor([1.0, 2.0, 3.0])}
+        >>> weights = torch.arange(100.0)
         >>> encoder = DeltaEncoder({"w": torch.bfloat16}, full_every=4)
-        >>> kind, payload = encoder.encode({"w": (3,)}, weights.items())
+        >>> kind, payload = encoder.encode({"w": (100,)}, [("w", weights)])
         >>> kind, encoder.last["w"].dtype
         ('full', torch.bfloat16)
-        >>> encoder.version = 0
-        >>> kind, changes = encoder.encode({"w": (3,)}, {"w": torch.tensor([1.0, 2.001, 4.0])}.items())
-        >>> kind, changes["w"][0].tolist()  # 2.001 rounds to 2.0 in bf16: only the last changed
-        ('delta', [2])
+        >>> encoder.version = 0  # the receivers committed it
+        >>> stepped = weights.clone()
+        >>> stepped[3] += 1e-4  # rounds away in bf16
+        >>> stepped[7] += 1.0
+        >>> kind, changes = encoder.encode({"w": (100,)}, [("w", stepped)])
+        >>> kind, changes["w"][0].tolist(), changes["w"][1].tolist()
+        ('delta', [7], [8.0])
     """
 
     def __init__(self, dtypes: Mapping[str, torch.dtype], *, full_every: int) -> None:
