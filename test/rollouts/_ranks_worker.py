@@ -283,6 +283,22 @@ def leave_ray(ray, rank: int) -> None:
         ray.shutdown()
 
 
+def layout_trainer(out_dir, rollout_func, world: int, steps: int, callbacks, **overrides):
+    """The GRPO run of layouts B and C: the toy model (the same on every rank, ``beta=0``),
+    rewarded by its answers' length."""
+    model = toy_causal_lm(tokenizer=toy_tokenizer())
+    return grpo_trainer(
+        out_dir,
+        rollout_func,
+        toy_answer_length,
+        world=world,
+        steps=steps,
+        model=model,
+        callbacks=callbacks,
+        **overrides,
+    )
+
+
 def ray_layout(out_dir: Path, rank: int, world: int, steps: int) -> dict:
     from functools import partial
 
@@ -298,14 +314,12 @@ def ray_layout(out_dir: Path, rank: int, world: int, steps: int) -> dict:
     sync = WeightSyncCallback(generator, delta=True, full_push_every=2)
     env = toy_chat_env(tok, batch_size=2, reply=True, max_steps=2)  # 2 turns
     recorder = Recorder(as_trl_rollout_func(env, policy=generator, max_turns=2, max_staleness=0))
-    trainer = grpo_trainer(
+    trainer = layout_trainer(
         out_dir,
         recorder,
-        toy_answer_length,
-        world=world,
-        steps=steps,
-        model=toy_causal_lm(tokenizer=tok),
-        callbacks=[sync],
+        world,
+        steps,
+        [sync],
         learning_rate=1e-6,  # TRL's default: most bf16 weights do not change in a step
     )
     trainer.train()
@@ -342,15 +356,7 @@ def vllm_layout(out_dir: Path, rank: int, world: int, steps: int) -> dict:
     env = toy_chat_env(tok, batch_size=2, reply=True, max_steps=turns)
     rollout_func = as_trl_rollout_func(env, max_turns=3)
     recorder, weights = Recorder(rollout_func), StepWeights()
-    trainer = grpo_trainer(
-        out_dir,
-        recorder,
-        toy_answer_length,
-        world=world,
-        steps=steps,
-        model=toy_causal_lm(tokenizer=tok),
-        callbacks=[weights],
-    )
+    trainer = layout_trainer(out_dir, recorder, world, steps, [weights])
     server = attach_toy_vllm(trainer, toy_causal_lm(tokenizer=tok, seed=1))
     trainer.train()
     from torchrl_trl_interop.rollouts._vllm import _POLICIES
