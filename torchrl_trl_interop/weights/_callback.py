@@ -94,10 +94,9 @@ class WeightSyncCallback(TrainerCallback):
     It works with any HF/TRL trainer (``callbacks=[...]``, ``trainer.add_callback``,
     ``trainer.pop_callback(WeightSyncCallback)``). The model is taken out of its accelerate/DDP
     wrapper and its weights are streamed one tensor at a time: sharded parameters (FSDP2
-    ``DTensor``, DeepSpeed ZeRO-3) are gathered one by one on every rank and only the main
-    process (``state.is_world_process_zero``) sends; a PEFT LoRA model sends its merged weights,
-    or its adapter alone into the same PEFT model. A push needs about one tensor of extra
-    memory, not one model.
+    ``DTensor``, DeepSpeed ZeRO-3) are gathered one by one on every rank (see "Several ranks"
+    below for who sends); a PEFT LoRA model sends its merged weights, or its adapter alone into
+    the same PEFT model. A push needs about one tensor of extra memory, not one model.
 
     ``target`` decides which TorchRL machinery moves the weights. This table is the package's
     one list of weight targets (:func:`~torchrl_trl_interop.weights._push.push` sends to a

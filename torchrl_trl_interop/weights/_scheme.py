@@ -94,7 +94,10 @@ class _QueueChannel:
         self.commits = [ctx.Queue() for _ in range(num_workers)]
         self.acks = ctx.Queue()
         self.timeout = timeout
-        self.context = None if context is None else weakref.ref(context)
+        try:  # the collector whose worker processes (``procs``) it watches, if any
+            self.context = None if context is None else weakref.ref(context)
+        except TypeError:  # not weakly referable: nothing to watch
+            self.context = None
 
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "context": None}  # the sender's collector stays with it
