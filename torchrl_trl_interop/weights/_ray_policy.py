@@ -118,10 +118,11 @@ class PolicyActor:
         A tensor on the CPU adopts the object store's memory (no copy: the replicas of a node
         share one copy of the weights, read-only, kept while the model uses it); one elsewhere (a
         GPU) is copied into."""
-        with torch.no_grad():
+        with torch.no_grad(), warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # read-only arrays: read, never written
             for name, array in weights.items():
                 live = self.live[name]
-                pushed = _from_wire(array, live.dtype).view(live.shape)
+                pushed = torch.from_numpy(array).view(live.dtype).view(live.shape)
                 if live.device.type == "cpu":
                     live.data = pushed
                     self.held[name] = array  # the store keeps it while the model reads it
