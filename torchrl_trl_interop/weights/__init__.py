@@ -9,16 +9,14 @@ the modules here are private, one job each:
 * ``_staging``: the shared-memory staging buffer a push into another process fills;
 * ``_scheme``: ``StagingWeightSyncScheme``, the staging transport as a torchrl weight-sync
   scheme (sender fills, receiver commits between calls);
-* ``_delta``: delta pushes (the changed elements in the receiver's dtype, bit-exact);
 * ``_generator_process``: the process a :class:`~torchrl_trl_interop.RemotePolicy` runs;
 * ``_remote_policy``: :class:`~torchrl_trl_interop.RemotePolicy`, a policy in another process;
-* ``_ray_policy``: :class:`~torchrl_trl_interop.RayRemotePolicy`, a policy in N named Ray actors
-  that every trainer rank shares;
+* ``_ray_policy``: :class:`~torchrl_trl_interop.RayRemotePolicy`, a policy in N Ray actors;
 * ``_remote_collector``, ``_vllm_sender``: the pushes into torchrl's ``RayLLMCollector`` and
   ``VLLMWeightSender``;
 * ``_adapters``: every target as a torchrl scheme (its own, or an adapter over its API);
 * ``_push``: the one weight push, into a scheme or a module, with its version;
 * ``_callback``: :class:`~torchrl_trl_interop.WeightSyncCallback`, a trainer callback that
-  pushes (from every rank, once per sync) and logs each push's bytes and seconds;
+  pushes;
 * ``_staleness``: policy versions and the staleness bound.
 """
