@@ -15,8 +15,16 @@ the exit code is the number of failures.
    steps. With 2 GPUs or more, ``WeightSyncCallback(VLLMWeightSender)`` also pushes the
    trainer's weights through torchrl's NCCL scheme after every step (NCCL refuses two ranks on
    one device: with one GPU this part is reported as skipped).
+3. **Weight sync figures against TRL's.** A model shaped like Qwen3-0.6B (random weights from
+   its config: 0.6B parameters, fp32 on the GPU, 1.2 GB in bf16) pushed by
+   ``WeightSyncCallback`` into a ``RayRemotePolicy`` whose replica holds it in bf16 on the same
+   GPU: seconds per sync and GB/s of whole pushes, then delta pushes each after one AdamW step
+   at ``lr=1e-6``, printed beside TRL's published figures (:data:`TRL_SYNC_S`,
+   :data:`TRL_DELTA_MB`); PASS when every delta is at most a tenth of a whole push and the
+   replica is bit-exact (the trainer's weights cast to bf16) after every push. Needs Ray
+   (skipped without it), not vLLM: ``--push-only`` runs it alone.
 
-Run with ``python benchmarks/gpu_check.py`` (``make gpu-check``).
+Run with ``python benchmarks/gpu_check.py [--push-only]`` (``make gpu-check``).
 """
 
 from __future__ import annotations
@@ -140,6 +148,101 @@ def check_vllm_wrapper(path: str, out: str) -> str:
         engine.shutdown()
 
 
+#: TRL's published weight-sync figures: about 0.18 s per sync for a 0.6B model on one node
+#: (and 2.3 s for 32B across 16+16 GPUs), and, sending only the elements that changed, 1.2 GB
+#: -> 20-35 MB per step for a 0.6B model
+TRL_SYNC_S = 0.18
+TRL_DELTA_MB = (20, 35)
+
+#: Qwen3-0.6B's shape (its config; the weights here are random)
+QWEN3_0_6B = {
+    "hidden_size": 1024,
+    "intermediate_size": 3072,
+    "num_hidden_layers": 28,
+    "num_attention_heads": 16,
+    "num_key_value_heads": 8,
+    "head_dim": 128,
+    "vocab_size": 151936,
+    "tie_word_embeddings": True,
+}
+
+
+def qwen_shaped(dtype=None, device: str = "cpu"):
+    """A Llama of Qwen3-0.6B's shape (module-level: the Ray replica builds it too)."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(**QWEN3_0_6B)).to(device)
+    return model if dtype is None else model.to(dtype)
+
+
+def check_push_figures(path: str, out: str, device: str = "cuda") -> str:
+    import importlib.util
+    import statistics
+    from functools import partial
+
+    import torch
+
+    from torchrl_trl_interop import RayRemotePolicy, WeightSyncCallback, weights_checksum
+    from torchrl_trl_interop.weights._tensors import model_weights
+
+    if importlib.util.find_spec("ray") is None:
+        return "skipped (Ray is not installed)"
+    import ray
+    from ray import cloudpickle
+
+    if __name__ != "__main__":  # imported: the replica gets qwen_shaped by value
+        cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    gpus = 1 if device == "cuda" else 0
+    ray.init(num_gpus=gpus, include_dashboard=False, log_to_driver=False)
+    remote = None
+    try:
+        model = qwen_shaped(device=device)
+        factory = partial(qwen_shaped, torch.bfloat16, device)
+        options = {"num_gpus": gpus / 2, "num_cpus": 1}  # the trainer holds the GPU too
+        remote = RayRemotePolicy(factory, remote_config=options, timeout=600)
+        whole = WeightSyncCallback(remote)
+        seconds = []
+        for version in range(4):  # the first starts the replica
+            start = time.perf_counter()
+            whole.push(model, version)
+            seconds.append(time.perf_counter() - start)
+        whole_s, whole_bytes = statistics.median(seconds[1:]), whole.pushes[-1]["bytes"]
+        delta = WeightSyncCallback(remote, delta=True, full_push_every=1000)
+        delta.push(model, 10)  # whole: the base
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6)
+        exact, delta_s = True, []
+        for version in range(11, 14):
+            ids = torch.randint(5, 1000, (2, 64), device=device)
+            model(input_ids=ids, labels=ids).loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            if device == "cuda":
+                torch.cuda.synchronize()
+            start = time.perf_counter()
+            delta.push(model, version)
+            delta_s.append(time.perf_counter() - start)
+            expected = weights_checksum(model_weights(model).to(torch.bfloat16))
+            exact &= remote.weights_checksums() == [(version, expected)]
+        sent = [p["bytes"] for p in delta.pushes[1:]]
+        assert all(p["delta"] for p in delta.pushes[1:]), delta.pushes
+        assert max(sent) <= whole_bytes / 10, (sent, whole_bytes)
+        assert exact, "the replica is not the trainer's weights cast to bf16"
+        return (
+            f"whole: {whole_s:.3f} s/sync, {whole_bytes / whole_s / 1e9:.2f} GB/s, "
+            f"{whole_bytes / 1e9:.2f} GB (TRL: ~{TRL_SYNC_S} s/sync for 0.6B, "
+            f"{whole_s / TRL_SYNC_S:.2f}x); delta after one step at lr 1e-6: "
+            f"{statistics.median(delta_s):.3f} s/sync, "
+            f"{statistics.median(sent) / 1e6:.1f} MB sent (TRL: {TRL_DELTA_MB[0]}-"
+            f"{TRL_DELTA_MB[1]} MB per step), bit-exact"
+        )
+    finally:
+        if remote is not None:
+            remote.close()
+        ray.shutdown()
+
+
 def main() -> int:
     import torch
 
@@ -147,12 +250,16 @@ def main() -> int:
         print("gpu_check: no CUDA device; nothing to check.")
         return 1
     failures = 0
+    checks = [
+        ("TRL's vLLM (colocate) through as_trl_rollout_func", check_trl_colocate),
+        ("torchrl vLLMWrapper over AsyncVLLM as policy=", check_vllm_wrapper),
+        ("weight sync figures against TRL's", check_push_figures),
+    ]
+    if "--push-only" in sys.argv[1:]:
+        checks = checks[-1:]
     with tempfile.TemporaryDirectory() as root:
         path = toy_model_dir(root)
-        for name, check in [
-            ("TRL's vLLM (colocate) through as_trl_rollout_func", check_trl_colocate),
-            ("torchrl vLLMWrapper over AsyncVLLM as policy=", check_vllm_wrapper),
-        ]:
+        for name, check in checks:
             start = time.perf_counter()
             try:
                 detail = check(path, os.path.join(root, name.split()[0]))

@@ -15,6 +15,15 @@ each writing what this rank saw to ``OUT_DIR/<scenario>.rank<R>.json``:
   rank 1. Records the rollouts, the model's forward and ``generate`` calls, the same rollouts
   by an unsharded copy of the model with the same seed, and rollouts with dynamic sampling
   (``candidate_group_size=8``: each rank's half group samples 4 candidates, in 2 env batches).
+* ``ray`` (layout B on N ranks): rank 0 starts a local Ray cluster and every rank joins it (as
+  ``ray start --head`` and ``RAY_ADDRESS`` do); every rank builds the same
+  ``RayRemotePolicy`` (2 replicas of a bf16 generator) and ``WeightSyncCallback(delta=True)``,
+  and trains ``GRPOTrainer`` (learning rate ``1e-6``) on a 2-turn environment through it. Records each rollout call's versions, the
+  logged staleness, the pushes, the replicas' checksums and the trainer's final checksum.
+* ``vllm`` (layout C on N ranks): ``GRPOTrainer`` with TRL's vLLM generation in server mode
+  (``attach_toy_vllm``: the stand-in client on rank 0), ``max_turns=3``, episodes that end
+  after 1 turn on rank 0 and 3 on rank 1. Records the server's generate calls and syncs, the
+  trainer's weights when each step began, each rank's idle generate calls and final checksum.
 
 The toy model is read from ``OUT_DIR/model`` (rank 0 writes it when missing). Usage::
 
@@ -29,6 +38,9 @@ import sys
 from pathlib import Path
 
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+# the ``ray`` scenario's throwaway local cluster: no token to hand from rank 0 to the others
+# (Ray reads the mode when it is imported; a real cluster's nodes share its token file)
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import torch  # noqa: E402
@@ -232,6 +244,135 @@ def fsdp2(out_dir: Path, rank: int) -> dict:
     }
 
 
+class StepWeights(TrainerCallback):
+    """Each step's weights (their checksum) when it begins: what that step generates with."""
+
+    def __init__(self):
+        self.checksums = []
+
+    def on_step_begin(self, args, state, control, model=None, **kwargs):
+        from torchrl_trl_interop import weights_checksum
+
+        self.checksums.append(weights_checksum(model))
+
+
+def join_ray(rank: int):
+    """Rank 0 starts a local Ray cluster, every other rank joins it (``ray start --head`` and
+    ``RAY_ADDRESS`` in a real launch)."""
+    import ray
+    import torch.distributed as dist
+
+    address = [None]
+    if rank == 0:
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+        address = [ray.get_runtime_context().gcs_address]
+    dist.broadcast_object_list(address, src=0)
+    if rank != 0:
+        ray.init(address=address[0], log_to_driver=False)
+    return ray
+
+
+def leave_ray(ray, rank: int) -> None:
+    """The other ranks leave first, then rank 0 (the head) stops the cluster."""
+    import torch.distributed as dist
+
+    if rank != 0:
+        ray.shutdown()
+    dist.barrier()
+    if rank == 0:
+        ray.shutdown()
+
+
+def layout_trainer(out_dir, rollout_func, world: int, steps: int, callbacks, **overrides):
+    """The GRPO run of layouts B and C: the toy model (the same on every rank, ``beta=0``),
+    rewarded by its answers' length."""
+    model = toy_causal_lm(tokenizer=toy_tokenizer())
+    return grpo_trainer(
+        out_dir,
+        rollout_func,
+        toy_answer_length,
+        world=world,
+        steps=steps,
+        model=model,
+        callbacks=callbacks,
+        **overrides,
+    )
+
+
+def ray_layout(out_dir: Path, rank: int, world: int, steps: int) -> dict:
+    from functools import partial
+
+    from torchrl_trl_interop import RayRemotePolicy, WeightSyncCallback, weights_checksum
+    from torchrl_trl_interop.testing import toy_generator_policy
+    from torchrl_trl_interop.weights._tensors import model_weights
+
+    ray = join_ray(rank)
+    tok = toy_tokenizer()
+    # other initial weights than the trainer's: only the pushes align them
+    factory = partial(toy_generator_policy, seed=1, dtype=torch.bfloat16)  # a bf16 generator
+    generator = RayRemotePolicy(factory, num_replicas=2, timeout=240, num_threads=1)
+    sync = WeightSyncCallback(generator, delta=True, full_push_every=2)
+    env = toy_chat_env(tok, batch_size=2, reply=True, max_steps=2)  # 2 turns
+    recorder = Recorder(as_trl_rollout_func(env, policy=generator, max_turns=2, max_staleness=0))
+    trainer = layout_trainer(
+        out_dir,
+        recorder,
+        world,
+        steps,
+        [sync],
+        learning_rate=1e-6,  # TRL's default: most bf16 weights do not change in a step
+    )
+    trainer.train()
+    result = {
+        "global_step": trainer.state.global_step,
+        "versions": [call["policy_version"] for call in recorder.calls],
+        "env_masks": [call["env_mask"] for call in recorder.calls],
+        "staleness_max": [
+            h["rollout/staleness_max"]
+            for h in trainer.state.log_history
+            if "rollout/staleness_max" in h
+        ],
+        "pushes": sync.pushes,
+        "logged_bytes": [
+            h["weights/push_bytes"] for h in trainer.state.log_history if "weights/push_bytes" in h
+        ],
+        "owner": generator.owner,
+        "replicas": generator.weights_checksums(),
+        "trainer": weights_checksum(trainer.model),
+        "trainer_bf16": weights_checksum(model_weights(trainer.model).to(torch.bfloat16)),
+    }
+    torch.distributed.barrier()  # every rank read the replicas before their owner ends them
+    generator.close()
+    leave_ray(ray, rank)
+    return result
+
+
+def vllm_layout(out_dir: Path, rank: int, world: int, steps: int) -> dict:
+    from torchrl_trl_interop import weights_checksum
+    from torchrl_trl_interop.testing._generation import attach_toy_vllm
+
+    tok = toy_tokenizer()
+    turns = 1 if rank == 0 else 3  # episodes end after different numbers of turns
+    env = toy_chat_env(tok, batch_size=2, reply=True, max_steps=turns)
+    rollout_func = as_trl_rollout_func(env, max_turns=3)
+    recorder, weights = Recorder(rollout_func), StepWeights()
+    trainer = layout_trainer(out_dir, recorder, world, steps, [weights])
+    server = attach_toy_vllm(trainer, toy_causal_lm(tokenizer=tok, seed=1))
+    trainer.train()
+    from torchrl_trl_interop.rollouts._vllm import _POLICIES
+
+    policy = _POLICIES[trainer.vllm_generation]
+    return {
+        "global_step": trainer.state.global_step,
+        "env_masks": [call["env_mask"] for call in recorder.calls],
+        "generated": server.generated,  # rank 0's client is the server
+        "synced_checksums": server.synced_checksums,
+        "step_checksums": weights.checksums,
+        "idle_calls": policy.idle_calls,
+        "trainer": weights_checksum(trainer.model),
+    }
+
+
 def main() -> None:
     import torch.distributed as dist
 
@@ -248,6 +389,10 @@ def main() -> None:
             out = train(out_dir, rank, world, steps)
         elif name == "fsdp2":
             out = fsdp2(out_dir / f"rank{rank}", rank)
+        elif name == "ray":
+            out = ray_layout(out_dir / "ray", rank, world, steps)
+        elif name == "vllm":
+            out = vllm_layout(out_dir / "vllm", rank, world, steps)
         else:
             raise ValueError(f"unknown scenario {name!r}")
         (out_dir / f"{name}.rank{rank}.json").write_text(json.dumps(out))

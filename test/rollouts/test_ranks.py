@@ -3,8 +3,12 @@
 Two ranks train ``GRPOTrainer`` (DDP) with a group split over them, and one rank replays their
 global batch: the same rewards, KL, loss and weights. FSDP2 (``fully_shard``) generation with
 multi-turn episodes that end at different turns on the two ranks: no hang, the completions of
-the unsharded model. The rank logic itself (slices, the guard, agreement between ranks, the
-staleness metrics) is checked in one process with stand-ins for the other rank.
+the unsharded model. Layout B on 2 ranks: one shared pool of 2 Ray replicas, a 2-turn
+environment, delta pushes into bf16 generators. Layout C on 2 ranks: TRL's vLLM generation in
+server mode (the stand-in client), ``max_turns=3``, the ranks' turns in lockstep. All in one
+``torchrun`` launch. The rank logic itself (slices, the guard, agreement between ranks, the
+staleness metrics, the vLLM lockstep's counts) is checked in one process with stand-ins for the
+other rank.
 """
 
 from __future__ import annotations
@@ -37,9 +41,9 @@ def torchrun(out_dir: Path, scenario: str, *, nproc: int = 2, steps: int = 2) ->
     """Runs the worker's ``scenario`` (comma-separated: several, in turn) on ``nproc`` ranks; a
     timeout fails the test (no hang). Each scenario's JSON of each rank, in rank order."""
     try:
-        proc = run_torchrun(WORKER, out_dir, scenario, steps, nproc=nproc, timeout=300)
+        proc = run_torchrun(WORKER, out_dir, scenario, steps, nproc=nproc, timeout=480)
     except subprocess.TimeoutExpired as err:
-        pytest.fail(f"torchrun did not finish in 300 s (a hang?):\n{(err.stderr or '')[-6000:]}")
+        pytest.fail(f"torchrun did not finish in 480 s (a hang?):\n{(err.stderr or '')[-6000:]}")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     return {
         name: [json.loads((out_dir / f"{name}.rank{r}.json").read_text()) for r in range(nproc)]
@@ -54,9 +58,9 @@ def mask_runs(mask: list[int]) -> list[int]:
 
 @pytest.fixture(scope="module")
 def launch(tmp_path_factory):
-    """Both scenarios in one ``torchrun`` launch (the start-up is most of its time)."""
+    """Every scenario in one ``torchrun`` launch (the start-up is most of its time)."""
     out_dir = tmp_path_factory.mktemp("ranks")
-    return out_dir, torchrun(out_dir, "train,fsdp2")
+    return out_dir, torchrun(out_dir, "train,fsdp2,ray,vllm")
 
 
 @pytest.fixture
@@ -157,6 +161,46 @@ class TestTwoRanks:
                 assert mask_runs(mask) == turns
         # 2 env batches of candidates x 3 turns on both ranks (rank 0: 1 turn + 2 idle each)
         assert ranks[0]["dynamic_generates"] == ranks[1]["dynamic_generates"] == 6
+
+    def test_layout_b_two_ranks_share_one_ray_pool(self, launch):
+        ranks = launch[1]["ray"]
+        assert [r["global_step"] for r in ranks] == [2, 2]
+        # both ranks end with the same weights, and every replica with them (in bf16, exactly)
+        assert ranks[0]["trainer"] == ranks[1]["trainer"]
+        final = ranks[0]["trainer_bf16"]
+        assert ranks[0]["replicas"] == ranks[1]["replicas"] == [[2, final], [2, final]]
+        # rank 0 started the actors and owns them; rank 1 found them by name
+        assert [r["owner"] for r in ranks] == [True, False]
+        for out in ranks:
+            # every row of every rank carries the exact version: the step it was generated at
+            assert out["versions"] == [[0, 0], [1, 1]]
+            assert out["staleness_max"] == [0.0, 0.0]  # never negative (max_staleness=0 held)
+            for call in out["env_masks"]:
+                assert [mask_runs(m) for m in call] == [[1, 0, 1]] * 2  # 2 turns each
+        # one push per sync, from rank 0: whole, a delta at lr 1e-6 (a tenth of it), whole again
+        pushes = ranks[0]["pushes"]
+        assert [p["version"] for p in pushes] == [0, 1, 2] and not ranks[1]["pushes"]
+        assert [p["delta"] for p in pushes] == [False, True, False]
+        assert pushes[1]["bytes"] <= pushes[0]["bytes"] / 10 and pushes[0]["bytes"] > 0
+        assert ranks[0]["logged_bytes"] == [
+            (pushes[0]["bytes"] + pushes[1]["bytes"]) / 2,
+            pushes[2]["bytes"],
+        ]
+
+    def test_layout_c_two_ranks_multi_turn_on_a_shared_vllm_server(self, launch):
+        ranks = launch[1]["vllm"]
+        assert [r["global_step"] for r in ranks] == [2, 2]
+        assert ranks[0]["trainer"] == ranks[1]["trainer"]
+        # the server held the weights each step generated with (TRL syncs before the rollouts)
+        assert ranks[0]["synced_checksums"] == ranks[0]["step_checksums"]
+        assert ranks[1]["step_checksums"] == ranks[0]["step_checksums"]
+        # episodes end after 1 turn on rank 0, 3 on rank 1: per step 3 generate calls, each
+        # with both ranks' 2 prompts (rank 0 idles through 2 of them with fillers)
+        assert ranks[0]["generated"] == [4] * 6
+        assert [r["idle_calls"] for r in ranks] == [4, 0]
+        for rank, turns in ((0, [1]), (1, [1, 0, 1, 0, 1])):
+            for call in ranks[rank]["env_masks"]:
+                assert [mask_runs(m) for m in call] == [turns] * 2
 
 
 # -- the rank logic, in one process --------------------------------------------------------------

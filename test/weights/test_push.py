@@ -116,3 +116,97 @@ class TestOnePush:
         callback.push(model_weights(trainer_model), 3)
         assert tracker.version == 3 and callback.version == 3
         assert weights_checksum(receiver) == weights_checksum(trainer_model)
+
+
+class TestPushFigures:
+    """Every push's bytes, seconds and version reach the trainer's logs."""
+
+    def test_each_push_is_recorded_and_logged(self):
+        from types import SimpleNamespace
+
+        receiver, trainer_model = toy_causal_lm(), toy_causal_lm(seed=1)
+        callback = WeightSyncCallback(receiver)
+        state = SimpleNamespace(global_step=0, log_history=[])
+        callback.on_train_begin(None, state, None, model=trainer_model)
+        state.global_step = 1
+        callback.on_step_end(None, state, None, model=trainer_model)
+        whole = sum(
+            t.numel() * t.element_size() for t in model_weights(receiver).values(True, True)
+        )
+        assert [(p["version"], p["bytes"], p["delta"]) for p in callback.pushes] == [
+            (0, whole, False),
+            (1, whole, False),
+        ]
+        # the trainer appended its copy of the step's logs, then calls on_log with them
+        logs = {"loss": 0.5}
+        state.log_history.append({**logs, "step": 1})
+        callback.on_log(None, state, None, logs=logs)
+        assert logs["weights/push_bytes"] == whole and logs["weights/version"] == 1
+        assert logs["weights/push_seconds"] == pytest.approx(
+            sum(p["seconds"] for p in callback.pushes) / 2
+        )
+        assert logs["weights/push_delta"] == 0.0
+        assert state.log_history[-1] == {**logs, "step": 1}
+        later = {"loss": 0.4}  # no push since: nothing added
+        callback.on_log(None, state, None, logs=later)
+        assert later == {"loss": 0.4}
+
+    def test_a_state_dict_is_pushed_and_other_weights_are_refused(self):
+        from torchrl_trl_interop.weights._push import push
+
+        receiver, trainer_model = toy_causal_lm(), toy_causal_lm(seed=1)
+        assert push(receiver, trainer_model.state_dict(), 2).bytes > 0
+        assert weights_checksum(receiver) == weights_checksum(trainer_model)
+        with pytest.raises(TypeError, match=r"weights must be a model, a TensorDict .* state_dict"):
+            push(receiver, [1, 2], 3)
+        with pytest.raises(TypeError, match=r"Entry 'w' holds a list"):
+            push(receiver, {"w": [1.0]}, 3)
+        with pytest.raises(TypeError, match="policy_version must be an int, got '1'"):
+            push(receiver, trainer_model, "1")
+        with pytest.raises(ValueError, match="policy_version must be an int >= 0.*=-3"):
+            push(receiver, trainer_model, -3)
+
+    def test_arguments_are_checked(self):
+        target = torch.nn.Linear(2, 2)
+        with pytest.raises(ValueError, match="WeightSyncCallback: delta=True needs a target"):
+            WeightSyncCallback(target, delta=True)
+        with pytest.raises(TypeError, match="delta must be a bool"):
+            WeightSyncCallback(target, delta="yes")
+        with pytest.raises(ValueError, match="full_push_every must be a positive int"):
+            WeightSyncCallback(target, full_push_every=0)
+        with pytest.raises(ValueError, match="timeout must be a finite number of seconds > 0"):
+            WeightSyncCallback(target, timeout=0)
+
+
+class TestRanks:
+    """Which rank pushes what: each rank its own receivers, rank 0 alone a shared one."""
+
+    def test_who_pushes(self):
+        from torchrl.weight_update import MultiProcessWeightSyncScheme
+        from torchrl.weight_update.llm import VLLMWeightSyncScheme
+
+        from torchrl_trl_interop import RayRemotePolicy, RemotePolicy
+        from torchrl_trl_interop.weights._push import pushed_by_every_rank
+
+        own = [torch.nn.Linear(2, 2), RemotePolicy(toy_causal_lm)]
+        shared = [
+            RayRemotePolicy(toy_causal_lm),
+            VLLMWeightSyncScheme(master_port=29997).create_sender(),
+            MultiProcessWeightSyncScheme(),
+        ]
+        assert [pushed_by_every_rank(t) for t in own + shared] == [True] * 2 + [False] * 3
+
+    def test_another_rank_pushes_its_own_receiver_not_a_shared_one(self):
+        from types import SimpleNamespace
+
+        from torchrl_trl_interop import RayRemotePolicy
+
+        state = SimpleNamespace(global_step=0, is_world_process_zero=False)
+        receiver, trainer_model = toy_causal_lm(), toy_causal_lm(seed=1)
+        callback = WeightSyncCallback(receiver)
+        callback.on_train_begin(None, state, None, model=trainer_model)
+        assert weights_checksum(receiver) == weights_checksum(trainer_model)
+        shared = RayRemotePolicy(toy_causal_lm)
+        callback = WeightSyncCallback(shared)
+        callback.on_train_begin(None, state, None, model=trainer_model)  # rank 0 pushes it
+        assert not shared.started and callback.version == 0 and callback.pushes == []

@@ -17,6 +17,7 @@ import sys
 import textwrap
 import time
 from functools import partial
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -103,7 +104,7 @@ def test_a_push_into_a_dead_generator_raises_with_its_exit_code(remote):
 @pytest.mark.parametrize("when", ["copy", "commit"])
 def test_a_generator_dying_during_a_push_is_noticed(remote, when):
     """Killed while the weights are copied into the staging buffer, or once the commit is asked
-    for: the push raises with the exit code within seconds."""
+    for: the trainer's step raises with the exit code within seconds, naming the generator."""
     policy, trainer_model = remote
     staging = policy.weight_sync_scheme.staging
     holder, name = (staging, "fill") if when == "copy" else (policy._requests, "put")
@@ -117,15 +118,20 @@ def test_a_generator_dying_during_a_push_is_noticed(remote, when):
 
     setattr(holder, name, then_die)
     start = time.monotonic()
-    pattern = r"died \(exit code -9\) (before|while serving) the weights of version 1"
-    with pytest.raises(RuntimeError, match=pattern):
-        policy.update_policy_weights_(trainer_model, policy_version=1)
+    pattern = (
+        r"^WeightSyncCallback: the generator process died \(exit code -9\) (before|while "
+        "serving) the weights of version 1"
+    )
+    state = SimpleNamespace(global_step=1, is_world_process_zero=True)
+    with pytest.raises(RuntimeError, match=pattern):  # what the trainer calls after a step
+        WeightSyncCallback(policy).on_step_end(None, state, None, model=trainer_model)
     assert time.monotonic() - start < 10
 
 
 PARENT = """
 import threading, time
 from functools import partial
+from types import SimpleNamespace
 from torchrl_trl_interop import RemotePolicy
 from torchrl_trl_interop.testing import toy_causal_lm, toy_generator_policy
 
@@ -177,3 +183,52 @@ def test_generators_exit_when_their_trainer_is_killed(tmp_path):
         for pid in children.values():
             if not _gone(pid):
                 os.kill(pid, signal.SIGKILL)
+
+
+def test_delta_pushes_into_a_bf16_generator_are_bit_exact():
+    """A bf16 generator fed by an fp32 trainer: one AdamW step at lr 1e-6 sends a tenth of a
+    whole push, and the generator holds the trainer's weights cast to bf16 after every push,
+    from a model or its state_dict."""
+    from tensordict import TensorDict
+
+    policy = RemotePolicy(
+        partial(toy_generator_policy, dtype=torch.bfloat16), num_threads=1, timeout=120
+    )
+    trainer_model = toy_causal_lm(seed=1)
+    optimizer = torch.optim.AdamW(trainer_model.parameters(), lr=1e-6)
+    sync = WeightSyncCallback(policy, delta=True, full_push_every=4)
+
+    def bf16():
+        return weights_checksum(TensorDict.from_module(trainer_model).data.to(torch.bfloat16))
+
+    try:
+        sync.push(trainer_model, 0)
+        assert policy.weights_checksum() == (0, bf16())
+        for step in (1, 2):
+            ids = torch.randint(5, 60, (2, 12))
+            trainer_model(input_ids=ids, labels=ids).loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            sync.push(trainer_model if step == 1 else trainer_model.state_dict(), step)
+            assert policy.weights_checksum() == (step, bf16())
+        whole = sync.pushes[0]["bytes"]
+        assert [p["delta"] for p in sync.pushes] == [False, True, True]
+        assert all(0 < p["bytes"] <= whole / 10 for p in sync.pushes[1:])
+        # a whole push in between (no delta): the next delta push starts whole again
+        policy.update_policy_weights_(trainer_model, policy_version=3)
+        sync.push(trainer_model, 4)
+        assert not sync.pushes[-1]["delta"] and policy.weights_checksum() == (4, bf16())
+    finally:
+        policy.close()
+
+
+def test_remote_policy_arguments_are_checked():
+    for timeout in (-5, 0):
+        with pytest.raises(ValueError, match="RemotePolicy: timeout must be a finite number"):
+            RemotePolicy(toy_generator_policy, timeout=timeout)
+    policy = RemotePolicy(toy_generator_policy)
+    with pytest.raises(TypeError, match="RemotePolicy: policy_version must be an int, got '1'"):
+        policy.update_policy_weights_(toy_causal_lm(), policy_version="1")
+    with pytest.raises(ValueError, match="RemotePolicy: policy_version must be an int >= 0"):
+        policy.update_policy_weights_(toy_causal_lm(), policy_version=-3)
+    assert not policy.started  # checked before the generator starts

@@ -20,6 +20,7 @@ from torchrl_trl_interop import RemotePolicy, WeightSyncCallback, weights_checks
 from torchrl_trl_interop.testing import toy_causal_lm, toy_primed_chat_env, toy_tokenizer
 from torchrl_trl_interop.weights._adapters import TargetScheme, as_weight_sync_scheme
 from torchrl_trl_interop.weights._scheme import StagingWeightSyncScheme
+from torchrl_trl_interop.weights._staging import StagingBuffer
 
 
 def pair(generator_model):
@@ -134,9 +135,10 @@ def pendulum_env():
 
 
 class TestInTorchRLCollector:
-    def test_multi_sync_collector_workers_get_the_push(self):
+    def test_multi_sync_collector_workers_get_the_push(self, monkeypatch):
         """torchrl's own MultiSyncCollector, two worker processes, our scheme: after
-        update_policy_weights_ every worker acts with the pushed weights."""
+        update_policy_weights_ every worker acts with the pushed weights; then a worker is
+        killed in the middle of a push."""
         from tensordict.nn import TensorDictModule
         from torchrl.collectors import MultiSyncCollector
 
@@ -161,8 +163,38 @@ class TestInTorchRLCollector:
             after = next(batches)
             assert torch.equal(after["action"], torch.full_like(after["action"], 0.25))
             assert scheme.policy_version == 0
+            killed_mid_push(collector, scheme, monkeypatch)
         finally:
-            collector.shutdown()
+            collector.shutdown(raise_on_error=False)  # one of its workers was killed
+
+
+def killed_mid_push(collector, scheme, monkeypatch):
+    """A worker killed while the weights are copied into the staging buffer: the trainer's push
+    raises at once (not at its timeout), naming the worker and its exit code."""
+    import os
+    import signal
+    import time
+
+    from tensordict.nn import TensorDictModule
+
+    fill = StagingBuffer.fill
+
+    def then_killed(staging, stream):  # in this process: the sender's copy
+        names = fill(staging, stream)
+        os.kill(collector.procs[1].pid, signal.SIGKILL)
+        collector.procs[1].join(timeout=30)
+        return names
+
+    monkeypatch.setattr(StagingBuffer, "fill", then_killed)
+    trainer_policy = TensorDictModule(Pendulum(), in_keys=["th"], out_keys=["action"])
+    start = time.monotonic()
+    with pytest.raises(RuntimeError) as info:
+        WeightSyncCallback(scheme).push(trainer_policy, 3)
+    assert time.monotonic() - start < 30
+    assert str(info.value).startswith(
+        "WeightSyncCallback: worker 1 of the MultiSyncCollector died (exit code -9) before "
+        "committing the weights of version 3 through its StagingWeightSyncScheme"
+    )
 
 
 class TestEveryTargetIsAScheme:

@@ -142,3 +142,88 @@ def test_callback_pushes_through_torchrls_vllm_sender():
         callback.push(toy_causal_lm(tokenizer=toy_tokenizer(), hidden_size=64), 6)
     with pytest.raises(TypeError, match="vLLMWrapper holds no weights here"):
         WeightSyncCallback(vLLMWrapper.__new__(vLLMWrapper))
+
+
+class BlockedTransport:
+    """Stands in for NCCL when an engine died in the middle of a broadcast: it never returns."""
+
+    def __init__(self):
+        import threading
+
+        self.release = threading.Event()
+
+    def send_weights(self, model_id, weights):
+        self.release.wait()
+
+
+def test_a_vllm_broadcast_that_never_ends_fails_the_step():
+    """torchrl's own ``VLLMWeightSender.update_weights`` waits without a bound; the trainer's step
+    raises at the callback's timeout, naming the sender and the likely cause."""
+    import time
+    from types import SimpleNamespace
+
+    from torchrl.weight_update.llm import VLLMWeightSyncScheme
+    from torchrl.weight_update.llm.vllm_nccl import get_model_metadata
+
+    model = toy_causal_lm(tokenizer=toy_tokenizer())
+    sender = VLLMWeightSyncScheme(master_port=29998).create_sender()
+    sender._model_metadata = get_model_metadata(model)
+    sender._transport = transport = BlockedTransport()
+    callback = WeightSyncCallback(sender, timeout=2)
+    state = SimpleNamespace(global_step=1, is_world_process_zero=True)
+    start = time.monotonic()
+    try:
+        with pytest.raises(TimeoutError) as info:
+            callback.on_step_end(None, state, None, model=model)
+        assert time.monotonic() - start < 30
+        assert str(info.value).startswith(
+            "WeightSyncCallback: torchrl's VLLMWeightSender did not finish its broadcast within "
+            "2.0s: an engine that died (or never joined) leaves NCCL waiting."
+        )
+        assert callback.version is None
+    finally:
+        transport.release.set()  # the stuck broadcast thread ends
+
+
+class RecordingGeneration:
+    """TRL's ``VLLMGeneration.generate`` contract (one completion per prompt), recording each
+    call's prompts."""
+
+    def __init__(self):
+        self.calls = []
+
+    def generate(self, prompts, images, num_generations):
+        self.calls.append([list(p) for p in prompts])
+        answers = [[7, 2] for _ in prompts]
+        return prompts, answers, [[[-0.5], [-0.25]] for _ in prompts], None
+
+
+def test_processes_sharing_a_server_call_it_with_as_many_prompts(tmp_path):
+    """TRL 1.16 slices each process's answers at ``process_index * len(prompts)``: a process with
+    fewer prompts (none: its episodes ended) fills up with one-token prompts and drops their
+    answers; its lockstep idles through TRL's generate."""
+    from types import SimpleNamespace
+
+    from torchrl_trl_interop.rollouts._ranks import Lockstep, Ranks
+    from torchrl_trl_interop.rollouts._vllm import vllm_policy
+
+    tok = toy_tokenizer()
+    trainer = grpo_trainer(tmp_path, None)
+    attach_toy_vllm(trainer, toy_causal_lm(tokenizer=tok))
+    trainer.vllm_generation = generation = RecordingGeneration()
+
+    def gather(tensor):  # rank 0 of 2; the other rank holds 3 prompts
+        return torch.cat([tensor, torch.tensor([3])])
+
+    ranks = Ranks(0, 2, accelerator=SimpleNamespace(device="cpu", gather=gather))
+    assert vllm_policy(trainer, None, False, Ranks()).lockstep() is None  # one process
+    policy = vllm_policy(trainer, None, False, ranks)
+    assert isinstance(policy.lockstep(), Lockstep)
+    answers, scores = policy._sample([torch.tensor([5, 6])], None)
+    eos = tok.eos_token_id
+    assert generation.calls[-1] == [[5, 6], [eos], [eos]]  # as many as the other rank's
+    assert [a.tolist() for a in answers] == [[7, 2]] and scores[0].tolist() == [-0.5, -0.25]
+    policy.lockstep().idle()  # this rank's episodes ended: fillers only, nothing kept
+    assert generation.calls[-1] == [[eos]] * 3 and policy.idle_calls == 1
+    trainer.vllm_mode = "colocate"  # each process its own engine: its calls are its own
+    assert vllm_policy(trainer, None, False, ranks).lockstep() is None

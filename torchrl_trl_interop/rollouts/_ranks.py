@@ -192,13 +192,25 @@ def generation_guard(trainer: Any) -> Iterator[Any]:
 
 
 class Lockstep:
-    """Keeps the ranks' ``generate`` calls in step when every forward is a collective.
+    """Keeps the ranks' ``generate`` calls in step when each one is a collective.
 
+    Two layouts need it: ZeRO-3/FSDP, where every forward of the trainer's model is a
+    collective, and TRL's vLLM shared by several processes (a server, a tensor-parallel group),
+    where each ``generate`` gathers every process's prompts
+    (:class:`~torchrl_trl_interop.rollouts._vllm.TRLVLLMPolicy`).
     :func:`~torchrl_trl_interop.rollouts._episodes.run_episodes` asks :meth:`any_active` after
     every turn (one all-reduce) and goes on while any rank has a live episode; a rank with none
-    calls :meth:`idle` in place of its policy: one ``generate`` on a one-token stand-in, with
-    ``synced_gpus=True``, which takes part in every forward of the other ranks' generation and
-    changes no row.
+    calls :meth:`idle` in place of its policy, which changes no row: the policy's own
+    ``idle_turn()`` when it has one (vLLM: a generate call with no prompt of its own), else one
+    ``generate`` of the model on a one-token stand-in with ``synced_gpus=True``, which takes part
+    in every forward of the other ranks' generation.
+
+    Examples:
+        >>> class Policy:
+        ...     def idle_turn(self):
+        ...         print("joined a generate call")
+        >>> Lockstep(Ranks(), Policy()).idle()
+        joined a generate call
     """
 
     def __init__(self, ranks: Ranks, policy: Any) -> None:
@@ -211,6 +223,11 @@ class Lockstep:
 
     def idle(self) -> None:
         policy = self.policy
+        self.idle_calls += 1
+        idle_turn = getattr(policy, "idle_turn", None)
+        if callable(idle_turn):
+            idle_turn()
+            return
         token = policy.tokenizer.eos_token_id
         ids = torch.tensor(
             [[0 if token is None else token]], device=next(policy.model.parameters()).device
@@ -221,4 +238,3 @@ class Lockstep:
             generation_config=policy.generate_kwargs["generation_config"],
             synced_gpus=True,
         )
-        self.idle_calls += 1

@@ -197,11 +197,11 @@ class _EnvRolloutFunc:
         rows: list[RolloutRow] = []
         # the trainer's model, prepared as GRPOTrainer prepares it to generate (ZeRO-3, FSDP)
         # use_vllm=True: TRL's vLLM generates (or this raises)
-        vllm = vllm_policy(trainer, self.policy, recompute, self.max_turns, ranks.count)
+        vllm = vllm_policy(trainer, self.policy, recompute, ranks)
         uses_model = (self.policy is None and vllm is None) or recompute
         with generation_guard(trainer) if uses_model else contextlib.nullcontext() as model:
             policy, lockstep = (
-                (vllm, None)
+                (vllm, vllm.lockstep())
                 if vllm is not None
                 else self._policy_for(trainer, tokenizer, model, ranks, chat)
             )

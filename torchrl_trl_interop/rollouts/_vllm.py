@@ -8,6 +8,18 @@ generates every turn through that backend (:class:`TRLVLLMPolicy`: TRL's
 ``VLLMGeneration.generate`` on the turn's prompt tokens, one completion each, vLLM's own
 log-probs), so the rows get TRL's weight sync and correction; where that cannot hold, it raises
 instead of letting another model generate.
+
+**Several processes on one server (or one tensor-parallel group).** TRL's ``generate`` then
+gathers every process's prompts into one call (``vllm_mode="server"``: to the main process,
+which asks the server; a tensor-parallel group: to every rank of the group) and hands each
+process back the slice at ``process_index * len(prompts)``: every process must call it as often,
+and (TRL 1.16 slices by this process's own count) with as many prompts. Multi-turn episodes end
+at different turns on different processes, so the turns run in lockstep
+(:class:`~torchrl_trl_interop.rollouts._ranks.Lockstep`): after each turn the processes agree
+whether any episode is still running anywhere; a process whose episodes have all ended joins
+each generate call without prompts of its own until every process is done, as TRL's own tool
+loop needs. Before each call the processes share their prompt counts (one collective), and one
+holding fewer fills up with one-token prompts whose answers it drops.
 """
 
 from __future__ import annotations
@@ -18,6 +30,7 @@ from typing import Any
 import torch
 
 from .._checks import signed
+from ._ranks import Lockstep, Ranks
 from ._trainer import (
     sampling_temperature,
     trainer_generation_config,
@@ -48,7 +61,16 @@ class TRLVLLMPolicy(TrainerModelPolicy):
         tokenizer (PreTrainedTokenizerBase): the trainer's tokenizer.
         generation_config (GenerationConfig): the trainer's (its eos ids end an answer).
         temperature (float): the trainer's.
+
+    Attributes:
+        ranks (Ranks or None): the processes whose prompts TRL's ``generate`` gathers into one
+            call (several processes on a server or a tensor-parallel group); ``None``: this
+            process's calls are its own.
+        idle_calls (int): the generate calls this process joined with no prompt of its own.
     """
+
+    ranks: Ranks | None = None
+    idle_calls = 0
 
     def __init__(
         self,
@@ -64,35 +86,51 @@ class TRLVLLMPolicy(TrainerModelPolicy):
     def _sample(
         self, prompts: list[torch.Tensor], config: Any
     ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        ids = [p.tolist() for p in prompts]
+        if self.ranks is not None:  # TRL slices every process's answers by its own count
+            width = max(self.ranks.gather([len(ids)]))
+            token = self.tokenizer.eos_token_id
+            ids += [[0 if token is None else token]] * (width - len(ids))
         _, completions, logprobs, _ = self.vllm_generation.generate(
-            prompts=[p.tolist() for p in prompts], images=None, num_generations=1
+            prompts=ids, images=None, num_generations=1
         )
-        responses = [torch.tensor(ids, dtype=torch.long) for ids in completions]
+        mine = len(prompts)  # the fillers' answers are dropped
+        responses = [torch.tensor(row, dtype=torch.long) for row in completions[:mine]]
         # vLLM gives per token the top-k log-probs, the sampled token's first
-        scores = [torch.tensor([lp[0] for lp in row], dtype=torch.float32) for row in logprobs]
+        scores = [
+            torch.tensor([lp[0] for lp in row], dtype=torch.float32) for row in logprobs[:mine]
+        ]
         return responses, scores
+
+    def idle_turn(self) -> None:
+        """Joins one generate call of the other processes with no prompt of its own (one-token
+        fillers, as many as the others hold), when this process's episodes have all ended."""
+        self._sample([], None)
+        self.idle_calls += 1
+
+    def lockstep(self) -> Lockstep | None:
+        """The lockstep this policy's turns need: one when TRL's ``generate`` gathers several
+        processes' prompts into each call, else ``None``."""
+        return None if self.ranks is None else Lockstep(self.ranks, self)
 
 
 def vllm_policy(
-    trainer: Any,
-    policy: Any,
-    recompute_logprobs: bool,
-    max_turns: int,
-    processes: int,
+    trainer: Any, policy: Any, recompute_logprobs: bool, ranks: Ranks
 ) -> TRLVLLMPolicy | None:
     """The policy that generates through the trainer's vLLM; ``None`` when it uses none.
+
+    On several processes sharing a server (or a tensor-parallel group) its :attr:`ranks` are
+    set: its turns then go in lockstep (:meth:`TRLVLLMPolicy.lockstep`).
 
     Raises:
         ValueError: if ``use_vllm=True`` meets a ``policy`` of the user's (TRL would sync and
             correct for an engine that does not generate the rows) or ``recompute_logprobs=True``
-            (the trainer's log-probs would replace the sampler's that the correction needs), or
-            several processes share a server (or a tensor-parallel group) with ``max_turns > 1``
-            (TRL's generate gathers every process's prompts: turn counts would differ).
+            (the trainer's log-probs would replace the sampler's that the correction needs).
         RuntimeError: if the trainer says ``use_vllm`` but holds no vLLM backend.
 
     Examples:
         >>> from types import SimpleNamespace
-        >>> vllm_policy(SimpleNamespace(use_vllm=False), None, False, 1, 1) is None
+        >>> vllm_policy(SimpleNamespace(use_vllm=False), None, False, Ranks()) is None
         True
     """
     backend = vllm_backend(trainer)
@@ -125,17 +163,6 @@ def vllm_policy(
                 "and vLLM installed."
             )
         )
-    gathers = mode == "server" or getattr(generation, "tensor_parallel_size", 1) > 1
-    if processes > 1 and gathers and max_turns > 1:
-        raise ValueError(
-            signed(
-                f"with {processes} processes and vllm_mode={mode!r}, TRL's vLLM generate gathers "
-                "every process's prompts in each call, so every process must call it as often and "
-                f"with as many prompts; max_turns={max_turns} episodes end at different turns. Use "
-                "max_turns=1, vllm_mode='colocate' with tensor_parallel_size=1, or a generator of "
-                "your own (RayRemotePolicy, a vLLMWrapper) with use_vllm=False."
-            )
-        )
     model = unwrapped_model(trainer)
     tokenizer = trainer_tokenizer(trainer)
     policy = _POLICIES.get(generation)
@@ -143,4 +170,6 @@ def vllm_policy(
         config = trainer_generation_config(trainer, tokenizer)
         policy = TRLVLLMPolicy(generation, model, tokenizer, config, sampling_temperature(trainer))
         _POLICIES[generation] = policy
+    gathers = mode == "server" or getattr(generation, "tensor_parallel_size", 1) > 1
+    policy.ranks = ranks if gathers and ranks.count > 1 else None
     return policy

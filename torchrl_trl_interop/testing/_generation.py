@@ -17,6 +17,8 @@ def toy_generator_policy(
     seed: int = 0,
     max_new_tokens: int = 6,
     sample_seed: int | None = None,
+    dtype: Any = None,
+    model_sizes: dict[str, int] | None = None,
 ):
     """A toy generator: :func:`toy_causal_lm` as a ``TrainerModelPolicy``, built where it is called.
 
@@ -36,6 +38,10 @@ def toy_generator_policy(
         sample_seed (int, optional): seeds the sampling: torch's global generator in the process
             that builds the policy (torch seeds a fresh process at random). Defaults to ``None``
             (left as it is).
+        dtype (torch.dtype, optional): the model's dtype (``torch.bfloat16``: a bf16 generator
+            fed by an fp32 trainer). Defaults to ``None`` (fp32).
+        model_sizes (dict, optional): :func:`toy_causal_lm`'s sizes (``hidden_size``,
+            ``num_hidden_layers``...). Defaults to ``None`` (its own).
 
     Examples:
         >>> policy = toy_generator_policy()
@@ -55,7 +61,9 @@ def toy_generator_policy(
             eos_token_id=tokenizer.eos_token_id,
             suppress_tokens=[tokenizer.pad_token_id, tokenizer.convert_tokens_to_ids(IM_START)],
         )
-    model = toy_causal_lm(tokenizer=tokenizer, seed=seed)
+    model = toy_causal_lm(tokenizer=tokenizer, seed=seed, **(model_sizes or {}))
+    if dtype is not None:
+        model = model.to(dtype)
     if sample_seed is not None:
         import torch
 
@@ -216,6 +224,7 @@ class ToyVLLMClient:
         self.model, self.tokenizer = model, tokenizer
         self.generated: list[int] = []  # completions per generate call
         self.synced = 0
+        self.synced_checksums: list[str] = []  # the model's checksum after each sync
 
     def update_named_params(self, metadata: list, params: Any) -> None:
         import torch
@@ -225,6 +234,9 @@ class ToyVLLMClient:
             for name, tensor in params:
                 live[name].copy_(tensor)
         self.synced += 1
+        from ..weights._tensors import weights_checksum
+
+        self.synced_checksums.append(weights_checksum(self.model))
 
     def reset_prefix_cache(self) -> None:
         pass

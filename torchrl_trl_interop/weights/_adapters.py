@@ -20,13 +20,23 @@ from torchrl.weight_update import WeightSyncScheme
 
 from .._checks import boundary, signed
 from .._upstream._weights import ray_collector_handle
-from ._remote_collector import push_to_remote_collector
+from ._remote_collector import PUSH_TIMEOUT_S, push_to_remote_collector
 from ._staleness import set_policy_version
 from ._stream import sendable
 from ._tensors import check_weights_fit, policy_model, weights_layout
 from ._vllm_sender import is_vllm_sender, is_vllm_wrapper, push_to_vllm
 
-__all__ = ["TargetScheme", "as_weight_sync_scheme", "whole"]
+__all__ = ["TargetScheme", "as_weight_sync_scheme", "tensors_nbytes", "whole"]
+
+
+def tensors_nbytes(weights: TensorDictBase) -> int:
+    """The bytes of every tensor of a weights TensorDict (what a push of it sends).
+
+    Examples:
+        >>> tensors_nbytes(whole([("a", torch.zeros(3)), ("b.c", torch.zeros(2, dtype=torch.int8))]))
+        14
+    """
+    return sum(t.numel() * t.element_size() for t in weights.values(True, True))
 
 
 def whole(stream: Any) -> TensorDictBase:
@@ -45,7 +55,13 @@ class TargetScheme(WeightSyncScheme):
 
     Args:
         target: the torchrl object that receives.
-        route (Callable): ``route(target, weights, version, *, partial)``: the push.
+        route (Callable): ``route(target, weights, version, *, partial, timeout) -> bytes``:
+            the push, bounded by ``timeout`` seconds when it waits on another process.
+
+    Keyword Args:
+        shared_by_ranks (bool, optional): the target is one receiver for every trainer rank
+            (pushed from rank 0 only: torchrl's vLLM sender, which rank 0 joined to the engines'
+            group). Defaults to ``False`` (each rank pushes its own).
 
     Examples:
         >>> scheme = as_weight_sync_scheme(torch.nn.Linear(2, 2))
@@ -56,9 +72,14 @@ class TargetScheme(WeightSyncScheme):
     #: ``send`` takes ``policy_version=`` and ``partial=`` (torchrl's schemes take neither)
     takes_policy_version = True
 
-    def __init__(self, target: Any, route: Callable[..., None]) -> None:
+    def __init__(
+        self, target: Any, route: Callable[..., int], *, shared_by_ranks: bool = False
+    ) -> None:
         super().__init__(strategy="tensordict")
         self.target, self.route = target, route
+        self.shared_by_ranks = shared_by_ranks
+        self.last_push_bytes = 0
+        self.last_push_delta = False
         self.init_on_sender()  # nothing to set up: the target's own API connects
         self.connect()
 
@@ -92,20 +113,28 @@ class TargetScheme(WeightSyncScheme):
         *,
         policy_version: int,
         partial: bool = False,
+        timeout: float | None = None,
     ) -> None:
         """Pushes ``weights`` into the target as ``policy_version`` (``worker_ids``: the target
-        decides)."""
-        self.route(self.target, weights, policy_version, partial=partial)
+        decides), waiting at most ``timeout`` seconds (``None``:
+        :data:`~torchrl_trl_interop.weights._remote_collector.PUSH_TIMEOUT_S`) on another
+        process; :attr:`last_push_bytes` is what it sent."""
+        seconds = PUSH_TIMEOUT_S if timeout is None else timeout
+        self.last_push_bytes = self.route(
+            self.target, weights, policy_version, partial=partial, timeout=seconds
+        )
 
 
-def _to_ray_collector(target: Any, weights: Any, version: int, *, partial: bool):
+def _to_ray_collector(target: Any, weights: Any, version: int, *, partial: bool, timeout: float):
     """``RayLLMCollector``: in its actor, checked against its policy, with its version."""
     layout, stream, partial = sendable(weights, None, partial=partial)
     handle = ray_collector_handle(target)
-    push_to_remote_collector(handle, layout, stream, version, partial=partial)
+    return push_to_remote_collector(
+        handle, layout, stream, version, partial=partial, timeout=timeout
+    )
 
 
-def _to_collector(target: Any, weights: Any, version: int, *, partial: bool):
+def _to_collector(target: Any, weights: Any, version: int, *, partial: bool, timeout: float):
     """A torchrl collector: its ``update_policy_weights_`` (one TensorDict, in the wrapper's
     layout when its policy is here), its integer ``PolicyVersion`` set to ``version``."""
     policy = getattr(target, "policy", None)
@@ -116,15 +145,17 @@ def _to_collector(target: Any, weights: Any, version: int, *, partial: bool):
     if local:
         check_weights_fit(layout, receiver, receiver_name="policy", partial=partial)
     weights = whole(stream)
+    nbytes = tensors_nbytes(weights)
     if local and model is not policy:  # a torchrl LLM wrapper keeps its model under "model"
         weights = TensorDict({"model": weights}, batch_size=[])
     target.update_policy_weights_(weights)
     set_policy_version(getattr(target, "policy_version_tracker", None), version)
+    return nbytes
 
 
-def _to_vllm(target: Any, weights: Any, version: int, *, partial: bool):
+def _to_vllm(target: Any, weights: Any, version: int, *, partial: bool, timeout: float):
     """torchrl's ``VLLMWeightSender``: NCCL into the engines (never partial)."""
-    push_to_vllm(target, weights, version)
+    return push_to_vllm(target, weights, version, timeout=timeout)
 
 
 def as_weight_sync_scheme(target: Any) -> WeightSyncScheme | None:
@@ -151,7 +182,7 @@ def as_weight_sync_scheme(target: Any) -> WeightSyncScheme | None:
     if isinstance(scheme, WeightSyncScheme):
         return scheme
     if is_vllm_sender(target):
-        return TargetScheme(target, _to_vllm)
+        return TargetScheme(target, _to_vllm, shared_by_ranks=True)
     if is_vllm_wrapper(target):
         raise TypeError(
             signed(

@@ -91,6 +91,8 @@ def serve(
         try:
             if kind == "commit":  # between two calls: the scheme makes the staged weights live
                 reply = scheme.commit(*payload)
+            elif kind == "delta":  # between two calls: the changed elements, in place
+                reply = scheme.commit_delta(*pickle.loads(payload))
             elif kind == "call":
                 td = pickle.loads(payload)
                 with torch.no_grad():

@@ -8,7 +8,8 @@ push in the actor itself, in one call (``__ray_call__``): it reads the actor's p
 the weights against it, puts them under ``"model"`` when the policy is a wrapper, applies them
 through the collector's own ``update_policy_weights_``, and sets its integer ``PolicyVersion``
 to the trainer's step, so rows collected after the push carry that step. The wait is bounded
-and an actor's death raises at once.
+(``timeout``, :data:`PUSH_TIMEOUT_S` by default) and an actor's death raises at once, naming
+the collector.
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ from ._tensors import Layout, check_weights_fit, policy_model, weights_layout
 
 __all__ = ["PUSH_TIMEOUT_S", "push_to_remote_collector"]
 
-#: how long a push into a collector's Ray actor may wait (it waits for the batch in flight)
+#: how long a push into another process's receiver may wait by default (a collector's Ray actor
+#: waits for the batch in flight first)
 PUSH_TIMEOUT_S = 600.0
 
 
@@ -42,40 +44,57 @@ def _apply(collector: Any, weights: TensorDictBase, version: int) -> Any:
     return collector.policy_version
 
 
-def _get(ref: Any, what: str) -> Any:
+def _get(ref: Any, what: str, timeout: float) -> Any:
     import ray
-    from ray.exceptions import GetTimeoutError, RayActorError
+    from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
 
     try:
-        return ray.get(ref, timeout=PUSH_TIMEOUT_S)
+        return ray.get(ref, timeout=timeout)
     except GetTimeoutError:
         raise TimeoutError(
             signed(
-                f"the collector's Ray actor did not answer {what} within {PUSH_TIMEOUT_S}s (it "
-                "finishes the batch in flight first)."
+                f"the RayLLMCollector's Ray actor did not answer {what} within {timeout}s (it "
+                "finishes the batch in flight first: raise timeout= for long batches)."
             )
         ) from None
     except RayActorError as error:
         raise RuntimeError(
-            signed(f"the collector's Ray actor died during {what}: {error}")
+            signed(
+                f"the RayLLMCollector's Ray actor died during {what}: {error}. Build a new "
+                "collector; the actor's log says why it died."
+            )
+        ) from None
+    except RayTaskError as error:
+        raise RuntimeError(
+            signed(f"the RayLLMCollector's actor failed on {what}:\n{error}")
         ) from None
 
 
 def push_to_remote_collector(
-    handle: Any, layout: Layout, stream: Any, version: int, *, partial: bool
-) -> Any:
+    handle: Any,
+    layout: Layout,
+    stream: Any,
+    version: int,
+    *,
+    partial: bool,
+    timeout: float = PUSH_TIMEOUT_S,
+) -> int:
     """Sends the streamed weights to the collector's actor (``handle``) as version ``version``;
-    returns the collector's version after the push.
+    returns the bytes sent.
 
     Raises:
         KeyError: if names differ from the actor's policy model's; nothing is sent.
         ValueError: if shapes differ; nothing is sent.
         RuntimeError: if the actor died.
-        TimeoutError: if the actor does not answer within :data:`PUSH_TIMEOUT_S`.
+        TimeoutError: if the actor does not answer within ``timeout`` seconds.
     """
-    receiver, wrapped = _get(handle.__ray_call__.remote(_receiver), "its policy's layout")
+    what = "its policy's layout"
+    receiver, wrapped = _get(handle.__ray_call__.remote(_receiver), what, timeout)
     check_weights_fit(layout, receiver, receiver_name="policy", partial=partial)
     weights = TensorDict(dict(stream), batch_size=[]).unflatten_keys(".")
+    nbytes = sum(t.numel() * t.element_size() for t in weights.values(True, True))
     if wrapped:
         weights = TensorDict({"model": weights}, batch_size=[])
-    return _get(handle.__ray_call__.remote(_apply, weights, int(version)), "the push")
+    what = f"the push of version {version}"
+    _get(handle.__ray_call__.remote(_apply, weights, int(version)), what, timeout)
+    return nbytes

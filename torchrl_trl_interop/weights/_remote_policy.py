@@ -30,7 +30,7 @@ from tensordict import TensorDictBase
 from .._checks import boundary, signed
 from .._keys import POLICY_VERSION_KEY
 from ._generator_process import POLL_SECONDS, serve
-from ._served import ServedPolicy
+from ._served import ServedPolicy, check_rows
 
 __all__ = ["RemotePolicy"]
 
@@ -63,16 +63,24 @@ class _GeneratorChannel:
         self.policy().close()  # the generator has no weights yet
 
     def commit_staged(self, version: int, names: list[str] | None) -> int:
+        return self._commit("commit", (version, names), version)
+
+    def commit_delta(self, version: int, base: int, changes: dict) -> int | None:
+        return self._commit("delta", pickle.dumps((version, base, changes)), version)
+
+    def _commit(self, kind: str, payload: Any, version: int) -> Any:
         policy = self.policy()
         what = f"the weights of version {version}"
         policy._check_alive(what)
-        policy._requests.put(("commit", (version, names)))
+        policy._requests.put((kind, payload))
         try:
-            policy.policy_version = policy._reply(what)
+            committed = policy._reply(what)
         except TimeoutError:  # a late commit could read the next push's half-written weights
             policy.close()
             raise
-        return policy.policy_version
+        if committed is not None:
+            policy.policy_version = committed
+        return committed
 
 
 class RemotePolicy(ServedPolicy):
@@ -104,6 +112,11 @@ class RemotePolicy(ServedPolicy):
 
     As a policy for :func:`~torchrl_trl_interop.as_trl_rollout_func`, every rollout row gets a
     ``policy_version``; the rollout function compares it with the trainer's step.
+
+    On several trainer ranks each rank builds its own (a generator process beside each rank),
+    and :class:`~torchrl_trl_interop.WeightSyncCallback` on each rank pushes its own. For one
+    pool of generators shared by every rank, use a
+    :class:`~torchrl_trl_interop.RayRemotePolicy`.
 
     Args:
         policy_factory (Callable[[], TensorDictModuleBase]): builds the policy in the generator
@@ -245,6 +258,7 @@ class RemotePolicy(ServedPolicy):
 
     @boundary("RemotePolicy")
     def forward(self, tensordict: TensorDictBase) -> TensorDictBase:
+        check_rows(tensordict)
         return pickle.loads(self._ask("call", pickle.dumps(tensordict)))
 
     # the shared push and close, members of this class too (autodoc documents a class's own)

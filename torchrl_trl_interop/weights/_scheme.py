@@ -9,15 +9,25 @@ generation never sees half-updated weights. It follows torchrl's ``WeightSyncSch
 ``receive`` on the other, registered with torchrl as the ``"staging"`` backend
 (``WeightSyncScheme.from_backend("staging")``).
 
-What carries the commit is the scheme's *channel*: an object with ``open_staging(version) ->
-(stagings, layout)`` (the buffers the sender fills in turn, and the receiver's names and shapes;
-called before every push), ``commit_staged(version, names) -> version`` and, optionally,
-``refuse_first()`` (the first push did not fit). :class:`~torchrl_trl_interop.RemotePolicy`
-passes its generator process (requests in order with its calls, buffers in shared memory),
-:class:`~torchrl_trl_interop.RayRemotePolicy` its actors (one buffer put in Ray's object store).
-Without one, the scheme builds its own for torchrl's collectors: a buffer in shared memory
-shaped like the collector's policy (``context``) and a queue of commits each worker's
-``receive()`` applies, acknowledged within ``timeout``.
+What carries the commit is the scheme's *channel*, of one of two kinds:
+
+* a **staging** channel has ``open_staging(version) -> (stagings, layout)`` (the buffers the
+  sender fills in turn, and the receiver's names and shapes; called before every push),
+  ``commit_staged(version, names) -> version`` and, for delta pushes,
+  ``commit_delta(version, base, changes) -> version or None`` (``None``: the receiver does not
+  hold ``base``). :class:`~torchrl_trl_interop.RemotePolicy` passes its generator process
+  (requests in order with its calls, buffers in shared memory). Without a channel, the scheme
+  builds its own for torchrl's collectors: a buffer in shared memory shaped like the
+  collector's policy (``context``) and a queue of commits each worker's ``receive()`` applies,
+  acknowledged within ``timeout`` (no deltas);
+* a **streaming** channel moves the stream itself: ``open(version) -> (layout, dtypes)``,
+  ``send_full(version, stream, partial) -> bytes`` and ``send_delta(version, base, changes) ->
+  bytes or None``. :class:`~torchrl_trl_interop.RayRemotePolicy` passes its actors (one
+  ``ray.put`` per push, straight from the stream).
+
+Either may have ``refuse_first()`` (the first push did not fit). Delta pushes
+(``send(..., delta=True)``, :mod:`~torchrl_trl_interop.weights._delta`) keep the last pushed
+weights on the sender's side, in the receiver's dtypes, and send only what changed.
 """
 
 from __future__ import annotations
@@ -25,6 +35,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
+import weakref
 from typing import Any
 
 import torch
@@ -35,8 +46,9 @@ from torchrl.weight_update.weight_sync_schemes import (
 )
 
 from .._checks import boundary, signed
+from ._delta import Changes, DeltaEncoder, apply_delta, changes_nbytes
 from ._staging import StagingBuffer
-from ._staleness import set_policy_version
+from ._staleness import check_policy_version, set_policy_version
 from ._stream import sendable
 from ._tensors import check_weights_fit, named_tensors, policy_model
 
@@ -65,9 +77,12 @@ def staging_buffers(live: dict[str, torch.Tensor]) -> list[StagingBuffer]:
 class _QueueChannel:
     """The channel to torchrl collector workers: one shared buffer, a queue of commits per
     worker, one queue of acknowledgements (made by the sender, carried to the workers with the
-    pickled scheme)."""
+    pickled scheme). While it waits for the acknowledgements it watches the collector's worker
+    processes (its ``procs``): a worker's death raises at once, naming it."""
 
-    def __init__(self, model: torch.nn.Module, ctx: Any, timeout: float, num_workers: int):
+    def __init__(
+        self, model: torch.nn.Module, ctx: Any, timeout: float, num_workers: int, context: Any
+    ):
         if ctx is None:
             from torch import multiprocessing as mp
 
@@ -79,25 +94,51 @@ class _QueueChannel:
         self.commits = [ctx.Queue() for _ in range(num_workers)]
         self.acks = ctx.Queue()
         self.timeout = timeout
+        try:  # the collector whose worker processes (``procs``) it watches, if any
+            self.context = None if context is None else weakref.ref(context)
+        except TypeError:  # not weakly referable: nothing to watch
+            self.context = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "context": None}  # the sender's collector stays with it
 
     def open_staging(self, version: int) -> tuple[list[StagingBuffer], dict[str, tuple[int, ...]]]:
         return self.stagings, self.layout
 
+    def _check_workers(self, version: int) -> None:
+        context = None if self.context is None else self.context()
+        for i, process in enumerate(getattr(context, "procs", None) or []):
+            if not process.is_alive():
+                raise RuntimeError(
+                    signed(
+                        f"worker {i} of the {type(context).__name__} died (exit code "
+                        f"{process.exitcode}) before committing the weights of version "
+                        f"{version} through its StagingWeightSyncScheme. The collector cannot "
+                        "go on; build a new one."
+                    )
+                )
+
     def commit_staged(self, version: int, names: list[str] | None) -> int:
+        self._check_workers(version)
         for commits in self.commits:
             commits.put((version, names))
         deadline = time.monotonic() + self.timeout
         for done in range(len(self.commits)):
-            try:
-                self.acks.get(timeout=max(deadline - time.monotonic(), 0.0))
-            except queue.Empty:
-                raise TimeoutError(
-                    signed(
-                        f"{done} of {len(self.commits)} workers committed the weights of version "
-                        f"{version} within timeout={self.timeout}s (raise timeout= for slow "
-                        "workers)."
-                    )
-                ) from None
+            while True:
+                try:
+                    self.acks.get(timeout=max(min(0.5, deadline - time.monotonic()), 0.0))
+                    break
+                except queue.Empty:
+                    self._check_workers(version)
+                    if time.monotonic() >= deadline:
+                        raise TimeoutError(
+                            signed(
+                                f"{done} of {len(self.commits)} workers committed the weights "
+                                f"of version {version} through the StagingWeightSyncScheme "
+                                f"within timeout={self.timeout}s (raise timeout= for slow "
+                                "workers)."
+                            )
+                        ) from None
         return version
 
 
@@ -148,6 +189,10 @@ class StagingWeightSyncScheme(WeightSyncScheme):
         self._layout: dict[str, tuple[int, ...]] = {}
         self._turn = 0
         self._live: dict[str, torch.Tensor] | None = None
+        self._encoder: DeltaEncoder | None = None
+        #: the bytes the last push sent (indices and values for a delta), and whether it was one
+        self.last_push_bytes = 0
+        self.last_push_delta = False
 
     def __repr__(self) -> str:
         side = "sender" if self.initialized_on_sender else "receiver"
@@ -160,6 +205,7 @@ class StagingWeightSyncScheme(WeightSyncScheme):
         if not isinstance(self._channel, _QueueChannel):
             state["_channel"] = None
         state["_live"] = None
+        state["_encoder"] = None
         state.pop("_stopping", None)
         return state
 
@@ -210,7 +256,7 @@ class StagingWeightSyncScheme(WeightSyncScheme):
                 )
             if num_workers is None:
                 num_workers = getattr(context, "num_workers", 1)
-            channel = _QueueChannel(model, ctx, self.timeout, int(num_workers))
+            channel = _QueueChannel(model, ctx, self.timeout, int(num_workers), context)
         self._channel = channel
 
     def create_transport(self, **kwargs: Any) -> Any:
@@ -220,6 +266,13 @@ class StagingWeightSyncScheme(WeightSyncScheme):
     def _setup_connection_and_weights_on_sender_impl(self, **kwargs: Any) -> None:
         """Nothing to exchange: the buffers come with the first push (``open_staging``)."""
 
+    @property
+    def takes_delta(self) -> bool:
+        """Whether the receiver applies delta pushes (a ``RemotePolicy``, a ``RayRemotePolicy``;
+        not torchrl's collectors)."""
+        channel = self._channel
+        return callable(getattr(channel, "send_delta", getattr(channel, "commit_delta", None)))
+
     @boundary("StagingWeightSyncScheme")
     def send(
         self,
@@ -228,24 +281,32 @@ class StagingWeightSyncScheme(WeightSyncScheme):
         *,
         policy_version: int | None = None,
         partial: bool = False,
+        delta: bool = False,
+        full_every: int = 10,
     ) -> int:
-        """Checks ``weights``, streams them into the staging buffer and has the receiver commit
-        them as ``policy_version``; returns the committed version.
+        """Checks ``weights``, streams them to the receiver and has it commit them as
+        ``policy_version``; returns the committed version (:attr:`last_push_bytes`: what it sent).
 
         Args:
-            weights (nn.Module or TensorDictBase): a model (streamed one tensor at a time) or
-                its weights keyed as its parameters; ``None``: the ``context``'s policy.
+            weights (nn.Module, TensorDictBase or state_dict): a model (streamed one tensor at a
+                time) or its weights keyed as its parameters; ``None``: the ``context``'s policy.
             worker_ids: torchrl's argument; every receiver gets the push.
 
         Keyword Args:
             policy_version (int, optional): the version to commit. Defaults to the last one + 1.
             partial (bool, optional): ``weights`` may hold a subset of the receiver's tensors.
                 Defaults to ``False``.
+            delta (bool, optional): send only the elements that changed since the last push, in
+                the receiver's dtypes (see :mod:`~torchrl_trl_interop.weights._delta`); a whole
+                push every ``full_every`` pushes, when too much changed, or when the receiver
+                does not hold the last push. Defaults to ``False``.
+            full_every (int, optional): with ``delta``. Defaults to ``10``.
 
         Raises:
             RuntimeError: if the scheme is not initialised on the sender side.
             KeyError: if names differ from the receiver's; nothing is sent.
-            ValueError: if shapes differ from the receiver's; nothing is sent.
+            ValueError: if shapes differ from the receiver's (nothing is sent), or ``delta`` is
+                asked of a receiver that applies none (torchrl's collectors).
         """
         if not self.initialized_on_sender:
             raise RuntimeError(
@@ -254,24 +315,87 @@ class StagingWeightSyncScheme(WeightSyncScheme):
                     "scheme.init_on_sender(model_id=..., model=... or channel=...) first."
                 )
             )
+        if delta and not self.takes_delta:
+            raise ValueError(
+                signed(
+                    "delta=True needs a receiver that applies delta pushes (a RemotePolicy or a "
+                    "RayRemotePolicy); this scheme's receivers are torchrl collector workers, "
+                    "which take whole pushes only. Leave delta=False."
+                )
+            )
         if weights is None:
             weights = getattr(self.context, "policy", None)
         if policy_version is None:
             policy_version = 0 if self.policy_version is None else self.policy_version + 1
-        version = int(policy_version)
-        self._stagings, self._layout = self._channel.open_staging(version)  # receiver alive
-        layout, stream, partial = sendable(weights, self._layout, partial=partial)
+        version = check_policy_version(policy_version)
+        streams = hasattr(self._channel, "send_full")  # the channel moves the stream itself
+        if streams:
+            self._layout, dtypes = self._channel.open(version)  # receiver alive
+        else:
+            self._stagings, self._layout = self._channel.open_staging(version)
+            dtypes = {name: slot[0] for name, slot in self._stagings[0].slots.items()}
+        layout, stream, partial = sendable(weights, self._layout, partial=partial, stable=streams)
         try:
             check_weights_fit(layout, self._layout, partial=partial)
         except (KeyError, ValueError):
             if self.policy_version is None and hasattr(self._channel, "refuse_first"):
                 self._channel.refuse_first()  # a receiver that never had weights is stopped
             raise
-        names = self._stagings[self._turn].fill(stream)  # a copy_ per tensor, as each is read
-        version = self._channel.commit_staged(version, names if partial else None)
-        self._turn = (self._turn + 1) % len(self._stagings)  # as the receiver switched
+        try:
+            if delta:
+                version = self._send_delta(version, layout, stream, dtypes, full_every, partial)
+            else:
+                self._encoder = None  # a later delta push starts again from a whole one
+                version = self._send_full(version, stream, partial)
+                self.last_push_delta = False
+        except BaseException:
+            self._encoder = None  # the receivers may not hold what the encoder holds
+            raise
         self.policy_version = version
         return version
+
+    def _send_full(self, version: int, stream: Any, partial: bool) -> int:
+        """The whole stream, committed as ``version``; sets :attr:`last_push_bytes`."""
+        if hasattr(self._channel, "send_full"):
+            self.last_push_bytes = self._channel.send_full(version, stream, partial)
+            return version
+        staging = self._stagings[self._turn]
+        names = staging.fill(stream)  # a copy_ per tensor, as each is read
+        version = self._channel.commit_staged(version, names if partial else None)
+        self._turn = (self._turn + 1) % len(self._stagings)  # as the receiver switched
+        self.last_push_bytes = sum(staging.views[n].nbytes for n in names)
+        return version
+
+    def _send_delta(
+        self, version: int, layout: Any, stream: Any, dtypes: dict, full_every: int, partial: bool
+    ) -> int:
+        encoder = self._encoder
+        if encoder is None or encoder.full_every != full_every or encoder.dtypes != dtypes:
+            encoder = self._encoder = DeltaEncoder(dtypes, full_every=full_every)
+        kind, payload = encoder.encode(layout, stream)
+        committed = None
+        if kind == "delta":
+            committed = self._commit_delta(version, encoder.version, payload)
+        if committed is None:  # whole: by choice, or the receiver did not hold the last push
+            partial = partial or set(encoder.last) != set(self._layout)
+            committed = self._send_full(version, iter(encoder.last.items()), partial)
+            self.last_push_delta = False
+        else:
+            self.last_push_delta = True
+        encoder.version = committed
+        return committed
+
+    def _commit_delta(self, version: int, base: int, changes: Changes) -> int | None:
+        channel = self._channel
+        if hasattr(channel, "send_delta"):
+            sent = channel.send_delta(version, base, changes)
+            if sent is None:
+                return None
+            self.last_push_bytes = sent
+            return version
+        committed = channel.commit_delta(version, base, changes)
+        self.last_push_bytes = changes_nbytes(changes)
+        return committed
 
     # -- receiver --------------------------------------------------------------------------------
 
@@ -336,6 +460,16 @@ class StagingWeightSyncScheme(WeightSyncScheme):
             self._turn = 1 - self._turn
         else:
             self._stagings[0].commit(self._live, self._live if names is None else names)
+        self.policy_version = int(version)
+        return self.policy_version
+
+    def commit_delta(self, version: int, base: int, changes: Changes) -> int | None:
+        """Writes a delta push into the live weights as ``version`` if they are ``base`` (the
+        push it was taken against); returns the version, or ``None`` (nothing written) if not.
+        Call it between two of the receiver's calls."""
+        if self.policy_version != base:
+            return None
+        apply_delta(self._live, changes)
         self.policy_version = int(version)
         return self.policy_version
 

@@ -16,10 +16,45 @@ import torch
 from tensordict import TensorDictBase
 from tensordict.nn import TensorDictModuleBase
 
-from .._checks import speaking_for, type_error
+from .._checks import check_real, signed, speaking_for, type_error
 from ._scheme import StagingWeightSyncScheme
 
-__all__ = ["ServedPolicy"]
+__all__ = ["ServedPolicy", "check_rows", "check_timeout"]
+
+
+def check_timeout(value: Any) -> float:
+    """``value`` as seconds if it is a finite number ``> 0``.
+
+    Raises:
+        TypeError: if ``value`` is not a real number.
+        ValueError: if it is not finite and positive.
+
+    Examples:
+        >>> check_timeout(-5)
+        Traceback (most recent call last):
+        ...
+        ValueError: timeout must be a finite number of seconds > 0, got timeout=-5.0; it bounds every wait on the generators (their start, a call, a push).
+    """
+    seconds = check_real(value, "timeout", finite=False)
+    if not 0 < seconds < float("inf"):
+        raise ValueError(
+            signed(
+                f"timeout must be a finite number of seconds > 0, got timeout={seconds!r}; it "
+                "bounds every wait on the generators (their start, a call, a push)."
+            )
+        )
+    return seconds
+
+
+def check_rows(tensordict: Any) -> None:
+    """Raises a :class:`ValueError` for a TensorDict with no row (a batch dimension of 0)."""
+    if isinstance(tensordict, TensorDictBase) and 0 in tuple(tensordict.batch_size):
+        raise ValueError(
+            signed(
+                f"the TensorDict has no row (batch_size={list(tensordict.batch_size)}); call the "
+                "policy with at least one row."
+            )
+        )
 
 
 class ServedPolicy(TensorDictModuleBase):
@@ -48,6 +83,9 @@ class ServedPolicy(TensorDictModuleBase):
     holds = "the generators"
     #: the attributes its repr shows between the factory and whether it started
     repr_fields: tuple[str, ...] = ()
+    #: whether the same object built on several trainer ranks is one set of generators (pushed
+    #: from rank 0 only), or each rank's own (each rank pushes its own)
+    shared_by_ranks = False
 
     def __init__(
         self, policy_factory: Callable[[], Any], *, timeout: float, num_threads: int | None
@@ -57,7 +95,7 @@ class ServedPolicy(TensorDictModuleBase):
             expected = f"a callable that builds the policy in {self.builds_in}"
             raise type_error("policy_factory", expected, policy_factory)
         self.policy_factory = policy_factory
-        self.timeout = float(timeout)
+        self.timeout = check_timeout(timeout)
         self.num_threads = num_threads
         self.in_keys: list = []
         self.out_keys: list = []
@@ -81,13 +119,13 @@ class ServedPolicy(TensorDictModuleBase):
 
     def __repr__(self) -> str:
         factory = getattr(self.policy_factory, "__name__", type(self.policy_factory).__name__)
-        fields = [f"{name}={getattr(self, name)}" for name in self.repr_fields]
+        fields = [f"{name}={getattr(self, name)!r}" for name in self.repr_fields]
         fields = [f"policy_factory={factory}", *fields, f"started={self.started}"]
         return f"{type(self).__name__}({', '.join(fields)}, policy_version={self.policy_version})"
 
     def update_policy_weights_(
         self,
-        weights: torch.nn.Module | TensorDictBase,
+        weights: torch.nn.Module | TensorDictBase | dict[str, torch.Tensor],
         *,
         policy_version: int,
         partial: bool = False,
@@ -97,22 +135,27 @@ class ServedPolicy(TensorDictModuleBase):
         The first call starts the generators. A model is streamed one tensor at a time
         (:func:`~torchrl_trl_interop.weights._stream.stream_weights`: sharded parameters gathered
         one by one, LoRA merged, or a PEFT adapter alone when the generators hold the same PEFT
-        model) into the staging buffer; each generator commits it between two calls.
+        model) to the generators (a shared-memory staging buffer, Ray's object store); each
+        generator commits it between two calls.
 
         Args:
-            weights (nn.Module or TensorDictBase): the trainer's model or its
-                ``TensorDict.from_module`` weights (keys as the generators' model).
+            weights (nn.Module, TensorDictBase or dict): the trainer's model, its
+                ``TensorDict.from_module`` weights or its ``state_dict()`` (keys as the
+                generators' model).
 
         Keyword Args:
-            policy_version (int): the version rows sampled from now on are stamped with.
+            policy_version (int): the version rows sampled from now on are stamped with (an
+                int ``>= 0``: the optimizer step whose weights these are).
             partial (bool, optional): ``weights`` may hold a subset of the generators' tensors
                 (TRL streams trainable parameters only); the others keep their values.
                 Defaults to ``False``.
 
         Raises:
+            TypeError: if ``weights`` is none of those, or ``policy_version`` is not an int.
             KeyError: if names differ from the generators' model's (e.g. a ``torch.compile`` or
                 PEFT prefix); nothing is sent.
-            ValueError: if shapes differ from the generators' model's; nothing is sent.
+            ValueError: if shapes differ from the generators' model's (nothing is sent), or
+                ``policy_version`` is negative.
             RuntimeError: if a generator died (the message says which, and why if known).
             TimeoutError: if a generator does not commit within ``timeout``.
         """

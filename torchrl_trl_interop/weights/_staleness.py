@@ -10,13 +10,14 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from .._checks import check_optional_int, check_present, signed
+from .._checks import check_int, check_optional_int, check_present, signed
 
 __all__ = [
     "STALENESS_MAX",
     "STALENESS_MEAN",
     "StaleRolloutError",
     "check_max_staleness",
+    "check_policy_version",
     "check_staleness",
     "set_policy_version",
 ]
@@ -36,6 +37,36 @@ def check_max_staleness(value: Any) -> None:
     """Raises ``ValueError`` unless ``value`` is ``None`` or an int ``>= 0`` (signed by the
     public call being made)."""
     check_optional_int(value, "max_staleness", minimum=0, counts="optimizer steps")
+
+
+def check_policy_version(value: Any, arg: str = "policy_version") -> int:
+    """``value`` if it is an int ``>= 0`` (an optimizer step); nothing is coerced.
+
+    Raises:
+        TypeError: if ``value`` is not an int (``"1"``, ``1.0``, ``True``).
+        ValueError: if it is negative.
+
+    Examples:
+        >>> check_policy_version(3)
+        3
+        >>> check_policy_version("1")
+        Traceback (most recent call last):
+        ...
+        TypeError: policy_version must be an int, got '1' of type str.
+        >>> check_policy_version(-3)
+        Traceback (most recent call last):
+        ...
+        ValueError: policy_version must be an int >= 0 (the optimizer step whose weights these are), got policy_version=-3.
+    """
+    check_int(value, arg)
+    if value < 0:
+        raise ValueError(
+            signed(
+                f"{arg} must be an int >= 0 (the optimizer step whose weights these are), got "
+                f"{arg}={value!r}."
+            )
+        )
+    return int(value)
 
 
 def check_staleness(
