@@ -54,7 +54,8 @@ def cli_server(spec: str, log: Path, *args: str):
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + STARTUP_TIMEOUT_S
-        while not _healthy(url):
+        # announced once every worker listens (/health answers as soon as one does)
+        while not (_healthy(url) and "serving" in log.read_text()):
             if proc.poll() is not None:
                 raise RuntimeError(f"the server exited ({proc.returncode}):\n{log.read_text()}")
             if time.monotonic() > deadline:

@@ -182,9 +182,3 @@ def test_server_killed_mid_episode(tmp_path):
 def test_command_line_bad_spec(spec, message, capsys):
     assert main(["serve", spec, "--port", "0"]) == 2
     assert message in capsys.readouterr().err
-
-
-def test_command_line_bad_concurrency(capsys):
-    spec = "torchrl_trl_interop.testing:toy_tool_env"
-    assert main(["serve", spec, "--max-concurrent-envs", "0"]) == 2
-    assert "max_concurrent_envs must be a positive int" in capsys.readouterr().err

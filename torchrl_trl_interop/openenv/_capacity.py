@@ -16,8 +16,8 @@ Here, in front of OpenEnv's app (:func:`admit_sessions`):
   server is not working for it); past that the server closes its socket, and OpenEnv's
   handler destroys the session as for a client that left;
 * ``GET /health`` answers what OpenEnv's does (``{"status": "healthy"}``) and how many sessions
-  are open and may be: ``{"sessions": {"open": 3, "max": 8}, "workers": 2,
-  "session_timeout_s": null}``.
+  are open and may be: ``{"sessions": {"open": 3, "max": 8, "per_worker": [1, 2]},
+  "workers": 2, "session_timeout_s": null}``.
 """
 
 from __future__ import annotations
@@ -224,7 +224,11 @@ def admit_sessions(app: Any, slots: SessionSlots, idle_timeout_s: float | None =
     def health() -> dict[str, Any]:
         return {
             "status": "healthy",
-            "sessions": {"open": slots.open(), "max": slots.limit},
+            "sessions": {
+                "open": slots.open(),
+                "max": slots.limit,
+                "per_worker": list(slots.counts),
+            },
             "workers": slots.workers,
             "session_timeout_s": idle_timeout_s,
         }

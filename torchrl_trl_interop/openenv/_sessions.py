@@ -119,9 +119,10 @@ class ClientSession:
         to a new session (the server closed the old one), which refused the step."""
         return ConnectionError(
             signed(
-                f"{self.where} no longer holds this session: it closed it (idle longer than "
-                "its session timeout, or restarted) and the step reached a new session, which "
-                f"answered: {err}. The episode is lost: reset to start another."
+                f"{self.where} no longer holds this session: the session was closed (idle past "
+                "the server's session timeout, or its server process died or restarted) and "
+                f"the step reached a new session, which answered: {err}. The episode is lost: "
+                "reset to start another."
             )
         )
 

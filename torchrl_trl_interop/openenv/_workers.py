@@ -239,10 +239,15 @@ def _worker(  # pragma: no cover - runs in a worker process
     session_timeout_s: float | None,
     log_level: str,
 ) -> None:
-    """One worker: OpenEnv's app on its own ``SO_REUSEPORT`` socket of the shared address."""
+    """One worker: OpenEnv's app on its own ``SO_REUSEPORT`` socket of the shared address.
+
+    It builds one environment before it listens, as :func:`serve` does: the first sessions,
+    built at once in threads of their own, would otherwise race on the environment's first
+    imports (transformers' lazy modules raise ``ImportError`` there)."""
     _die_with(parent)
     slots.worker = index
     cls = environment_class(load_env_factory(spec), slots.limit, session_timeout_s)
+    cls().close()
     app = served_app(cls, slots, session_timeout_s)
     sock = bound_socket(host, port, reuse_port=True)
 
