@@ -227,3 +227,27 @@ def client_process(url: str, sessions: int):
         if proc.poll() is None:
             os.kill(proc.pid, signal.SIGKILL)
         proc.wait(timeout=20)
+
+
+def sleepy_tool_env(asleep=None, steps=None, seconds=1.5):
+    """``toy_tool_env`` whose step sleeps ``seconds`` when the assistant says ``"sleep"`` (a
+    tool waiting on a subprocess or the network), setting the ``threading.Event`` ``asleep``
+    first, and answers at once otherwise; each step's content is appended to the list
+    ``steps`` as it ends."""
+    from torchrl.envs import Transform
+
+    from torchrl_trl_interop import history_to_messages
+    from torchrl_trl_interop.testing import toy_tool_env
+
+    class Sleepy(Transform):
+        def _step(self, tensordict, next_tensordict):
+            content = history_to_messages(tensordict["history", "full"])[0][-1]["content"]
+            if content == "sleep":
+                if asleep is not None:
+                    asleep.set()
+                time.sleep(seconds)
+            if steps is not None:
+                steps.append(content)
+            return next_tensordict
+
+    return toy_tool_env().append_transform(Sleepy())

@@ -11,7 +11,7 @@ from __future__ import annotations
 import signal
 
 import pytest
-from _openenv_helpers import PROMPT, answers, cli_server, torchrl_episode
+from _openenv_helpers import PROMPT, answers, cli_server, sleepy_tool_env, torchrl_episode
 from fastapi.testclient import TestClient
 from openenv.core import GenericEnvClient
 from openenv.core.env_server import create_app
@@ -141,6 +141,35 @@ class TestOpenEnvClient:
             client.reset(prompt=PROMPT)
             with pytest.raises(RuntimeError, match="VALIDATION_ERROR"):
                 client.step({"message": "wrong field"})
+
+
+@pytest.mark.parametrize("thread_per_session", [False, True])
+def test_the_sessions_calls_in_one_thread_or_one_each(thread_per_session):
+    """By default a process runs its sessions' calls one at a time, in order of arrival: a
+    quick step waits for a slow one sent before it. With ``thread_per_session`` (a step that
+    waits on I/O), it does not."""
+    import threading
+    from functools import partial
+
+    from torchrl_trl_interop import openenv_server
+
+    asleep, steps = threading.Event(), []
+    make_env = partial(sleepy_tool_env, asleep, steps)
+    with openenv_server(
+        make_env, max_concurrent_envs=2, thread_per_session=thread_per_session
+    ) as url:
+        slow = GenericEnvClient(base_url=url, message_timeout_s=60).sync()
+        quick = GenericEnvClient(base_url=url, message_timeout_s=60).sync()
+        with slow, quick:
+            slow.reset(prompt=PROMPT)
+            quick.reset(prompt=PROMPT)
+            sleeping = threading.Thread(target=slow.step, args=({"content": "sleep"},))
+            sleeping.start()
+            assert asleep.wait(60)  # the slow step runs on the server
+            quick.step({"content": answers()[0]})
+            sleeping.join(60)
+    order = [answers()[0], "sleep"] if thread_per_session else ["sleep", answers()[0]]
+    assert steps == order
 
 
 @pytest.mark.slow

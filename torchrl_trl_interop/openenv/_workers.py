@@ -16,10 +16,15 @@ each OpenEnv's app under uvicorn (:func:`~._serve.served_app`):
   serving loses its sessions (their clients get a ``ConnectionError``); their slots are given
   back and a new worker takes its place. A worker that dies while starting stops the server.
   Workers die with this process (``PR_SET_PDEATHSIG`` on Linux).
+* **Pauses.** Each serving process freezes what it holds once started (``gc.freeze``: torch,
+  transformers and OpenEnv's imports, the first environment): Python's full collections then
+  walk only what the sessions made. Measured: 300-370 ms pauses under 32 sessions, every few
+  seconds, each one stalling every session of the process; 20-50 ms frozen.
 """
 
 from __future__ import annotations
 
+import gc
 import importlib
 import multiprocessing
 import os
@@ -75,6 +80,7 @@ def serve(
     max_concurrent_envs: int = 1,
     session_timeout_s: float | None = None,
     workers: int = 1,
+    thread_per_session: bool = False,
     log_level: str = "info",
 ) -> None:
     """Serves ``MODULE:NAME`` in the foreground until interrupted (SIGINT/SIGTERM), from
@@ -107,13 +113,14 @@ def serve(
     announce = f"serving {spec} with OpenEnv at {url} (WebSocket {url}/ws){where}"
     try:
         if workers == 1:
-            app = served_app(cls, SessionSlots(max_concurrent_envs), session_timeout_s)
+            slots = SessionSlots(max_concurrent_envs)
+            app = served_app(cls, slots, session_timeout_s, thread_per_session=thread_per_session)
+            _freeze()
             server = uvicorn_server(app, log_level, lambda: print(announce, flush=True))
             server.run(sockets=[sock])
         else:
-            _Supervisor(spec, sock, workers, max_concurrent_envs, session_timeout_s, log_level).run(
-                announce
-            )
+            config = (session_timeout_s, thread_per_session, log_level)
+            _Supervisor(spec, sock, workers, max_concurrent_envs, config).run(announce)
     finally:
         sock.close()
 
@@ -122,13 +129,7 @@ class _Supervisor:
     """Starts, watches and stops the worker processes of :func:`serve` (module docstring)."""
 
     def __init__(
-        self,
-        spec: str,
-        sock: socket.socket,
-        workers: int,
-        limit: int,
-        session_timeout_s: float | None,
-        log_level: str,
+        self, spec: str, sock: socket.socket, workers: int, limit: int, config: tuple
     ) -> None:
         self.ctx = multiprocessing.get_context("spawn")
         self.folder = tempfile.mkdtemp(prefix="torchrl-openenv-")
@@ -137,7 +138,7 @@ class _Supervisor:
         self.slots = SessionSlots(limit, counts=counts, lock_path=lock_path)
         self.ready = self.ctx.Array("b", workers, lock=False)
         host, port = sock.getsockname()[:2]
-        self.config = (spec, host, port, session_timeout_s, log_level)
+        self.config = (spec, host, port, *config)
         self.processes: list[Any] = [None] * workers
         self.stop = threading.Event()
 
@@ -217,6 +218,12 @@ class _Supervisor:
                 process.join(_STOP_TIMEOUT_S)
 
 
+def _freeze() -> None:
+    """Leaves what this process holds now out of Python's collections (module docstring)."""
+    gc.collect()
+    gc.freeze()
+
+
 def _die_with(parent: int) -> None:  # pragma: no cover - runs in a worker
     """This process gets SIGTERM when ``parent`` dies (Linux); exits now if it already has."""
     if sys.platform.startswith("linux"):
@@ -237,6 +244,7 @@ def _worker(  # pragma: no cover - runs in a worker process
     host: str,
     port: int,
     session_timeout_s: float | None,
+    thread_per_session: bool,
     log_level: str,
 ) -> None:
     """One worker: OpenEnv's app on its own ``SO_REUSEPORT`` socket of the shared address.
@@ -248,8 +256,9 @@ def _worker(  # pragma: no cover - runs in a worker process
     slots.worker = index
     cls = environment_class(load_env_factory(spec), slots.limit, session_timeout_s)
     cls().close()
-    app = served_app(cls, slots, session_timeout_s)
+    app = served_app(cls, slots, session_timeout_s, thread_per_session=thread_per_session)
     sock = bound_socket(host, port, reuse_port=True)
+    _freeze()
 
     def listening() -> None:
         ready[index] = 1
