@@ -4,7 +4,8 @@ Each figure is measured in one run (the machines are shared: compare within a ru
 
 * **Served** (``python -m torchrl_trl_interop.openenv serve``): the toy task with a tool
   (``toy_tool_env``: a ``ChatEnv``, a ``SimpleToolTransform``, a ``StepCounter`` and the
-  reward function) served with ``--workers 1`` and ``--workers 2`` (64 session slots), and
+  reward function) served with ``--workers 1`` and ``--workers 2`` (64 session slots; and
+  ``--workers 1 --thread-per-session``: a thread per session, OpenEnv's default), and
   OpenEnv's own server (``create_app`` under uvicorn, 64 slots) on an echo environment built
   from OpenEnv's public API, as its template's. At 1, 8, 32 and 64 concurrent sessions, held
   by OpenEnv's own client (``GenericEnvClient``, async) in 4 client processes of their own,
@@ -115,7 +116,7 @@ def health(url: str) -> dict:
 class Server:
     """A server process: ours (the CLI, ``workers``) or OpenEnv's echo (``workers=None``)."""
 
-    def __init__(self, workers: int | None) -> None:
+    def __init__(self, workers: int | None, *options: str) -> None:
         port = free_port()
         self.url = f"http://127.0.0.1:{port}"
         if workers is None:
@@ -124,7 +125,7 @@ class Server:
             command = [sys.executable, "-m", "torchrl_trl_interop.openenv", "serve"]
             command += ["torchrl_trl_interop.testing:toy_tool_env", "--port", str(port)]
             command += ["--workers", str(workers), "--max-concurrent-envs", str(SLOTS)]
-            command += ["--log-level", "warning"]
+            command += ["--log-level", "warning", *options]
         self.proc = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
         deadline = time.monotonic() + 600
         if workers is not None:  # announced once every worker listens
@@ -323,9 +324,10 @@ def main() -> None:
     parser.add_argument(
         "--servers",
         nargs="+",
-        default=["1", "2", "echo"],
-        choices=["1", "2", "echo"],
-        help="ours with --workers 1, 2, and OpenEnv's echo server",
+        default=["1", "2", "1t", "echo"],
+        choices=["1", "1t", "2", "echo"],
+        help="ours with --workers 1, 2, --workers 1 --thread-per-session (1t), and OpenEnv's "
+        "echo server",
     )
     parser.add_argument("--serve-echo", type=int, metavar="PORT", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -343,14 +345,15 @@ def main() -> None:
     clients = Clients()
     rows = []
     try:
-        for name, workers, kind in (
-            ("ours, --workers 1", 1, "ours"),
-            ("ours, --workers 2", 2, "ours"),
-            ("OpenEnv's echo", None, "echo"),
+        for key, name, workers, kind, options in (
+            ("1", "ours, --workers 1", 1, "ours", ()),
+            ("2", "ours, --workers 2", 2, "ours", ()),
+            ("1t", "ours, 1, thread/sess", 1, "ours", ("--thread-per-session",)),
+            ("echo", "OpenEnv's echo", None, "echo", ()),
         ):
-            if str(workers or "echo") not in args.servers:
+            if key not in args.servers:
                 continue
-            server = Server(workers)
+            server = Server(workers, *options)
             try:
                 for n in args.sessions:
                     row = clients.run(server, n, kind, args.warmup, args.seconds)
@@ -360,7 +363,7 @@ def main() -> None:
                         left = server.open_sessions()
                     rows.append((name, n, row, left))
                     print(
-                        f"{name:18} {n:3} sessions: {row['opened/s']:7.1f} opened/s "
+                        f"{name:22} {n:3} sessions: {row['opened/s']:7.1f} opened/s "
                         f"{row['steps/s']:7.1f} steps/s  p50 {row['p50']:7.2f}  p99 {row['p99']:7.2f}"
                         f"  mean {row['mean']:7.2f} ms  cpu/step server {row['server cpu']:.2f}"
                         f" client {row['client cpu']:.2f} ms  left open: {left}",
@@ -373,27 +376,27 @@ def main() -> None:
 
     print()
     print(
-        "=" * 19 + "  ========  ========  =======  ======  ======  ======  ==========  =========="
+        "=" * 22 + "  ========  ========  =======  ======  ======  ======  ==========  =========="
     )
     print(
-        f"{'server':19}  {'sessions':>8}  {'opened/s':>8}  {'steps/s':>7}  {'p50 ms':>6}  "
+        f"{'server':22}  {'sessions':>8}  {'opened/s':>8}  {'steps/s':>7}  {'p50 ms':>6}  "
         f"{'p99 ms':>6}  {'mean':>6}  {'server CPU':>10}  {'client CPU':>10}"
     )
     print(
-        "=" * 19 + "  ========  ========  =======  ======  ======  ======  ==========  =========="
+        "=" * 22 + "  ========  ========  =======  ======  ======  ======  ==========  =========="
     )
     print(
-        f"{'floor (in-process)':19}  {1:8}  {'':8}  {base['steps/s']:7.0f}  {base['p50']:6.2f}  "
+        f"{'floor (in-process)':22}  {1:8}  {'':8}  {base['steps/s']:7.0f}  {base['p50']:6.2f}  "
         f"{base['p99']:6.2f}  {base['mean']:6.2f}  {'':10}  {'':10}"
     )
     for name, n, row, _ in rows:
         print(
-            f"{name:19}  {n:8}  {row['opened/s']:8.1f}  {row['steps/s']:7.0f}  {row['p50']:6.2f}  "
+            f"{name:22}  {n:8}  {row['opened/s']:8.1f}  {row['steps/s']:7.0f}  {row['p50']:6.2f}  "
             f"{row['p99']:6.2f}  {row['mean']:6.2f}  {row['server cpu']:10.2f}  "
             f"{row['client cpu']:10.2f}"
         )
     print(
-        "=" * 19 + "  ========  ========  =======  ======  ======  ======  ==========  =========="
+        "=" * 22 + "  ========  ========  =======  ======  ======  ======  ==========  =========="
     )
     print("(CPU: milliseconds of CPU time per step, the resets included)")
 

@@ -187,16 +187,23 @@ def test_command_line_serves_then_stops_on_sigterm(tmp_path, reference):
 
 
 @pytest.mark.slow
-def test_server_killed_mid_episode(tmp_path):
-    """Killed mid-episode, the server's session raises a clear ``ConnectionError`` at once."""
+def test_server_hung_then_killed_mid_episode(tmp_path):
+    """A server that stops answering mid-episode makes the step raise a ``ConnectionError``
+    naming it once ``message_timeout_s`` passed; killed, the next call raises at once."""
     spec = "torchrl_trl_interop.testing:toy_tool_env"
     with cli_server(spec, tmp_path / "server.log") as (url, proc):
-        env = OpenEnvChatEnv(url, message_timeout_s=60)
+        env = OpenEnvChatEnv(url, message_timeout_s=3)
         td = env.reset(TensorDict({"query": [PROMPT]}, batch_size=[1]))
-        proc.kill()
-        proc.wait(timeout=30)
+        proc.send_signal(signal.SIGSTOP)  # alive, its connections open, silent
+        try:
+            silent = f"the OpenEnv server at {url} gave no reply within message_timeout_s=3"
+            with pytest.raises(ConnectionError, match=silent):
+                env.step(ScriptedChatPolicy(answers())(td))
+        finally:
+            proc.kill()  # a stopped process dies of SIGKILL too
+            proc.wait(timeout=30)
         with pytest.raises(ConnectionError, match=f"the OpenEnv server at {url} went away"):
-            env.step(ScriptedChatPolicy(answers())(td))
+            env.reset(TensorDict({"query": [PROMPT]}, batch_size=[1]))
         env.close()  # the socket is gone too: closing still returns
 
 
