@@ -93,11 +93,12 @@ def test_torchrl_sees_no_nan_and_which_steps_were_rewarded():
     env.close()
 
 
-def test_rows_ending_at_different_steps_under_transformers_wrapper():
+def transformers_wrapper():
+    """torchrl's ``TransformersWrapper`` on the toy model, sampling 4 tokens a turn."""
     from torchrl.modules.llm import TransformersWrapper
 
     tok = toy_tokenizer(padding_side="left")
-    policy = TransformersWrapper(
+    return TransformersWrapper(
         toy_causal_lm(tokenizer=tok),
         tokenizer=tok,
         input_mode="history",
@@ -105,6 +106,10 @@ def test_rows_ending_at_different_steps_under_transformers_wrapper():
         generate_kwargs={"max_new_tokens": 4, "do_sample": True},
         pad_output=False,
     )
+
+
+def test_rows_ending_at_different_steps_under_transformers_wrapper():
+    policy = transformers_wrapper()
     env = OpenEnvChatEnv(last_step_env_class(), batch_size=4)
     td = env.reset(TensorDict({"query": PROMPTS}, batch_size=[4]))
     rollout = env.rollout(3, policy, tensordict=td, auto_reset=False, break_when_all_done=True)
@@ -185,17 +190,7 @@ def test_rows_ending_at_different_steps_under_llm_collector(rows):
 
 
 def test_llm_collector_under_transformers_wrapper():
-    from torchrl.modules.llm import TransformersWrapper
-
-    tok = toy_tokenizer(padding_side="left")
-    policy = TransformersWrapper(
-        toy_causal_lm(tokenizer=tok),
-        tokenizer=tok,
-        input_mode="history",
-        generate=True,
-        generate_kwargs={"max_new_tokens": 4, "do_sample": True},
-        pad_output=False,
-    )
+    policy = transformers_wrapper()
     env = primed(
         last_step_env_class(),
         Rows(["Finish in 3 steps."], ["Finish in 1 steps."], ["Finish in 2 steps."]),
