@@ -60,12 +60,11 @@ def _observed_messages(observation: dict[str, Any]) -> list[dict[str, Any]]:
     return observation["messages"]
 
 
-def _filled(rows: list[Any], width: int = 0) -> Any:
-    """``[T_i]`` Histories stacked as one ``[B, T]`` History (``T`` at least ``width``), the
-    shorter ones filled at the end with torchrl's placeholder turn (``"<none>"``), as ``ChatEnv``
-    batches keep one length: torchrl's policies (``TransformersWrapper``) cannot read a ragged
-    batch of conversations."""
-    width = max(width, *(row.shape[-1] for row in rows))
+def _filled(rows: list[Any]) -> Any:
+    """``[T_i]`` Histories stacked as one ``[B, T]`` History, the shorter ones filled at the end
+    with torchrl's placeholder turn (``"<none>"``), as ``ChatEnv`` batches keep one length:
+    torchrl's policies (``TransformersWrapper``) cannot read a ragged batch of conversations."""
+    width = max(row.shape[-1] for row in rows)
     rows = [
         row.extend(
             messages_to_history([placeholder_turn() for _ in range(width - row.shape[-1])]),
@@ -344,8 +343,9 @@ class OpenEnvChatEnv(EnvBase):
             calls.append((self._sessions[i], lambda s=self._sessions[i], k=kwargs: s.reset(**k)))
         replies = call_each(calls, self._pool)
         self._refused_for_capacity(replies)
-        _raise_first(replies)
         for i, reply in zip(rows, replies):
+            if isinstance(reply, BaseException):
+                continue  # raised below, once the rows that were reset are recorded
             chat = self._messages(reply, i, "reset")
             if not chat and prompts[i] is not None:  # the prompt is the conversation, as ChatEnv's
                 p = prompts[i]
@@ -359,8 +359,10 @@ class OpenEnvChatEnv(EnvBase):
                     )
                 )
             self._chats[i], self._done[i] = chat, False
+        _raise_first(replies)
+        # torchrl keeps the rows still playing as the last output left them (self._width long)
         width = self._width if partial else 0
-        if partial and any(len(self._chats[i]) > width for i in rows):
+        if width and any(len(self._chats[i]) > width for i in rows):
             longest = max(len(self._chats[i]) for i in rows)
             raise ValueError(
                 signed(

@@ -110,7 +110,7 @@ class ClientSession:
         return (
             f" No other session of this process holds a slot: the server runs fewer concurrent "
             f"sessions than this environment's {len(mine)} session(s) on it plus other "
-            "clients' sessions; serve it with more max_concurrent_envs (or more --workers), "
+            "clients' sessions; serve it with more max_concurrent_envs, "
             "or pass more servers' URLs."
         )
 
