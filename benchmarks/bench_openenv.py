@@ -4,8 +4,7 @@ Each figure is measured in one run (the machines are shared: compare within a ru
 
 * **Served** (``python -m torchrl_trl_interop.openenv serve``): the toy task with a tool
   (``toy_tool_env``: a ``ChatEnv``, a ``SimpleToolTransform``, a ``StepCounter`` and the
-  reward function) served with ``--workers 1`` and ``--workers 2`` (64 session slots; and
-  ``--workers 1 --thread-per-session``: a thread per session, OpenEnv's default), and
+  reward function) served with ``--workers 1`` and ``--workers 2`` (64 session slots), and
   OpenEnv's own server (``create_app`` under uvicorn, 64 slots) on an echo environment built
   from OpenEnv's public API, as its template's. At 1, 8, 32 and 64 concurrent sessions, held
   by OpenEnv's own client (``GenericEnvClient``, async) in 4 client processes of their own,
@@ -324,10 +323,9 @@ def main() -> None:
     parser.add_argument(
         "--servers",
         nargs="+",
-        default=["1", "2", "1t", "echo"],
-        choices=["1", "1t", "2", "echo"],
-        help="ours with --workers 1, 2, --workers 1 --thread-per-session (1t), and OpenEnv's "
-        "echo server",
+        default=["1", "2", "echo"],
+        choices=["1", "2", "echo"],
+        help="ours with --workers 1 and 2, and OpenEnv's echo server",
     )
     parser.add_argument("--serve-echo", type=int, metavar="PORT", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -348,7 +346,6 @@ def main() -> None:
         for key, name, workers, kind, options in (
             ("1", "ours, --workers 1", 1, "ours", ()),
             ("2", "ours, --workers 2", 2, "ours", ()),
-            ("1t", "ours, 1, thread/sess", 1, "ours", ("--thread-per-session",)),
             ("echo", "OpenEnv's echo", None, "echo", ()),
         ):
             if key not in args.servers:

@@ -86,13 +86,6 @@ def _parser() -> argparse.ArgumentParser:
         "opened it (default: 1)",
     )
     serve.add_argument(
-        "--thread-per-session",
-        action="store_true",
-        help="run each session's calls in a thread of its own, for environments whose steps "
-        "wait (a tool in a subprocess, a network call); default: one thread per process, the "
-        "calls in order of arrival",
-    )
-    serve.add_argument(
         "--session-timeout",
         type=_seconds,
         default=None,
@@ -120,7 +113,6 @@ def main(argv: list[str] | None = None) -> int:
             max_concurrent_envs=args.max_concurrent_envs,
             session_timeout_s=args.session_timeout,
             workers=args.workers,
-            thread_per_session=args.thread_per_session,
             log_level=args.log_level,
         )
     except (ValueError, TypeError, RuntimeError, ImportError, AttributeError, OSError) as err:

@@ -43,7 +43,6 @@ def openenv_app(
     *,
     max_concurrent_envs: int = 1,
     session_timeout_s: float | None = None,
-    thread_per_session: bool = False,
 ) -> FastAPI:
     """OpenEnv's server app (``create_app``) serving a TorchRL LLM environment.
 
@@ -60,13 +59,6 @@ def openenv_app(
         session_timeout_s (float, optional): a session whose client sends nothing for this long
             (the server idle, waiting for its next message) is closed by the server: its socket
             closed with code 4408, its slot given back. Defaults to ``None`` (never).
-        thread_per_session (bool, optional): if ``True``, each session's calls run in a thread
-            of its own (OpenEnv's default), for environments whose steps wait (a tool in a
-            subprocess, a network call) rather than compute. Defaults to ``False``: the
-            sessions' calls run one at a time in one thread, in order of arrival (OpenEnv's
-            ``REQUIRES_SINGLE_THREAD_EXECUTOR``): the GIL runs one at a time anyway, and
-            threads contending for it cost CPU time and let some sessions wait far longer
-            than others.
 
     Returns:
         a FastAPI app, to run with uvicorn (``uvicorn.run(app, host=..., port=...)``). Its
@@ -87,8 +79,7 @@ def openenv_app(
         [{'role': 'user', 'content': 'What is 2 plus 3?'}]
     """
     cls = environment_class(make_env, max_concurrent_envs, session_timeout_s)
-    slots = SessionSlots(max_concurrent_envs)
-    return served_app(cls, slots, session_timeout_s, thread_per_session=thread_per_session)
+    return served_app(cls, SessionSlots(max_concurrent_envs), session_timeout_s)
 
 
 def environment_class(make_env: Any, max_concurrent_envs: int, session_timeout_s: Any) -> type:
@@ -113,23 +104,13 @@ def environment_class(make_env: Any, max_concurrent_envs: int, session_timeout_s
     return cls
 
 
-def served_app(
-    cls: type,
-    slots: SessionSlots,
-    session_timeout_s: float | None,
-    *,
-    thread_per_session: bool = False,
-) -> FastAPI:
+def served_app(cls: type, slots: SessionSlots, session_timeout_s: float | None) -> FastAPI:
     """OpenEnv's app (``create_app``) serving ``cls``, its WebSocket sessions admitted by
-    ``slots`` and closed after ``session_timeout_s`` idle (:func:`._capacity.admit_sessions`),
-    their calls in one thread unless ``thread_per_session`` (:func:`openenv_app`).
+    ``slots`` and closed after ``session_timeout_s`` idle (:func:`._capacity.admit_sessions`).
 
     OpenEnv's own limit is the total (``slots`` is the binding one: it counts every worker's
     sessions), and OpenEnv's reaper gets no timeout (module docstring of :mod:`._capacity`).
     """
-    if not thread_per_session and not getattr(cls, "REQUIRES_SINGLE_THREAD_EXECUTOR", False):
-        # OpenEnv's switch (0.10): one executor thread for every session's calls, FIFO
-        cls = type(cls.__name__, (cls,), {"REQUIRES_SINGLE_THREAD_EXECUTOR": True})
     from openenv.core.env_server import create_app
     from openenv.core.env_server.types import ConcurrencyConfig
 
@@ -202,7 +183,6 @@ def openenv_server(
     port: int = 0,
     max_concurrent_envs: int = 1,
     session_timeout_s: float | None = None,
-    thread_per_session: bool = False,
     startup_timeout_s: float = 30.0,
     log_level: str = "warning",
 ) -> Iterator[str]:
@@ -220,7 +200,6 @@ def openenv_server(
         port (int, optional): the port; ``0`` takes a free one. Defaults to ``0``.
         max_concurrent_envs (int, optional): as in :func:`openenv_app`. Defaults to ``1``.
         session_timeout_s (float, optional): as in :func:`openenv_app`. Defaults to ``None``.
-        thread_per_session (bool, optional): as in :func:`openenv_app`. Defaults to ``False``.
         startup_timeout_s (float, optional): the longest wait for the server to listen.
             Defaults to ``30.0``.
         log_level (str, optional): uvicorn's log level. Defaults to ``"warning"``.
@@ -247,7 +226,6 @@ def openenv_server(
         make_env,
         max_concurrent_envs=max_concurrent_envs,
         session_timeout_s=session_timeout_s,
-        thread_per_session=thread_per_session,
     )
     sock = bound_socket(host, port)
     server = uvicorn_server(app, log_level)

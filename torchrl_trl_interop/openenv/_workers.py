@@ -80,7 +80,6 @@ def serve(
     max_concurrent_envs: int = 1,
     session_timeout_s: float | None = None,
     workers: int = 1,
-    thread_per_session: bool = False,
     log_level: str = "info",
 ) -> None:
     """Serves ``MODULE:NAME`` in the foreground until interrupted (SIGINT/SIGTERM), from
@@ -114,12 +113,12 @@ def serve(
     try:
         if workers == 1:
             slots = SessionSlots(max_concurrent_envs)
-            app = served_app(cls, slots, session_timeout_s, thread_per_session=thread_per_session)
+            app = served_app(cls, slots, session_timeout_s)
             _freeze()
             server = uvicorn_server(app, log_level, lambda: print(announce, flush=True))
             server.run(sockets=[sock])
         else:
-            config = (session_timeout_s, thread_per_session, log_level)
+            config = (session_timeout_s, log_level)
             _Supervisor(spec, sock, workers, max_concurrent_envs, config).run(announce)
     finally:
         sock.close()
@@ -244,7 +243,6 @@ def _worker(  # pragma: no cover - runs in a worker process
     host: str,
     port: int,
     session_timeout_s: float | None,
-    thread_per_session: bool,
     log_level: str,
 ) -> None:
     """One worker: OpenEnv's app on its own ``SO_REUSEPORT`` socket of the shared address.
@@ -256,7 +254,7 @@ def _worker(  # pragma: no cover - runs in a worker process
     slots.worker = index
     cls = environment_class(load_env_factory(spec), slots.limit, session_timeout_s)
     cls().close()
-    app = served_app(cls, slots, session_timeout_s, thread_per_session=thread_per_session)
+    app = served_app(cls, slots, session_timeout_s)
     sock = bound_socket(host, port, reuse_port=True)
     _freeze()
 
