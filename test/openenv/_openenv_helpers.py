@@ -54,7 +54,8 @@ def cli_server(spec: str, log: Path, *args: str):
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + STARTUP_TIMEOUT_S
-        while not _healthy(url):
+        # announced once every worker listens (/health answers as soon as one does)
+        while not (_healthy(url) and "serving" in log.read_text()):
             if proc.poll() is not None:
                 raise RuntimeError(f"the server exited ({proc.returncode}):\n{log.read_text()}")
             if time.monotonic() > deadline:
@@ -154,8 +155,8 @@ def last_step_env_class():
     return LastStepRewardEnv
 
 
-def slow_tool_env():
-    """``toy_tool_env`` whose steps take 3 s (a slow tool): for clients that time out.
+def slow_tool_env(seconds=3.0):
+    """``toy_tool_env`` whose steps take ``seconds`` (a slow tool): for clients that time out.
     Module-level, so the CLI serves it (``_openenv_helpers:slow_tool_env``)."""
     from torchrl.envs import Transform
 
@@ -163,7 +164,90 @@ def slow_tool_env():
 
     class Slow(Transform):
         def _step(self, tensordict, next_tensordict):
-            time.sleep(3.0)
+            time.sleep(seconds)
             return next_tensordict
 
     return toy_tool_env().append_transform(Slow())
+
+
+# -- the server's side: its /health, clients in processes of their own --------------------------
+
+
+def health(url: str) -> dict:
+    """The server's ``GET /health``."""
+    import json
+
+    with urllib.request.urlopen(f"{url}/health", timeout=10) as reply:
+        return json.loads(reply.read())
+
+
+def wait_until(check, timeout_s: float, what: str):
+    """Polls ``check()`` until it returns a truthy value (returned), for at most ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{what} did not happen within {timeout_s} s (last: {value!r})")
+        time.sleep(0.1)
+
+
+#: a client in a process of its own: ``argv[1]`` sessions of the server at ``argv[2]``, each reset
+#: and stepped once, then it prints "playing" and waits to be killed (or stopped)
+_RAW_CLIENT = """
+import json, sys, time
+from websockets.sync.client import connect
+sessions = [connect(sys.argv[2].replace("http", "ws") + "/ws") for _ in range(int(sys.argv[1]))]
+for ws in sessions:
+    ws.send(json.dumps({"type": "reset", "data": {"prompt": "What is 2 plus 3?"}}))
+    assert json.loads(ws.recv(timeout=60))["type"] == "observation"
+    ws.send(json.dumps({"type": "step", "data": {"content": "thinking"}}))
+    assert json.loads(ws.recv(timeout=60))["type"] == "observation"
+print("playing", flush=True)
+time.sleep(600)
+"""
+
+
+@contextmanager
+def client_process(url: str, sessions: int):
+    """A client process holding ``sessions`` sessions of ``url`` mid-episode (OpenEnv's
+    WebSocket protocol, the ``websockets`` library); yields the process once they play, kills
+    it when the block ends."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _RAW_CLIENT, str(sessions), url],
+        stdout=subprocess.PIPE,
+        text=True,
+        preexec_fn=_die_with_parent if sys.platform == "linux" else None,
+    )
+    try:
+        assert proc.stdout.readline().strip() == "playing", "the client process failed"
+        yield proc
+    finally:
+        if proc.poll() is None:
+            os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=20)
+
+
+def sleepy_tool_env(asleep=None, steps=None, seconds=1.5):
+    """``toy_tool_env`` whose step sleeps ``seconds`` when the assistant says ``"sleep"`` (a
+    tool waiting on a subprocess or the network), setting the ``threading.Event`` ``asleep``
+    first, and answers at once otherwise; each step's content is appended to the list
+    ``steps`` as it ends."""
+    from torchrl.envs import Transform
+
+    from torchrl_trl_interop import history_to_messages
+    from torchrl_trl_interop.testing import toy_tool_env
+
+    class Sleepy(Transform):
+        def _step(self, tensordict, next_tensordict):
+            content = history_to_messages(tensordict["history", "full"])[0][-1]["content"]
+            if content == "sleep":
+                if asleep is not None:
+                    asleep.set()
+                time.sleep(seconds)
+            if steps is not None:
+                steps.append(content)
+            return next_tensordict
+
+    return toy_tool_env().append_transform(Sleepy())

@@ -38,6 +38,42 @@ def test_a_make_env_that_cannot_serve_fails_at_start(spec, message, capsys):
     assert "serving" not in err.out
 
 
+@pytest.mark.parametrize(
+    "args, named",
+    [
+        (["--port", "70000"], "argument --port: expected a port number from 0 to 65535"),
+        (["--port", "-1"], "argument --port: expected a port number"),
+        (["--port", "eighty"], "argument --port: expected a port number"),
+        (["--workers", "0"], "argument --workers: expected a positive number of processes"),
+        (["--max-concurrent-envs", "0"], "argument --max-concurrent-envs: expected a positive"),
+        (["--session-timeout", "0"], "argument --session-timeout: expected a number of seconds"),
+        (["--session-timeout", "nan"], "argument --session-timeout: expected a number"),
+        (["--log-level", "loud"], "argument --log-level: invalid choice: 'loud'"),
+        (["--wrokers", "2"], "unrecognized arguments: --wrokers 2"),
+    ],
+)
+def test_bad_arguments_exit_2_with_one_line(args, named, capsys):
+    """Regression: ``serve --port 70000`` ended in an ``OverflowError`` traceback."""
+    with pytest.raises(SystemExit) as out:
+        main(["serve", "torchrl_trl_interop.testing:toy_tool_env", *args])
+    assert out.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and named in err, err
+    assert "Traceback" not in err
+
+
+def test_a_port_taken_exits_2_with_one_line(capsys):
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        assert main(["serve", "torchrl_trl_interop.testing:toy_tool_env", "--port", str(port)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"cannot serve on 127.0.0.1:{port}" in err, err
+
+
 def start(spec):
     """The CLI on a free port; yields ``(process, lines)``, its output lines in a queue."""
     port = free_port()

@@ -361,7 +361,7 @@ def test_no_server():
 def test_more_rows_than_the_server_allows():
     with openenv_server(toy_tool_env, max_concurrent_envs=1) as url:
         env = OpenEnvChatEnv(url, batch_size=2)
-        with pytest.raises(RuntimeError, match=r"batch size \(2\).*more max_concurrent_envs"):
+        with pytest.raises(RuntimeError, match=r"2 session\(s\) on it.*more max_concurrent_envs"):
             env.reset(TensorDict({"query": QUESTIONS}, batch_size=[2]))
         env.close()
 

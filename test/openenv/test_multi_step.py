@@ -93,11 +93,12 @@ def test_torchrl_sees_no_nan_and_which_steps_were_rewarded():
     env.close()
 
 
-def test_rows_ending_at_different_steps_under_transformers_wrapper():
+def transformers_wrapper():
+    """torchrl's ``TransformersWrapper`` on the toy model, sampling 4 tokens a turn."""
     from torchrl.modules.llm import TransformersWrapper
 
     tok = toy_tokenizer(padding_side="left")
-    policy = TransformersWrapper(
+    return TransformersWrapper(
         toy_causal_lm(tokenizer=tok),
         tokenizer=tok,
         input_mode="history",
@@ -105,6 +106,10 @@ def test_rows_ending_at_different_steps_under_transformers_wrapper():
         generate_kwargs={"max_new_tokens": 4, "do_sample": True},
         pad_output=False,
     )
+
+
+def test_rows_ending_at_different_steps_under_transformers_wrapper():
+    policy = transformers_wrapper()
     env = OpenEnvChatEnv(last_step_env_class(), batch_size=4)
     td = env.reset(TensorDict({"query": PROMPTS}, batch_size=[4]))
     rollout = env.rollout(3, policy, tensordict=td, auto_reset=False, break_when_all_done=True)
@@ -118,29 +123,110 @@ def test_rows_ending_at_different_steps_under_transformers_wrapper():
     env.close()
 
 
-def test_rows_ending_at_different_steps_under_llm_collector():
-    prompts = ["Finish in 1 steps.", "Finish in 2 steps."]
+def primed(env_class, prompts, **kwargs):
+    """``OpenEnvChatEnv`` of ``env_class`` whose resets (the collector's, which send no prompt)
+    take their prompts from ``prompts(row)``."""
 
-    class Primed(OpenEnvChatEnv):  # the prompts the collector's resets send, one per row
-        def _reset(self, tensordict=None, **kwargs):
-            td = TensorDict({"query": prompts}, batch_size=[2])
+    class Primed(OpenEnvChatEnv):
+        def _reset(self, tensordict=None, **kw):
+            n = self.batch_size[0]
+            td = TensorDict({"query": [prompts(i) for i in range(n)]}, batch_size=[n])
             if tensordict is not None and "_reset" in tensordict.keys():
                 td.set("_reset", tensordict.get("_reset"))
-            return super()._reset(td, **kwargs)
+            return super()._reset(td, **kw)
 
-    env = Primed(last_step_env_class(), batch_size=2)
+    return Primed(env_class, batch_size=len(prompts.rows), **kwargs)
+
+
+class Rows:
+    """The prompts of each row, in turn at each of its resets."""
+
+    def __init__(self, *rows):
+        self.rows, self.resets = rows, [0] * len(rows)
+
+    def __call__(self, i):
+        prompt = self.rows[i][self.resets[i] % len(self.rows[i])]
+        self.resets[i] += 1
+        return prompt
+
+
+def check_transition(step):
+    """A collected step is one of its episode's: the conversation so far, done at the step its
+    prompt asks for, rewarded 1.0 then (and 0.0 before)."""
+    chat = [
+        m for m in history_to_messages(step["next", "history", "prompt"]) if m["role"] != "<none>"
+    ]
+    length = int(chat[0]["content"].split()[2])
+    taken = sum(m["role"] == "assistant" for m in chat)
+    expected = [chat[0]]
+    for k in range(1, taken + 1):
+        expected.append({"role": "assistant", "content": "ok"})
+        if k < length:
+            expected.append({"role": "user", "content": f"Step {k} done."})
+    assert chat == expected
+    assert step["next", "done"].item() == (taken == length)
+    assert step["next", "reward"].item() == (1.0 if taken == length else 0.0)
+
+
+@pytest.mark.parametrize("rows", [2, 3])
+def test_rows_ending_at_different_steps_under_llm_collector(rows):
+    """Regression: with rows of 3, 1 and 2 steps, the policy failed on the batch the collector
+    reset in part (``zip() argument 3 is longer than arguments 1-2``)."""
+    prompts = Rows(*[[f"Finish in {k} steps."] for k in (3, 1, 2)[:rows]])
+    env = primed(last_step_env_class(), prompts)
     collector = LLMCollector(
         env,
         policy=ScriptedChatPolicy(lambda m: "ok"),
-        dialog_turns_per_batch=4,
+        dialog_turns_per_batch=2 * rows,
+        total_dialog_turns=12 * rows,
+    )
+    steps = [step for batch in collector for step in batch.reshape(-1).unbind(0)]
+    collector.shutdown()
+    env.close()
+    assert len(steps) == 12 * rows
+    for step in steps:
+        check_transition(step)
+    assert sum(s["next", "done"].item() for s in steps) >= 4 * rows  # episodes ended, restarted
+
+
+def test_llm_collector_under_transformers_wrapper():
+    policy = transformers_wrapper()
+    env = primed(
+        last_step_env_class(),
+        Rows(["Finish in 3 steps."], ["Finish in 1 steps."], ["Finish in 2 steps."]),
+    )
+    collector = LLMCollector(env, policy=policy, dialog_turns_per_batch=6, total_dialog_turns=18)
+    done = [batch["next", "done"].sum().item() for batch in collector]
+    collector.shutdown()
+    env.close()
+    assert sum(done) >= 6
+
+
+def test_a_reset_prompt_longer_than_the_rows_playing_is_refused():
+    base = last_step_env_class()
+
+    class WholePrompt(base):  # the reset observation is the whole prompt
+        def reset(self, seed=None, episode_id=None, prompt="Finish in 1 steps.", **kwargs):
+            out = super().reset(seed, episode_id, prompt, **kwargs)
+            out.messages = list(prompt) if isinstance(prompt, list) else out.messages
+            return out
+
+    few_shot = [{"role": "user", "content": "Finish in 1 steps."}] * 5  # a 5-turn prompt
+    prompts = Rows(["Finish in 1 steps.", few_shot], ["Finish in 3 steps."])
+    env = primed(WholePrompt, prompts)
+    collector = LLMCollector(
+        env,
+        policy=ScriptedChatPolicy(lambda m: "ok"),
+        dialog_turns_per_batch=2,
         total_dialog_turns=8,
     )
-    rewards = []
-    for batch in collector:
-        rewards += batch["next", "reward"].flatten().tolist()
+    with pytest.raises(
+        ValueError,
+        match=r"conversations of 5 turns, longer than those still playing \(3\).*env.rollout",
+    ):
+        for _ in collector:
+            pass
     collector.shutdown()
-    assert sorted(set(rewards)) == [0.0, 1.0]
-    assert all(r == r for r in rewards)  # no NaN
     env.close()
 
 

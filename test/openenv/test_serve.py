@@ -11,7 +11,7 @@ from __future__ import annotations
 import signal
 
 import pytest
-from _openenv_helpers import PROMPT, answers, cli_server, torchrl_episode
+from _openenv_helpers import PROMPT, answers, cli_server, sleepy_tool_env, torchrl_episode
 from fastapi.testclient import TestClient
 from openenv.core import GenericEnvClient
 from openenv.core.env_server import create_app
@@ -143,6 +143,29 @@ class TestOpenEnvClient:
                 client.step({"message": "wrong field"})
 
 
+def test_a_slow_step_does_not_hold_up_another_session():
+    """Each session's calls run in a thread of their own (OpenEnv's default): a step that waits
+    (a tool in a subprocess, a network call) holds up no other session."""
+    import threading
+    from functools import partial
+
+    from torchrl_trl_interop import openenv_server
+
+    asleep, steps = threading.Event(), []
+    with openenv_server(partial(sleepy_tool_env, asleep, steps), max_concurrent_envs=2) as url:
+        slow = GenericEnvClient(base_url=url, message_timeout_s=60).sync()
+        quick = GenericEnvClient(base_url=url, message_timeout_s=60).sync()
+        with slow, quick:
+            slow.reset(prompt=PROMPT)
+            quick.reset(prompt=PROMPT)
+            sleeping = threading.Thread(target=slow.step, args=({"content": "sleep"},))
+            sleeping.start()
+            assert asleep.wait(60)  # the slow step runs on the server
+            quick.step({"content": answers()[0]})
+            sleeping.join(60)
+    assert steps == [answers()[0], "sleep"]  # the quick step ended first
+
+
 @pytest.mark.slow
 def test_command_line_serves_then_stops_on_sigterm(tmp_path, reference):
     spec = "torchrl_trl_interop.testing:toy_tool_env"
@@ -158,16 +181,23 @@ def test_command_line_serves_then_stops_on_sigterm(tmp_path, reference):
 
 
 @pytest.mark.slow
-def test_server_killed_mid_episode(tmp_path):
-    """Killed mid-episode, the server's session raises a clear ``ConnectionError`` at once."""
+def test_server_hung_then_killed_mid_episode(tmp_path):
+    """A server that stops answering mid-episode makes the step raise a ``ConnectionError``
+    naming it once ``message_timeout_s`` passed; killed, the next call raises at once."""
     spec = "torchrl_trl_interop.testing:toy_tool_env"
     with cli_server(spec, tmp_path / "server.log") as (url, proc):
-        env = OpenEnvChatEnv(url, message_timeout_s=60)
+        env = OpenEnvChatEnv(url, message_timeout_s=3)
         td = env.reset(TensorDict({"query": [PROMPT]}, batch_size=[1]))
-        proc.kill()
-        proc.wait(timeout=30)
+        proc.send_signal(signal.SIGSTOP)  # alive, its connections open, silent
+        try:
+            silent = f"the OpenEnv server at {url} gave no reply within message_timeout_s=3"
+            with pytest.raises(ConnectionError, match=silent):
+                env.step(ScriptedChatPolicy(answers())(td))
+        finally:
+            proc.kill()  # a stopped process dies of SIGKILL too
+            proc.wait(timeout=30)
         with pytest.raises(ConnectionError, match=f"the OpenEnv server at {url} went away"):
-            env.step(ScriptedChatPolicy(answers())(td))
+            env.reset(TensorDict({"query": [PROMPT]}, batch_size=[1]))
         env.close()  # the socket is gone too: closing still returns
 
 
@@ -182,9 +212,3 @@ def test_server_killed_mid_episode(tmp_path):
 def test_command_line_bad_spec(spec, message, capsys):
     assert main(["serve", spec, "--port", "0"]) == 2
     assert message in capsys.readouterr().err
-
-
-def test_command_line_bad_concurrency(capsys):
-    spec = "torchrl_trl_interop.testing:toy_tool_env"
-    assert main(["serve", spec, "--max-concurrent-envs", "0"]) == 2
-    assert "max_concurrent_envs must be a positive int" in capsys.readouterr().err

@@ -46,7 +46,7 @@ def test_a_dropped_environment_gives_its_session_back(one_slot):
 
 def test_an_environment_refused_by_a_full_server_gives_its_sessions_back(one_slot):
     env = OpenEnvChatEnv(one_slot, batch_size=2)
-    with pytest.raises(RuntimeError, match=r"CAPACITY_REACHED.*batch size \(2\).*closed"):
+    with pytest.raises(RuntimeError, match=r"CAPACITY_REACHED.*2 session\(s\) on it.*closed"):
         reset(env)
     # row 0's slot was given back at once, not at close()
     assert openenv_client_resets(one_slot) == [{"role": "user", "content": PROMPT}]

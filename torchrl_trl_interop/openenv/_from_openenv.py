@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import torch
@@ -33,7 +34,7 @@ from .._keys import (
     to_python,
 )
 from ..rollouts._episodes import REWARDED_KEY, _same_length, _to_messages
-from ._sessions import Reply, close_quietly, open_sessions
+from ._sessions import ClientSession, Reply, call_each, close_quietly, open_sessions
 
 __all__ = ["OpenEnvChatEnv"]
 
@@ -77,6 +78,13 @@ def _filled(rows: list[Any]) -> Any:
     return lazy_stack(rows)
 
 
+def _raise_first(replies: list[Any]) -> None:
+    """Raises the first row's failure of a batch of calls (every call has ended)."""
+    for reply in replies:
+        if isinstance(reply, BaseException):
+            raise reply
+
+
 class OpenEnvChatEnv(EnvBase):
     """An OpenEnv environment as a TorchRL LLM environment in history mode.
 
@@ -107,7 +115,13 @@ class OpenEnvChatEnv(EnvBase):
       with reward 0.0. Conversations of one batch keep one length: the shorter ones (rows
       done, or given fewer messages) are filled with torchrl's placeholder turn
       (``"<none>"``), as a ``ChatEnv`` batch, so torchrl's ``TransformersWrapper`` and
-      ``LLMCollector`` drive rows that end at different steps.
+      ``LLMCollector`` drive rows that end at different steps. Under ``LLMCollector``, the rows
+      it resets while others play get conversations as long as the others' (torchrl keeps
+      the others' as they are): a reset prompt of more turns than a conversation still playing
+      is refused (``ValueError``).
+    * **served**: the rows' calls go to their servers at once (a thread per session), so a
+      batch's steps overlap on the servers; the sessions of a list of servers are spread over
+      them, as many on each as its ``/health`` says it admits.
 
     The defaults speak the format of :func:`~torchrl_trl_interop.as_openenv_environment`
     (``{"content": ...}`` actions, ``messages`` in observations), so a TorchRL environment served
@@ -115,8 +129,10 @@ class OpenEnvChatEnv(EnvBase):
     environments need ``action_fn`` and ``observation_fn``.
 
     Args:
-        env (str, Environment, EnvClient or callable): the OpenEnv environment: a server's URL
-            (``"http://127.0.0.1:8000"``; one WebSocket session per row), an ``Environment``
+        env (str, list of str, Environment, EnvClient or callable): the OpenEnv environment: a
+            server's URL (``"http://127.0.0.1:8000"``; one WebSocket session per row), a list of
+            servers' URLs (the rows spread over them: first as many on each as its ``/health``
+            says it admits, which this package's servers say, then in turn), an ``Environment``
             instance or an OpenEnv client (one session: ``batch_size=1``), or a zero-argument
             callable returning either, called once per row (an ``Environment`` subclass is one).
 
@@ -142,10 +158,13 @@ class OpenEnvChatEnv(EnvBase):
             ``batch_size > 1``, or a timeout is not positive.
         ConnectionError: if a server cannot be reached.
 
-    At reset and step: ``ConnectionError`` if the server goes away or does not answer within
-    ``message_timeout_s``; ``RuntimeError`` if it refuses the call (an action of another schema,
-    a step before reset, no free session); ``ValueError`` if the policy's conversation does not
-    extend the environment's by one assistant turn, or an observation adds no valid messages.
+    At reset and step: ``ConnectionError`` naming the server if it goes away, does not answer
+    within ``message_timeout_s``, or closed the session (idle past its session timeout);
+    ``RuntimeError`` if it refuses the call (an action of another schema, a step before reset,
+    no free session: then every session of the environment is closed), or the environment is
+    closed (``close()``, or that refusal: build a new one); ``ValueError`` if the policy's
+    conversation does not extend the environment's by one assistant turn, or an observation
+    adds no valid messages. A row's failure is raised once every row's call has ended.
 
     Examples:
         >>> from tensordict import TensorDict
@@ -208,6 +227,14 @@ class OpenEnvChatEnv(EnvBase):
         )
         for session in self._sessions:
             session.group = self._sessions
+        served = sum(isinstance(s, ClientSession) for s in self._sessions)
+        self._pool = (
+            ThreadPoolExecutor(max_workers=served, thread_name_prefix="openenv-row")
+            if served > 1
+            else None
+        )
+        self._closed_by: str | None = None  # why the sessions were closed, once they are
+        self._width = 0  # the conversations' length in the last output (partial resets match it)
         # an environment dropped without close() (a re-run notebook cell) gives its sessions
         # back when collected: a server's slots are not held by an object nobody can reach
         self._release = weakref.finalize(self, close_quietly, list(self._sessions))
@@ -241,8 +268,19 @@ class OpenEnvChatEnv(EnvBase):
         )
 
     def __repr__(self) -> str:
-        where = self._sessions[0].where if self._sessions else "nothing"
+        places = list(dict.fromkeys(s.where for s in self._sessions)) or ["nothing (closed)"]
+        where = places[0] if len(places) == 1 else f"{len(places)} servers {places}"
         return f"{type(self).__name__}(batch_size={tuple(self.batch_size)}, env={where})"
+
+    def _check_open(self, what: str) -> None:
+        if self._closed_by is not None:
+            raise RuntimeError(
+                signed(
+                    f"{what} on an environment whose sessions were closed ({self._closed_by}). "
+                    "Build a new OpenEnvChatEnv(...) with the same arguments to open new "
+                    "sessions."
+                )
+            )
 
     # -- reset -----------------------------------------------------------------------------------
 
@@ -282,24 +320,32 @@ class OpenEnvChatEnv(EnvBase):
 
     @boundary("OpenEnvChatEnv")  # torchrl's reset calls it: its errors name this environment
     def _reset(self, tensordict: TensorDictBase | None = None, **kwargs: Any) -> TensorDictBase:
+        self._check_open("reset")
         n = self.batch_size[0]
         rows = range(n)
         if tensordict is not None and _RESET_KEY in tensordict.keys():
             mask = tensordict.get(_RESET_KEY).reshape(n, -1).any(-1).tolist()
             rows = [i for i in rows if mask[i]]
+        partial = len(rows) < n
         prompts = self._row_prompts(tensordict)
         columns = {
             name: [to_python(v) for v in row_values(tensordict, key_parts(key), name)]
             for name, key in self.reset_kwargs_keys.items()
         }
         seed, self._seed = self._seed, None
+        calls = []
         for i in rows:
             kwargs = {name: values[i] for name, values in columns.items()}
             if seed is not None:
                 kwargs["seed"] = seed + i
             if prompts[i] is not None:
                 kwargs[self.prompt_kwarg] = prompts[i]
-            reply = self._reset_row(i, kwargs)
+            calls.append((self._sessions[i], lambda s=self._sessions[i], k=kwargs: s.reset(**k)))
+        replies = call_each(calls, self._pool)
+        self._refused_for_capacity(replies)
+        for i, reply in zip(rows, replies):
+            if isinstance(reply, BaseException):
+                continue  # raised below, once the rows that were reset are recorded
             chat = self._messages(reply, i, "reset")
             if not chat and prompts[i] is not None:  # the prompt is the conversation, as ChatEnv's
                 p = prompts[i]
@@ -313,31 +359,49 @@ class OpenEnvChatEnv(EnvBase):
                     )
                 )
             self._chats[i], self._done[i] = chat, False
+        _raise_first(replies)
+        # torchrl keeps the rows still playing as the last output left them (self._width long)
+        width = self._width if partial else 0
+        if width and any(len(self._chats[i]) > width for i in rows):
+            longest = max(len(self._chats[i]) for i in rows)
+            raise ValueError(
+                signed(
+                    f"the rows reset while others play got conversations of {longest} turns, "
+                    f"longer than those still playing ({width}): torchrl keeps the playing "
+                    "rows' conversations as they are, and a batch of conversations of different "
+                    "lengths cannot be read by torchrl's policies. Give prompts of fewer turns, "
+                    "or drive the environment with env.rollout(...) or as_trl_rollout_func, "
+                    "which reset the whole batch."
+                )
+            )
         with set_list_to_stack(True):
-            out = self._history_td(messages_to_history(_same_length(self._chats)))
+            chats = [c or [placeholder_turn()] for c in self._chats]  # a row never reset
+            chats = [c + [placeholder_turn()] * (width - len(c)) for c in chats]
+            out = self._history_td(messages_to_history(_same_length(chats)))
             out.set(REWARDED_KEY, torch.zeros(n, 1, dtype=torch.bool))
+        self._width = max(len(c) for c in chats)
         if tensordict is not None:  # keep the prompt and the row's columns, as ChatEnv does
             reserved = [HISTORY_KEY[0], _RESET_KEY, "next", *self.done_keys, *self.reward_keys]
             kept = tensordict.exclude(*reserved)
             out = kept.to_lazystack(0).update(out) if kept.keys() else out
         return out
 
-    def _reset_row(self, i: int, kwargs: dict[str, Any]) -> Reply:
-        try:
-            return self._sessions[i].reset(**kwargs)
-        except RuntimeError as err:
-            if "CAPACITY_REACHED" not in str(err):
-                raise
-            # refused by a full server: give back the slots the other rows hold, now
-            self.close(raise_if_closed=False)
-            raise RuntimeError(
-                f"{err} This environment's sessions were closed: build a new one."
-            ) from err
+    def _refused_for_capacity(self, replies: list[Any]) -> None:
+        """A reset refused by a full server closes every session (the slots the other rows
+        hold are given back now) and raises that refusal."""
+        for err in replies:
+            if isinstance(err, RuntimeError) and "CAPACITY_REACHED" in str(err):
+                self.close(raise_if_closed=False)
+                self._closed_by = "a full server refused a reset"
+                raise RuntimeError(
+                    f"{err} This environment's sessions were closed: build a new one."
+                ) from err
 
     # -- step ------------------------------------------------------------------------------------
 
     @boundary("OpenEnvChatEnv")  # torchrl's step calls it
     def _step(self, tensordict: TensorDictBase) -> TensorDictBase:
+        self._check_open("step")
         n = self.batch_size[0]
         rewards, rewarded = torch.zeros(n), torch.zeros(n, dtype=torch.bool)
         with set_list_to_stack(True):
@@ -346,21 +410,28 @@ class OpenEnvChatEnv(EnvBase):
             added: list[list[dict[str, Any]]] = [[] for _ in range(n)]
             stepped = tensordict.get("_step", None)  # torchrl's partial steps
             stepped = [True] * n if stepped is None else stepped.reshape(n, -1).any(-1).tolist()
-            for i in range(n):
-                if self._done[i] or not stepped[i]:
-                    continue
-                content = self._assistant_turn(chats[i], i)
-                reply = self._sessions[i].step(self.action_fn(content))
+            playing = [i for i in range(n) if stepped[i] and not self._done[i]]
+            actions = {i: self.action_fn(self._assistant_turn(chats[i], i)) for i in playing}
+            calls = [
+                (self._sessions[i], lambda s=self._sessions[i], a=actions[i]: s.step(a))
+                for i in playing
+            ]
+            replies = call_each(calls, self._pool)
+            for i, reply in zip(playing, replies):
+                if isinstance(reply, BaseException):
+                    continue  # raised below, once the rows that stepped are recorded
                 added[i] = self._messages(reply, i, "step")
                 if reply.reward is not None:  # None: this step gives no reward, adds nothing
                     rewards[i], rewarded[i] = float(reply.reward), True
                 self._chats[i], self._done[i] = chats[i] + added[i], reply.done
+            _raise_first(replies)
             rows = [full[i] for i in range(n)]
             rows = [
                 row.extend(messages_to_history(new), inplace=False, dim=-1) if new else row
                 for row, new in zip(rows, added)
             ]
             out = self._history_td(_filled(rows))
+            self._width = out.get(HISTORY_KEY[0]).prompt.shape[-1]
         done = torch.tensor(self._done).reshape(n, 1)
         out.set(REWARD_KEY, rewards.reshape(n, 1, 1))
         out.set(REWARDED_KEY, rewarded.reshape(n, 1))
@@ -410,11 +481,17 @@ class OpenEnvChatEnv(EnvBase):
         self._seed = seed
 
     def close(self, *, raise_if_closed: bool = True) -> None:
-        """Closes every session (a client's WebSocket, an in-process environment)."""
+        """Closes every session (a client's WebSocket, an in-process environment); a later
+        reset or step raises, saying so."""
         sessions, self._sessions = getattr(self, "_sessions", []), []
+        if getattr(self, "_closed_by", None) is None:
+            self._closed_by = "close() was called"
         release = getattr(self, "_release", None)
         if release is not None:
             release.detach()
+        pool, self._pool = getattr(self, "_pool", None), None
+        if pool is not None:
+            pool.shutdown(wait=False)
         errors = []
         for session in sessions:
             try:

@@ -1,15 +1,15 @@
-"""OpenEnv's server around a TorchRL environment: the app, a background server, the CLI's loop.
+"""OpenEnv's server around a TorchRL environment: the app, and a server in a background thread.
 
 :func:`openenv_app` is OpenEnv's own FastAPI app (``create_app``: HTTP ``/reset``, ``/step``,
 ``/state``, ``/schema``, ``/health`` and the WebSocket ``/ws`` of stateful sessions) serving
-:func:`~torchrl_trl_interop.as_openenv_environment`'s class. :func:`openenv_server` runs it with
-uvicorn in a background thread for the length of a ``with`` block; :func:`serve` runs it in the
-foreground (``python -m torchrl_trl_interop.openenv serve``).
+:func:`~torchrl_trl_interop.as_openenv_environment`'s class, its sessions admitted and closed
+when idle by :mod:`._capacity`. :func:`openenv_server` runs it with uvicorn in a background
+thread for the length of a ``with`` block; the command line serves it in the foreground, in one
+process or several (:mod:`._workers`).
 """
 
 from __future__ import annotations
 
-import importlib
 import signal
 import socket
 import threading
@@ -19,12 +19,20 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from .._checks import boundary, check_positive_int, check_real, require, signed
+from ._capacity import SessionSlots, admit_sessions
 
 if TYPE_CHECKING:  # pragma: no cover
     from fastapi import FastAPI
     from torchrl.envs import EnvBase
 
-__all__ = ["load_env_factory", "openenv_app", "openenv_server", "serve"]
+__all__ = [
+    "bound_socket",
+    "environment_class",
+    "openenv_app",
+    "openenv_server",
+    "served_app",
+    "uvicorn_server",
+]
 
 _STOP_TIMEOUT_S = 10.0
 
@@ -48,11 +56,14 @@ def openenv_app(
         max_concurrent_envs (int, optional): the most WebSocket sessions at once, each with its
             own environment (more than one needs a function building one per session). Defaults
             to ``1``, as OpenEnv's ``create_app``.
-        session_timeout_s (float, optional): sessions idle longer are closed by the server.
-            Defaults to ``None`` (never).
+        session_timeout_s (float, optional): a session whose client sends nothing for this long
+            (the server idle, waiting for its next message) is closed by the server: its socket
+            closed with code 4408, its slot given back. Defaults to ``None`` (never).
 
     Returns:
-        a FastAPI app, to run with uvicorn (``uvicorn.run(app, host=..., port=...)``).
+        a FastAPI app, to run with uvicorn (``uvicorn.run(app, host=..., port=...)``). Its
+        ``GET /health`` answers ``{"status": "healthy", "sessions": {"open": ..., "max": ...},
+        "workers": 1, "session_timeout_s": ...}``.
 
     Raises:
         ValueError: if ``max_concurrent_envs`` is not a positive int, or above 1 for one shared
@@ -67,11 +78,11 @@ def openenv_app(
         ...         ws.receive_json()["data"]["observation"]["messages"]
         [{'role': 'user', 'content': 'What is 2 plus 3?'}]
     """
-    cls = _environment_class(make_env, max_concurrent_envs, session_timeout_s)
-    return _app(cls, max_concurrent_envs, session_timeout_s)
+    cls = environment_class(make_env, max_concurrent_envs, session_timeout_s)
+    return served_app(cls, SessionSlots(max_concurrent_envs), session_timeout_s)
 
 
-def _environment_class(make_env: Any, max_concurrent_envs: int, session_timeout_s: Any) -> type:
+def environment_class(make_env: Any, max_concurrent_envs: int, session_timeout_s: Any) -> type:
     """The ``Environment`` class :func:`openenv_app` serves; checks the arguments."""
     require("openenv", "openenv_app")
     from openenv.core.env_server.interfaces import Environment
@@ -93,26 +104,35 @@ def _environment_class(make_env: Any, max_concurrent_envs: int, session_timeout_
     return cls
 
 
-def _app(cls: type, max_concurrent_envs: int, session_timeout_s: Any) -> FastAPI:
+def served_app(cls: type, slots: SessionSlots, session_timeout_s: float | None) -> FastAPI:
+    """OpenEnv's app (``create_app``) serving ``cls``, its WebSocket sessions admitted by
+    ``slots`` and closed after ``session_timeout_s`` idle (:func:`._capacity.admit_sessions`).
+
+    OpenEnv's own limit is the total (``slots`` is the binding one: it counts every worker's
+    sessions), and OpenEnv's reaper gets no timeout (module docstring of :mod:`._capacity`).
+    """
     from openenv.core.env_server import create_app
     from openenv.core.env_server.types import ConcurrencyConfig
 
     from ._errors import answer_mistakes_clearly
 
-    config = ConcurrencyConfig(
-        max_concurrent_envs=max_concurrent_envs, session_timeout=session_timeout_s
-    )
+    config = ConcurrencyConfig(max_concurrent_envs=slots.limit, session_timeout=None)
     app = create_app(
         cls, cls.action_type, cls.observation_type, env_name=cls.__name__, concurrency_config=config
     )
-    return answer_mistakes_clearly(app)
+    answer_mistakes_clearly(app, factory_failures=getattr(cls, "factory_failures", None))
+    return admit_sessions(app, slots, session_timeout_s)
 
 
-def _bound_socket(host: str, port: int) -> socket.socket:
-    """A socket bound to ``(host, port)`` (``port=0``: a free one), for uvicorn to listen on."""
+def bound_socket(host: str, port: int, *, reuse_port: bool = False) -> socket.socket:
+    """A socket bound to ``(host, port)`` (``port=0``: a free one), for uvicorn to listen on;
+    with ``reuse_port``, several processes bind the same address and the kernel spreads the
+    connections over those listening (``SO_REUSEPORT``)."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if reuse_port:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     try:
         sock.bind((host, port))
     except OSError as err:
@@ -123,8 +143,8 @@ def _bound_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
-def _uvicorn_server(app: Any, log_level: str, announce: str | None = None) -> Any:
-    """uvicorn's server, which prints ``announce`` once it listens, and stops on SIGINT and
+def uvicorn_server(app: Any, log_level: str, on_listening: Callable[[], None] | None = None) -> Any:
+    """uvicorn's server, which calls ``on_listening`` once it listens, and stops on SIGINT and
     SIGTERM with exit status 0 (uvicorn's own re-raises the signal once stopped: a
     ``KeyboardInterrupt`` traceback and status 1 for Ctrl-C)."""
     import uvicorn
@@ -132,8 +152,8 @@ def _uvicorn_server(app: Any, log_level: str, announce: str | None = None) -> An
     class Server(uvicorn.Server):
         async def startup(self, sockets: Any = None) -> None:
             await super().startup(sockets=sockets)
-            if self.started and announce:
-                print(announce, flush=True)
+            if self.started and on_listening is not None:
+                on_listening()
 
         @contextmanager
         def capture_signals(self) -> Iterator[None]:
@@ -203,10 +223,12 @@ def openenv_server(
     if check_real(startup_timeout_s, "startup_timeout_s") <= 0:
         raise ValueError(signed(f"startup_timeout_s must be > 0, got {startup_timeout_s}."))
     app = openenv_app(
-        make_env, max_concurrent_envs=max_concurrent_envs, session_timeout_s=session_timeout_s
+        make_env,
+        max_concurrent_envs=max_concurrent_envs,
+        session_timeout_s=session_timeout_s,
     )
-    sock = _bound_socket(host, port)
-    server = _uvicorn_server(app, log_level)
+    sock = bound_socket(host, port)
+    server = uvicorn_server(app, log_level)
     thread = threading.Thread(
         target=server.run, kwargs={"sockets": [sock]}, name="openenv-server", daemon=True
     )
@@ -229,66 +251,4 @@ def openenv_server(
         if thread.is_alive():  # connections that would not close: stop without waiting
             server.force_exit = True
             thread.join(_STOP_TIMEOUT_S)
-        sock.close()
-
-
-def load_env_factory(spec: str) -> Any:
-    """``"package.module:name"`` -> that object (a function building an environment, an
-    environment, or an ``Environment`` class).
-
-    Raises:
-        ValueError: if ``spec`` is not ``MODULE:NAME``.
-        ImportError: if the module cannot be imported.
-        AttributeError: if the module has no such name.
-    """
-    module_name, sep, name = spec.partition(":")
-    if not sep or not module_name or not name:
-        raise ValueError(
-            f"expected MODULE:NAME (e.g. torchrl_trl_interop.testing:toy_tool_env), got {spec!r}."
-        )
-    module = importlib.import_module(module_name)
-    obj = module
-    for part in name.split("."):
-        if not hasattr(obj, part):
-            raise AttributeError(f"{module_name!r} has no {name!r} (looked for {part!r}).")
-        obj = getattr(obj, part)
-    return obj
-
-
-@boundary("serve")  # the CLI's command
-def serve(
-    spec: str,
-    *,
-    host: str = "127.0.0.1",
-    port: int = 8000,
-    max_concurrent_envs: int = 1,
-    session_timeout_s: float | None = None,
-    log_level: str = "info",
-) -> None:
-    """Serves ``MODULE:NAME`` in the foreground until interrupted (SIGINT/SIGTERM).
-
-    One environment is built first, so that a ``make_env`` that cannot serve (batch size, not
-    a ChatEnv, an exception) fails here, with its reason, instead of in every client's session;
-    the URL is printed once the server listens.
-
-    Raises:
-        ValueError, TypeError: if ``make_env`` builds what cannot be served (the reason named).
-        RuntimeError: if building the environment raised another error.
-    """
-    cls = _environment_class(load_env_factory(spec), max_concurrent_envs, session_timeout_s)
-    try:
-        cls().close()
-    except (ValueError, TypeError) as err:
-        raise type(err)(f"{spec} cannot be served: {err}") from err
-    except Exception as err:
-        raise RuntimeError(
-            f"{spec} failed to build an environment: {type(err).__name__}: {err}"
-        ) from err
-    app = _app(cls, max_concurrent_envs, session_timeout_s)
-    sock = _bound_socket(host, port)
-    url = f"http://{host}:{sock.getsockname()[1]}"
-    announce = f"serving {spec} with OpenEnv at {url} (WebSocket {url}/ws)"
-    try:
-        _uvicorn_server(app, log_level, announce).run(sockets=[sock])
-    finally:
         sock.close()

@@ -4,20 +4,36 @@ Both answer ``reset(**kwargs)`` and ``step(action)`` with a :class:`Reply` in Op
 format (``serialize_observation``: the observation's fields as a dict, its reward and done), so
 the TorchRL side reads one format whichever way the environment runs. A client's failures come
 back as errors that name the server and what to do: the server's refusals as ``RuntimeError``,
-a lost or silent server (connection closed, no reply within ``message_timeout_s``) as
-``ConnectionError``.
+a lost or silent server (connection closed, no reply within ``message_timeout_s``, a session
+the server closed) as ``ConnectionError``.
+
+:func:`open_sessions` opens a batch's sessions, spread over several servers when given their
+URLs (as many on each as its ``/health`` says it admits); :func:`call_each` runs one call per
+session at once, the served ones each in a thread of their own (a batch's steps overlap on
+the servers instead of waiting for each other).
 """
 
 from __future__ import annotations
 
+import json
 import time
+import urllib.request
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, NamedTuple
 
 from .._checks import signed, type_error
 
-__all__ = ["ClientSession", "LocalSession", "Reply", "close_quietly", "open_sessions"]
+__all__ = [
+    "ClientSession",
+    "LocalSession",
+    "Reply",
+    "call_each",
+    "close_quietly",
+    "open_sessions",
+    "plan_rows",
+]
 
 #: the WebSocket sessions this process holds open, per server URL
 _HELD: Counter = Counter()
@@ -75,12 +91,15 @@ class ClientSession:
 
     def __init__(self, client: Any) -> None:
         self.client = client
-        self.where = f"the OpenEnv server at {client.base_url}"
+        self.url = client.base_url
+        self.where = f"the OpenEnv server at {self.url}"
         self.held = False  # counted in _HELD
+        self.playing = False  # a reset answered: the server holds an episode of this session
         self.group: list = [self]  # the sessions of its environment, for the capacity hint
 
     def _capacity_hint(self) -> str:
-        others = _HELD[self.client.base_url] - sum(s.held for s in self.group)
+        mine = [s for s in self.group if getattr(s, "url", None) == self.url]
+        others = _HELD[self.url] - sum(s.held for s in mine)
         if others > 0:
             return (
                 f" This process still holds {others} other session(s) of this server: "
@@ -90,8 +109,21 @@ class ClientSession:
             )
         return (
             f" No other session of this process holds a slot: the server runs fewer concurrent "
-            f"sessions than this environment's batch size ({len(self.group)}) plus other "
-            "clients' sessions; serve it with more max_concurrent_envs."
+            f"sessions than this environment's {len(mine)} session(s) on it plus other "
+            "clients' sessions; serve it with more max_concurrent_envs, "
+            "or pass more servers' URLs."
+        )
+
+    def _lost_session(self, err: BaseException) -> ConnectionError:
+        """The server no longer holds this session's episode: OpenEnv's client reconnected
+        to a new session (the server closed the old one), which refused the step."""
+        return ConnectionError(
+            signed(
+                f"{self.where} no longer holds this session: the session was closed (idle past "
+                "the server's session timeout, or its server process died or restarted) and "
+                f"the step reached a new session, which answered: {err}. The episode is lost: "
+                "reset to start another."
+            )
         )
 
     def _call(self, what: str, call: Callable[[], Any]) -> Reply:
@@ -106,6 +138,9 @@ class ClientSession:
                 if not str(err).startswith("Server error"):
                     raise
                 full = "CAPACITY_REACHED" in str(err)
+                if what == "step" and self.playing and (full or "before reset" in str(err)):
+                    self.playing = False
+                    raise self._lost_session(err) from err
                 if full and what == "reset" and time.monotonic() < deadline:
                     time.sleep(0.05)  # a slot given back a moment ago: the server frees it soon
                     continue
@@ -122,6 +157,7 @@ class ClientSession:
                 raise self._lost(what, err) from err
             except OSError as err:  # refused, reset, TimeoutError
                 raise self._lost(what, err) from err
+        self.playing = True
         return Reply(result.observation, result.reward, bool(result.done))
 
     def _lost(self, what: str, err: BaseException) -> ConnectionError:
@@ -142,7 +178,7 @@ class ClientSession:
         try:
             self.client.connect()
             self.held = True
-            _HELD[self.client.base_url] += 1
+            _HELD[self.url] += 1
         except (ConnectionError, OSError) as err:
             raise ConnectionError(
                 signed(
@@ -160,9 +196,10 @@ class ClientSession:
         return self._call("step", lambda: self.client.step(payload))
 
     def close(self) -> None:
+        self.playing = False
         if self.held:
             self.held = False
-            _HELD[self.client.base_url] -= 1
+            _HELD[self.url] -= 1
         self.client.close()
 
 
@@ -201,6 +238,51 @@ def _session_of(value: Any, **client_kwargs: Any) -> LocalSession | ClientSessio
     )
 
 
+def _free_slots(url: str, timeout_s: float) -> int | None:
+    """How many more sessions the server at ``url`` admits, from its ``/health`` (this
+    package's servers say; OpenEnv's own do not: ``None``, as for a server not answering)."""
+    try:
+        with urllib.request.urlopen(f"{url.rstrip('/')}/health", timeout=timeout_s) as reply:
+            sessions = json.loads(reply.read())["sessions"]
+        return max(0, int(sessions["max"]) - int(sessions["open"]))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def plan_rows(urls: Sequence[str], n: int, free: Sequence[int | None]) -> list[str]:
+    """The server of each of ``n`` rows: in turn over the servers with ``free`` slots while
+    they have some, then in turn over those that do not say how many (else over all: their
+    refusal at reset says which is full).
+
+    Examples:
+        >>> plan_rows(["a", "b"], 5, [1, 4])
+        ['a', 'b', 'b', 'b', 'b']
+        >>> plan_rows(["a", "b", "c"], 4, [0, None, 1])
+        ['c', 'b', 'b', 'b']
+    """
+    room = [f or 0 for f in free]
+    rows: list[str] = []
+    while len(rows) < n and any(room):
+        for i, url in enumerate(urls):
+            if room[i] > 0 and len(rows) < n:
+                rows.append(url)
+                room[i] -= 1
+    rest = [url for url, f in zip(urls, free) if f is None] or list(urls)
+    rows += [rest[i % len(rest)] for i in range(n - len(rows))]
+    return rows
+
+
+def _urls(env: Any) -> list[str] | None:
+    """``env`` as a list of server URLs, if it is one (``None`` otherwise)."""
+    if not isinstance(env, (list, tuple)):
+        return None
+    if not env or not all(isinstance(u, str) for u in env):
+        raise type_error("env", "a non-empty list of OpenEnv server URLs (str)", env)
+    if len(set(env)) != len(env):
+        raise ValueError(signed(f"env lists a server twice: {list(env)}."))
+    return list(env)
+
+
 def open_sessions(
     env: Any,
     n: int,
@@ -208,15 +290,18 @@ def open_sessions(
     connect_timeout_s: float,
     message_timeout_s: float,
 ) -> list[LocalSession | ClientSession]:
-    """``n`` sessions of ``env``: a server URL (``n`` WebSocket sessions), an ``Environment``
-    instance or a client (one session: ``n`` must be 1), or a zero-argument callable returning
-    either (called ``n`` times; an ``Environment`` subclass is one). Errors, here and in the
-    sessions' calls, open with the public call being made (:func:`~torchrl_trl_interop._checks.signed`).
+    """``n`` sessions of ``env``: a server URL (``n`` WebSocket sessions), a list of them (the
+    rows spread over the servers, :func:`plan_rows` by what each one's ``/health`` admits), an
+    ``Environment`` instance or a client (one session: ``n`` must be 1), or a zero-argument
+    callable returning either (called ``n`` times; an ``Environment`` subclass is one). Errors,
+    here and in the sessions' calls, open with the public call being made
+    (:func:`~torchrl_trl_interop._checks.signed`).
 
     Raises:
         TypeError: if ``env`` (or what the callable returns) is none of these.
-        ValueError: if a single instance or client is given for ``n > 1`` sessions.
-        ConnectionError: if a server cannot be reached.
+        ValueError: if a single instance or client is given for ``n > 1`` sessions, or a list
+            names a server twice.
+        ConnectionError: if a server cannot be reached (named).
     """
     from openenv.core.env_client import EnvClient
     from openenv.core.env_server.interfaces import Environment
@@ -232,16 +317,49 @@ def open_sessions(
                 )
             )
         return [_session_of(env, **client_kwargs)]
-    if not isinstance(env, str) and not callable(env):
-        expected = "an OpenEnv server URL, Environment or client, or a function building one"
+    urls = _urls(env)
+    if urls is None and not isinstance(env, str) and not callable(env):
+        expected = (
+            "an OpenEnv server URL (or a list of them), Environment or client, or a function "
+            "building one"
+        )
         raise type_error("env", expected, env)
+    if urls is not None:
+        free = [_free_slots(url, connect_timeout_s) for url in urls] if len(urls) > 1 else [None]
+        rows: list[Any] = plan_rows(urls, n, free)
+    else:
+        rows = [env] * n
     sessions: list[LocalSession | ClientSession] = []
     try:
-        for _ in range(n):
-            made = env if isinstance(env, str) else env()
+        for made in rows:
+            made = made if isinstance(made, str) else made()
             sessions.append(_session_of(made, **client_kwargs))
     except BaseException:
         for session in sessions:
             session.close()
         raise
     return sessions
+
+
+def call_each(
+    calls: Sequence[tuple[LocalSession | ClientSession, Callable[[], Reply]]],
+    pool: ThreadPoolExecutor | None,
+) -> list[Reply | BaseException]:
+    """Runs every ``(session, call)``: those of served sessions at once in ``pool`` (a batch's
+    steps overlap on the servers), those of in-process ones here, in order. Returns each call's
+    reply or the exception it raised, in order, once every call has ended (each bounded by its
+    client's ``message_timeout_s``)."""
+    futures = {}
+    if pool is not None and len(calls) > 1:
+        futures = {
+            i: pool.submit(call)
+            for i, (session, call) in enumerate(calls)
+            if isinstance(session, ClientSession)
+        }
+    out: list[Reply | BaseException] = []
+    for i, (_, call) in enumerate(calls):
+        try:
+            out.append(futures[i].result() if i in futures else call())
+        except Exception as err:  # the caller raises the first, after every call ended
+            out.append(err)
+    return out

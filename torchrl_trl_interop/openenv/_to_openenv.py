@@ -14,6 +14,7 @@ from __future__ import annotations
 import threading
 import uuid
 import weakref
+from collections import deque
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -86,9 +87,20 @@ class _TorchRLEnvironment(Environment[TorchRLChatAction, TorchRLChatObservation,
     _shared_env: EnvBase | None = None
     _reward_key: NestedKey = NEXT_REWARD_KEY  # in the step's output, under "next"
     _done_key: NestedKey = NEXT_DONE_KEY
+    #: why building an instance failed, oldest first: the served app's FACTORY_ERROR replies
+    #: give the reason, which OpenEnv's server leaves out (``_errors``)
+    factory_failures: deque | None = None
 
     @boundary("as_openenv_environment")  # OpenEnv's server builds one per session
     def __init__(self) -> None:
+        try:
+            self._build()
+        except Exception as err:
+            if self.factory_failures is not None:
+                self.factory_failures.append(f"{type(err).__name__}: {err}")
+            raise
+
+    def _build(self) -> None:
         super().__init__()
         owns = self._shared_env is None
         env = self._make_env() if owns else self._shared_env
@@ -392,5 +404,6 @@ def as_openenv_environment(
         "_reward_key": _under_next(as_nested_key(reward_key, "reward_key")),
         "_done_key": _under_next(as_nested_key(done_key, "done_key")),
         "SUPPORTS_CONCURRENT_SESSIONS": shared is None,
+        "factory_failures": deque(maxlen=64),
     }
     return type(name, (_TorchRLEnvironment,), attrs)
