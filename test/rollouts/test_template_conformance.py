@@ -288,6 +288,22 @@ class TestGRPOTrainer:
         assert trainer.state.global_step == 2
         return recorder.calls
 
+    @staticmethod
+    def rows(tok, calls):
+        """Every row of the recorded calls whose prompt ids are the template's rendering of its
+        prompt (asserted), as ``(prompt ids, completion ids, env mask, history)``; rows whose
+        answers carry spaces around them left out (Llama 3's and Gemma's templates trim an
+        answer: a random model's spaces go)."""
+        for prompts, out in calls:
+            for prompt, ids, completion, mask, history in zip(
+                prompts, out["prompt_ids"], out["completion_ids"], out["env_mask"], out["history"]
+            ):
+                rendered = tok.apply_chat_template(prompt, add_generation_prompt=True, tokenize=False)
+                assert ids == tok(rendered, add_special_tokens=False)["input_ids"]
+                answers = [m["content"] for m in history if m["role"] == "assistant"]
+                if all(a == a.strip() for a in answers):
+                    yield ids, completion, mask, history
+
     def test_llama3_tool_turns_with_several_stop_ids(self, tmp_path):
         """Llama 3.1: bos written by the template and by the tokenizer (once in the prompt),
         turns ended by ``<|eot_id|>`` or ``<|end_of_text|>`` (the generation config's list)."""
@@ -307,27 +323,19 @@ class TestGRPOTrainer:
         calls = self.train(tmp_path, tok, model, env, max_turns=2)
 
         ended = {"<|eot_id|>": 0, "<|end_of_text|>": 0}
-        for prompts, out in calls:
-            for prompt, ids, completion, mask, history in zip(
-                prompts, out["prompt_ids"], out["completion_ids"], out["env_mask"], out["history"]
-            ):
-                rendered = tok.apply_chat_template(
-                    prompt, add_generation_prompt=True, tokenize=False
-                )
-                assert ids == tok(rendered, add_special_tokens=False)["input_ids"]
-                assert ids.count(tok.bos_token_id) == 1
-                first_answer_end = mask.index(0) - 1 if 0 in mask else None
-                answers = [m["content"] for m in history if m["role"] == "assistant"]
-                if first_answer_end is None or any(a != a.strip() for a in answers):
-                    continue  # Llama 3's template trims answers: a random model's spaces go
-                stop = tok.convert_ids_to_tokens(completion[first_answer_end])
-                text = tok.decode(ids + completion, skip_special_tokens=False)
-                full = tok.apply_chat_template(history, tokenize=False)
-                if stop in ended:
-                    ended[stop] += 1
-                    # another stop token than the template's stands for it (TRL aligns on eos)
-                    text = text.replace("<|end_of_text|>", "<|eot_id|>")
-                assert full.startswith(text), (text[-120:], full[-160:])
+        for ids, completion, mask, history in self.rows(tok, calls):
+            assert ids.count(tok.bos_token_id) == 1
+            first_answer_end = mask.index(0) - 1 if 0 in mask else None
+            if first_answer_end is None:
+                continue
+            stop = tok.convert_ids_to_tokens(completion[first_answer_end])
+            text = tok.decode(ids + completion, skip_special_tokens=False)
+            if stop in ended:
+                ended[stop] += 1
+                # another stop token than the template's stands for it (TRL aligns on eos)
+                text = text.replace("<|end_of_text|>", "<|eot_id|>")
+            full = tok.apply_chat_template(history, tokenize=False)
+            assert full.startswith(text), (text[-120:], full[-160:])
         assert all(ended.values()), ended  # both stop tokens ended a turn somewhere
 
     def test_gemma_user_turns_end_of_turn_is_not_eos(self, tmp_path):
@@ -347,22 +355,12 @@ class TestGRPOTrainer:
         calls = self.train(tmp_path, tok, model, env, max_turns=2)
 
         checked = 0
-        for prompts, out in calls:
-            for prompt, ids, completion, mask, history in zip(
-                prompts, out["prompt_ids"], out["completion_ids"], out["env_mask"], out["history"]
-            ):
-                rendered = tok.apply_chat_template(
-                    prompt, add_generation_prompt=True, tokenize=False
-                )
-                assert ids == tok(rendered, add_special_tokens=False)["input_ids"]
-                answers = [m["content"] for m in history if m["role"] == "assistant"]
-                if 0 not in mask or completion[mask.index(0) - 1] != end_of_turn:
-                    continue
-                if any(a != a.strip() for a in answers):
-                    continue  # Gemma's template trims answers: a random model's spaces go
-                text = tok.decode(ids + completion, skip_special_tokens=False)
-                assert tok.apply_chat_template(history, tokenize=False).startswith(text)
-                assert [m["role"] for m in history] == ["user", "assistant", "user", "assistant"]
+        for ids, completion, mask, history in self.rows(tok, calls):
+            if 0 not in mask or completion[mask.index(0) - 1] != end_of_turn:
+                continue
+            text = tok.decode(ids + completion, skip_special_tokens=False)
+            assert tok.apply_chat_template(history, tokenize=False).startswith(text)
+            assert [m["role"] for m in history] == ["user", "assistant", "user", "assistant"]
                 checked += 1
         assert checked
 
