@@ -298,7 +298,9 @@ class TestGRPOTrainer:
             for prompt, ids, completion, mask, history in zip(
                 prompts, out["prompt_ids"], out["completion_ids"], out["env_mask"], out["history"]
             ):
-                rendered = tok.apply_chat_template(prompt, add_generation_prompt=True, tokenize=False)
+                rendered = tok.apply_chat_template(
+                    prompt, add_generation_prompt=True, tokenize=False
+                )
                 assert ids == tok(rendered, add_special_tokens=False)["input_ids"]
                 answers = [m["content"] for m in history if m["role"] == "assistant"]
                 if all(a == a.strip() for a in answers):
@@ -361,7 +363,7 @@ class TestGRPOTrainer:
             text = tok.decode(ids + completion, skip_special_tokens=False)
             assert tok.apply_chat_template(history, tokenize=False).startswith(text)
             assert [m["role"] for m in history] == ["user", "assistant", "user", "assistant"]
-                checked += 1
+            checked += 1
         assert checked
 
 
