@@ -27,7 +27,7 @@ _EXPORTS: dict[str, str] = {
     # conversations: History <-> TRL messages (pure functions)
     "history_to_messages": "_conversation",
     "messages_to_history": "_conversation",
-    "MessageHistory": "_message_fields",
+    "MessageHistory": "_conversation",
     "split_prompt_completion": "_conversation",
     "is_conversational": "_conversation",
     "is_message_list": "_conversation",

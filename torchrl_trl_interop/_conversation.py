@@ -2,22 +2,35 @@
 
 TRL writes a conversation as a list of ``{"role": ..., "content": ...}`` dicts (a "message list");
 TorchRL holds it as a :class:`~torchrl.data.llm.History` TensorClass whose last batch dimension is
-the turn. This module holds the conversions the dataset, the reward wrapper, the reward bridges
-and the tutorial call. Three speed paths read a History's payloads without them and give the
-same messages (each tested against these functions): ``_history_fields`` (roles and contents in
-one walk), ``rollouts/_render`` (the online loop's chat-template renders) and
-``rollouts/_policy_output`` (a History extended by the policy's answer).
+the turn. This module holds the conversions the dataset, the reward wrapper, the reward bridges,
+the online loop and the tutorial call. Two speed paths read a History's payloads without them
+and give the same messages (each tested against these functions): ``_history_fields`` (roles and
+contents in one walk) and ``rollouts/_policy_output`` (a History extended by the policy's
+answer). How a conversation becomes tokens is ``_chat_format``'s.
 
 Every field of a message crosses the boundary, kept exactly (no stripping, no template):
-``role`` and ``content`` as History's fields, tool calls and the other fields through
-``_tool_calls`` (the fields History has no slot for ride in a
-:class:`~torchrl_trl_interop.MessageHistory`).
+
+* ``role`` and ``content`` as History's fields;
+* a tool-calling turn as TRL (and the OpenAI chat format that Hugging Face chat templates read)
+  writes it, ``{"role": "assistant", "content": "", "tool_calls": [{"type": "function",
+  "function": {"name": ..., "arguments": {...}}}]}``, and the tool's answer, ``{"role": "tool",
+  "name": ..., "content": ...}``: TorchRL's History keeps a turn's calls in its ``tool_calls``
+  field (torchrl's own parser writes them bare, ``{"name", "arguments"}``) and has no field for a
+  tool turn's ``name``, which in a plain History is the name of the call the turn answers,
+  derived from the calls on the way out and checked against them on the way in;
+* any other field (``reasoning_content``, ``tool_call_id``, a user's ``name``, a tool turn
+  without the name of its call, ``tool_calls: None``...) would be lost by a plain History: the
+  conversation is then held by a :class:`MessageHistory`, whose ``extra_fields`` keep those
+  fields exactly, and whose tool turns get no derived name.
+
+torchrl's placeholder turns (``"<none>"``, which fill a ``ChatEnv`` batch's shorter
+conversations) are no one's message: every conversion to messages leaves them out.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from tensordict import (
@@ -29,29 +42,278 @@ from tensordict import (
     set_list_to_stack,
 )
 from tensordict.utils import NestedKey
+from torchrl.data.llm import History
 
 from ._checks import as_names, boundary, check_bool, check_dicts, signed
 from ._deprecation import warn_deprecated
 from ._keys import PLACEHOLDER_ROLE, as_nested_key, flatten_nested, get_entry, key_parts
-from ._message_fields import MessageHistory
-from ._tool_calls import has_turn_fields, message_turns, messages_of_turns
 from ._upstream._history_fields import history_fields
-from ._upstream._lazy_rows import tensorclass_over, text_stack
-
-if TYPE_CHECKING:  # pragma: no cover
-    from torchrl.data.llm import History
+from ._upstream._lazy_rows import holds_field, tensorclass_over, text_stack
 
 __all__ = [
+    "MessageHistory",
     "conversations_to_histories",
+    "has_tool_calls",
+    "has_turn_fields",
     "history_to_messages",
     "is_conversational",
     "is_message_list",
+    "merge_extra_fields",
+    "message_turns",
+    "messages_of_turns",
     "messages_to_history",
     "real_turns",
     "row_values",
     "split_completion",
     "split_prompt_completion",
+    "trl_tool_calls",
 ]
+
+
+# -- MessageHistory: a History that keeps every field of a message ------------------------------
+
+
+def merge_extra_fields(turns: Any) -> Any:
+    """``History.tolist()`` turns (nested lists of dicts) with each turn's ``extra_fields``
+    merged into it, as the message it came from held them. New dicts; the input is unchanged.
+
+    Examples:
+        >>> merge_extra_fields([{"role": "user", "content": "Hi", "extra_fields": {"name": "Ann"}}])
+        [{'role': 'user', 'content': 'Hi', 'name': 'Ann'}]
+    """
+    if isinstance(turns, dict):
+        turn = dict(turns)
+        turn.update(turn.pop("extra_fields", None) or {})
+        return turn
+    return [merge_extra_fields(sub) for sub in turns]
+
+
+class MessageHistory(History):
+    """A :class:`~torchrl.data.llm.History` whose turns keep the other fields of their messages.
+
+    ``extra_fields`` holds, per turn, a dict of the message's fields that History has no slot
+    for (``None`` for a turn without any). :func:`~torchrl_trl_interop.messages_to_history`
+    builds one when a message holds such a field (``reasoning_content``, ``tool_call_id``,
+    ``name``, ...), and :func:`~torchrl_trl_interop.history_to_messages` gives the messages
+    back exactly. It is a History for TorchRL: :meth:`tolist` gives each turn with its fields
+    merged in, so :meth:`~torchrl.data.llm.History.apply_chat_template` renders them (a
+    template that reads ``message.reasoning_content`` sees it).
+
+    A column of a replay buffer holds one class: stacking a plain History with a MessageHistory
+    gives a plain ``LazyStackedTensorDict``.
+
+    Examples:
+        >>> from torchrl_trl_interop import history_to_messages, messages_to_history
+        >>> chat = [{"role": "user", "content": "2+2?"},
+        ...         {"role": "assistant", "content": "4", "reasoning_content": "2 and 2 make 4."}]
+        >>> history = messages_to_history(chat)
+        >>> type(history).__name__, history[1].extra_fields
+        ('MessageHistory', {'reasoning_content': '2 and 2 make 4.'})
+        >>> history.tolist()[1]["reasoning_content"]
+        '2 and 2 make 4.'
+        >>> from tensordict import set_list_to_stack
+        >>> with set_list_to_stack(True):
+        ...     again = MessageHistory.from_chats(history.tolist())
+        >>> history_to_messages(again) == chat
+        True
+        >>> history_to_messages(history) == chat
+        True
+    """
+
+    extra_fields: dict | None = None
+
+    def tolist(self, *args: Any, **kwargs: Any) -> Any:
+        """The turns as dicts (see :meth:`~tensordict.TensorDictBase.tolist`), each with its
+        ``extra_fields`` merged in."""
+        return merge_extra_fields(super().tolist(*args, **kwargs))
+
+    @classmethod
+    def from_chats(cls, chats: list) -> MessageHistory:
+        """:meth:`History.from_chats <torchrl.data.llm.History.from_chats>`, taking messages with
+        any fields: those History has no slot for go to ``extra_fields``; the inverse of
+        :meth:`tolist`. Like History's, it needs tensordict's list-to-stack mode."""
+        if isinstance(chats[0], dict):
+            return lazy_stack([cls(**_turn_of(message)) for message in chats])
+        return lazy_stack([cls.from_chats(chat) for chat in chats])
+
+
+def _turn_of(message: dict) -> dict:
+    """A message's fields as a :class:`MessageHistory` turn's."""
+    turn = {k: v for k, v in message.items() if k in MessageHistory.__dataclass_fields__}
+    extra = {k: v for k, v in message.items() if k not in turn}
+    if extra:
+        turn["extra_fields"] = {**(turn.get("extra_fields") or {}), **extra}
+    return turn
+
+
+# Pickles (saved buffers, spawn workers) name the class by its public path, which stays put
+# when the private module moves.
+MessageHistory.__module__ = "torchrl_trl_interop"
+
+
+# -- turns with more than a role and a content: tool calls, extra fields -----------------------
+
+#: The message fields every History holds; the others are tool calls or extra fields.
+_HISTORY_FIELDS = ("role", "content")
+_ABSENT = object()  # a field a message does not have
+
+
+def has_tool_calls(history: Any) -> bool:
+    """Whether any turn of ``history`` (a :class:`~torchrl.data.llm.History`) holds tool calls.
+
+    Examples:
+        >>> from torchrl_trl_interop import messages_to_history
+        >>> has_tool_calls(messages_to_history([{"role": "user", "content": "Hi"}]))
+        False
+    """
+    return holds_field(history, "tool_calls")
+
+
+def has_turn_fields(history: Any) -> bool:
+    """Whether a turn of ``history`` holds more than a role and a content (tool calls, or the
+    other fields of a :class:`~torchrl_trl_interop.MessageHistory`): such a History is read as
+    message lists (:func:`messages_of_turns`), not as roles and contents.
+
+    Examples:
+        >>> from torchrl_trl_interop import messages_to_history
+        >>> has_turn_fields(messages_to_history([{"role": "user", "content": "Hi"}]))
+        False
+        >>> has_turn_fields(messages_to_history([{"role": "user", "content": "Hi", "name": "Ann"}]))
+        True
+    """
+    return isinstance(history, MessageHistory) or has_tool_calls(history)
+
+
+def trl_tool_calls(calls: Any) -> list[dict[str, Any]]:
+    """A turn's tool calls in TRL's format; torchrl's bare ``{"name", "arguments"}`` are wrapped.
+
+    Examples:
+        >>> trl_tool_calls([{"name": "add", "arguments": {"a": 1}}])
+        [{'type': 'function', 'function': {'name': 'add', 'arguments': {'a': 1}}}]
+    """
+    return [
+        dict(c) if "function" in c else {"type": "function", "function": dict(c)} for c in calls
+    ]
+
+
+def _call_names(calls: Sequence[dict[str, Any]]) -> list[Any]:
+    return [c.get("function", c).get("name") for c in calls]
+
+
+def _turns_to_messages(
+    turns: list[dict[str, Any]], keep_system: bool, derive_names: bool
+) -> list[dict[str, Any]]:
+    """One conversation of ``History.tolist()`` turns as TRL messages: tool calls in TRL's
+    format, the extra fields merged in, and (``derive_names``) a tool turn named after its call."""
+    messages = []
+    names: list[Any] = []  # names of the calls not answered yet
+    for turn in turns:
+        if turn["role"] == PLACEHOLDER_ROLE:  # torchrl's filling of a shorter conversation
+            continue
+        message = {"role": turn["role"], "content": turn["content"]}
+        calls = turn.get("tool_calls")
+        if isinstance(calls, (list, tuple)) and calls:  # an empty list is stored as a tensor
+            message["tool_calls"] = trl_tool_calls(calls)
+            names = _call_names(message["tool_calls"])
+        elif turn["role"] == "tool" and names:
+            name = names.pop(0)
+            if name is not None and derive_names:
+                message["name"] = name
+        message.update(turn.get("extra_fields") or {})
+        if keep_system or turn["role"] != "system":
+            messages.append(message)
+    return messages
+
+
+def messages_of_turns(history: Any, keep_system: bool) -> list:
+    """:func:`~torchrl_trl_interop.history_to_messages` for a History whose turns hold more than
+    a role and a content (tool calls, extra fields).
+
+    Examples:
+        >>> from torchrl_trl_interop import messages_to_history
+        >>> call = {"type": "function", "function": {"name": "add", "arguments": {"a": 2}}}
+        >>> chat = [{"role": "assistant", "content": "", "tool_calls": [call]},
+        ...         {"role": "tool", "name": "add", "content": "4"}]
+        >>> messages_of_turns(messages_to_history(chat), keep_system=True) == chat
+        True
+    """
+    derive_names = not isinstance(history, MessageHistory)
+
+    def convert(node: Any, depth: int) -> list:
+        if depth == 0:
+            return _turns_to_messages(node, keep_system, derive_names)
+        return [convert(sub, depth - 1) for sub in node]
+
+    # History's own tolist: a MessageHistory's extra fields apart, as they are stored
+    return convert(History.tolist(history), history.ndim - 1)
+
+
+def message_turns(messages: Sequence[dict[str, Any]], where: str) -> tuple[list[dict], bool]:
+    """The History fields of each turn of one conversation, and whether a plain History holds it.
+
+    Each turn gets ``role``, ``content`` (``None`` next to ``tool_calls`` becomes ``""``),
+    ``tool_calls`` when it calls tools, and ``extra_fields``: every other field of the message,
+    exactly. The flag is ``True`` when a plain History gives the messages back without those
+    extra fields: they hold only tool turns' names, each the name of the call the turn answers
+    (derived on the way out), and a tool turn answering a call has its name; the caller then
+    drops ``extra_fields``. Otherwise the conversation needs a
+    :class:`~torchrl_trl_interop.MessageHistory`.
+
+    Raises:
+        TypeError: if ``tool_calls`` is not a list of dicts.
+        ValueError: if a tool turn's ``name`` is not the name of the call it answers.
+
+    Examples:
+        >>> call = {"type": "function", "function": {"name": "add", "arguments": {}}}
+        >>> turns, plain = message_turns(
+        ...     [{"role": "assistant", "content": None, "tool_calls": [call]},
+        ...      {"role": "tool", "tool_call_id": "7", "content": "2"}], "m")
+        >>> plain, turns[1]
+        (False, {'role': 'tool', 'content': '2', 'extra_fields': {'tool_call_id': '7'}})
+    """
+    turns = []
+    plain = True
+    names: list[Any] = []  # names of the calls not answered yet
+    for i, message in enumerate(messages):
+        turn = {"role": message["role"], "content": message.get("content")}
+        extra = {k: v for k, v in message.items() if k not in _HISTORY_FIELDS}
+        calls = message.get("tool_calls")
+        if calls:
+            if not isinstance(calls, (list, tuple)) or not all(isinstance(c, dict) for c in calls):
+                raise TypeError(
+                    signed(
+                        f"{where}[{i}]['tool_calls'] should be a list of dicts (TRL's {{'type': "
+                        f"'function', 'function': {{...}}}}), got {calls!r:.200}."
+                    )
+                )
+            turn["content"] = message.get("content") or ""
+            turn["tool_calls"] = [dict(c) for c in calls]
+            del extra["tool_calls"]
+            names = _call_names(calls)
+        elif message["role"] == "tool":
+            expected = names.pop(0) if names else None
+            name = message.get("name", _ABSENT)
+            if expected is not None and name not in (expected, None, _ABSENT):
+                raise ValueError(
+                    signed(
+                        f"{where}[{i}] is a tool turn named {name!r}, but the call it answers is "
+                        f"{expected!r}. A tool turn's name is the name of the call it answers: "
+                        "answer the calls in order, or drop 'name'."
+                    )
+                )
+            # what a plain History gives back: the name of the call it answers, if any
+            plain &= name == (_ABSENT if expected is None else expected)
+            extra.pop("name", None)
+        plain &= not extra
+        if message["role"] == "tool" and "name" in message:
+            extra["name"] = message["name"]
+        if extra:
+            turn["extra_fields"] = extra
+        turns.append(turn)
+    return turns, plain
+
+
+# -- History <-> TRL message lists --------------------------------------------------------------
 
 Message = dict[str, str]
 
@@ -147,8 +409,6 @@ def history_to_messages(history: History, *, keep_system: bool = True) -> list:
         >>> history_to_messages(history[0])
         [{'role': 'user', 'content': 'Hi'}, {'role': 'assistant', 'content': 'Hello!'}]
     """
-    from torchrl.data.llm import History
-
     rows = _history_rows(history)
     if rows is not None:  # rows of different History classes (some with extra fields)
         check_bool(keep_system, "keep_system")
@@ -175,8 +435,6 @@ def _history_rows(value: Any) -> list | None:
     """The rows of a lazy stack of Histories of different classes (a
     :class:`~torchrl_trl_interop.MessageHistory` row beside plain ones: tensordict stacks them as
     a ``LazyStackedTensorDict``, not as a History), else ``None``."""
-    from torchrl.data.llm import History
-
     rows = getattr(value, "tensordicts", None)
     if rows is None or getattr(value, "stack_dim", None) != 0 or not rows:
         return None
@@ -319,8 +577,6 @@ def messages_to_history(messages: Sequence) -> History:
         >>> history_to_messages(messages_to_history([named, chat])) == [named, chat]
         True
     """
-    from torchrl.data.llm import History
-
     depth = _depth(messages)
     with set_list_to_stack(True):
         parsed = _parse(messages, depth, "messages")
@@ -341,8 +597,6 @@ def conversations_to_histories(
         >>> [type(h).__name__ for h in histories], fields
         (['MessageHistory', 'MessageHistory'], True)
     """
-    from torchrl.data.llm import History
-
     with set_list_to_stack(True):
         parsed = [_parse(c, 0, "messages") for c in conversations]
         cls = History if not message_history and _all_plain(parsed, 1) else MessageHistory
@@ -437,8 +691,6 @@ def row_values(td: TensorDictBase, key: NestedKey, arg: str) -> list:
         >>> row_values(td, "x", "x_key")
         [0, 1, 2, 3]
     """
-    from torchrl.data.llm import History
-
     try:
         key = as_nested_key(key, arg)
     except TypeError as err:

@@ -119,7 +119,7 @@ def _layout_fields(td: Any, ndim: int) -> tuple[Any, Any] | None:
     stacks of per-turn TensorDicts (what ``History.from_chats`` and TorchRL's wrappers build),
     TensorDicts whose fields stack every turn (:func:`messages_to_history`, a
     ``LazyTensorStorage``), any nesting of the two, stacked along any dimension; ``None`` for
-    any other layout or a turn with tool calls (read through ``_tool_calls`` instead)."""
+    any other layout or a turn with tool calls (read as message lists instead)."""
     return _layout_values(td, ndim, ("role", "content"), exact=False)
 
 

@@ -32,10 +32,9 @@ from tensordict import (
 from tensordict.utils import NestedKey
 
 from .._checks import as_device, as_mapping, boundary, check_tensordict, signed, type_error
-from .._conversation import history_to_messages, messages_of, real_turns
+from .._conversation import has_turn_fields, history_to_messages, messages_of, real_turns
 from .._keys import as_nested_key, key_parts, key_to_str, keys_present
 from .._padding import Spans, mask_spans, trim_row
-from .._tool_calls import has_turn_fields
 from .._upstream._history_fields import (
     history_column,
     history_fields,
