@@ -193,10 +193,7 @@ class ChatFormat:
                         "'chatml_format', 'qwen', 'llama', ...)."
                     )
                 ) from None
-        own = getattr(tokenizer, "chat_template", None)
-        if isinstance(own, dict):  # named variants: the default one, as transformers picks it
-            own = own.get("default")
-        template = chat_template if chat_template is not None else own
+        template = chat_template if chat_template is not None else _current_template(tokenizer)
         if not template:
             raise ValueError(
                 signed(
@@ -613,6 +610,7 @@ def answer_turn(content: str, complete: bool, role: str = "assistant") -> Any:
 
 
 def _current_template(tokenizer: Any) -> Any:
+    """The tokenizer's template (of named variants, the default one, as transformers picks it)."""
     template = getattr(tokenizer, "chat_template", None)
     return template.get("default") if isinstance(template, dict) else template
 
