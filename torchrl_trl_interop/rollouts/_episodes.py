@@ -196,6 +196,8 @@ class _Episodes:
         td.set(self.keys.prompt_tokens, pad_rows(tensors, pad, padding_side="left"))
         if getattr(self.policy, "reads_prompt_mask", False):
             td.set(self.keys.attention_mask, position_mask(lengths, int(lengths.max()), "left"))
+        elif self.keys.attention_mask in td.keys(True):  # the last turn's, over its answer too
+            del td[self.keys.attention_mask]
 
     def policy_step(self, td: Any, rows: list[RolloutRow], turn: int) -> Any:
         rendered = None

@@ -191,7 +191,7 @@ class TorchRLEnvironment:
         messages = shown_prompt(prompt)
         columns = {key: row[key] for key in self._factory._columns(row)}
         own_prompts = has_prompt_source(self._env)
-        if own_prompts and "prompt" in row:
+        if own_prompts and messages != PLACEHOLDER_PROMPT:  # a dataset's prompt, not TRL's own
             raise ValueError(
                 signed(
                     "the environment serves its own prompts (it holds a DataLoadingPrimer), and "

@@ -56,12 +56,13 @@ class TrainerModelPolicy(TransformersWrapper):
       template's markers: its content up to the stop token (:attr:`chat_format`).
 
     The model object is wrapped, not copied: the policy always samples with its current weights.
-    It reads ``("tokens", "prompt")`` when given with a ``("masks", "all_attention_mask")`` of
-    their shape (``prefer_tokens=True``: :func:`~torchrl_trl_interop.as_trl_rollout_func` gives
-    both, to continue a multi-turn rollout from exactly its tokens), each row cut by that mask.
-    Otherwise it renders the History with the chat format (the tokens a torchrl collector
-    carries over from the last step no longer spell the conversation). Its output has torchrl's
-    layout, unpadded (``pad_output=False``).
+    It reads ``("tokens", "prompt")`` when given (``prefer_tokens=True``:
+    :func:`~torchrl_trl_interop.as_trl_rollout_func` gives them, to continue a multi-turn
+    rollout from exactly its tokens), each row cut by the ``("masks", "all_attention_mask")``
+    beside them, or without one stripped of its leading pad ids. Beside a mask of another shape
+    (the last step's, which a torchrl collector carries over) they no longer spell the
+    conversation: it then renders the History with the chat format, as it does without tokens.
+    Its output has torchrl's layout, unpadded (``pad_output=False``).
 
     Args:
         model (PreTrainedModel): the causal LM (for a trainer:
@@ -139,19 +140,24 @@ class TrainerModelPolicy(TransformersWrapper):
         self.generate_kwargs = {"generation_config": generation_config}
 
     def _prompt_rows(self, td: TensorDictBase, history: Any) -> list[torch.Tensor]:
-        """The prompt of every row: the tokens given with their mask (a rollout continuing from
-        its tokens), else its History rendered with the chat format and tokenized.
+        """The prompt of every row: the tokens given (a rollout continuing from its tokens: cut
+        by the mask beside them, or without one stripped of their left padding), else its
+        History rendered with the chat format and tokenized.
 
-        Tokens without a mask of their shape beside them are not read: torchrl's collectors
-        carry the last call's ``("tokens", "prompt")`` into the next step's input, where they
-        no longer spell the conversation."""
+        Tokens beside a mask of another shape are not read: torchrl's collectors carry the last
+        call's ``("tokens", "prompt")`` and its mask over prompt and answer into the next step's
+        input, where they no longer spell the conversation."""
         keys = PolicyKeys.of(self)
         given = td.get(keys.prompt_tokens, None, as_list=True) if self.prefer_tokens else None
         if given is not None:
             rows = [torch.as_tensor(r) for r in _unbind(given)]
             masks = td.get(keys.attention_mask, None, as_list=True)
             masks = None if masks is None else [torch.as_tensor(m) for m in _unbind(masks)]
-            if masks is not None and [m.shape for m in masks] == [r.shape for r in rows]:
+            if (
+                masks is None
+            ):  # left padding: the leading pad ids (a prompt does not start with one)
+                return [r[(r != self.padding_value).int().cummax(0).values.bool()] for r in rows]
+            if [m.shape for m in masks] == [r.shape for r in rows]:
                 return [r[m.bool()] for r, m in zip(rows, masks)]  # cut by the mask beside them
         conversations = [without_placeholders(c) for c in history_to_messages(history)]
         ids = self.chat_format.prompt_ids(conversations)
