@@ -191,9 +191,10 @@ def check_policy_format(policy: Any) -> None:
         return
     chat = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
     with set_list_to_stack(True):
-        history = History.from_chats([chat])
+        probe = History.from_chats([chat])
     own = ChatFormat.of(tokenizer)
-    theirs = history.apply_chat_template(
+    # what the policy renders: torchrl's pick from name_or_path, as its wrapper calls it
+    theirs = probe.apply_chat_template(
         tokenizer=tokenizer,
         add_generation_prompt=True,
         chat_template=getattr(policy, "chat_template", None),
