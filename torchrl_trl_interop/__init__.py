@@ -70,6 +70,9 @@ _EXPORTS: dict[str, str] = {
     "OpenEnvChatEnv": "openenv._from_openenv",
     "openenv_app": "openenv._serve",
     "openenv_server": "openenv._serve",
+    # agents/: agents behind an OpenAI-compatible endpoint (the `agents` extra)
+    "OpenAIServer": "agents._server",
+    "as_trl_agent_rollout_func": "agents._rollout_func",
 }
 
 __all__ = sorted(_EXPORTS)
