@@ -299,6 +299,14 @@ class TestServer:
             read_chat(request, limits)
         read_chat(request, PolicyLimits(model=MODEL, vocab_size=10, temperature=1.0))
 
+    def test_connections_send_without_delay(self, served):
+        """Accepted connections inherit TCP_NODELAY: uvicorn writes a response's head and body
+        apart, and Nagle's algorithm would hold the body for the client's delayed ACK."""
+        import socket
+
+        server, _, _ = served
+        assert server._sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
+
     def test_close_stops_serving(self):
         tok = toy_tokenizer()
         server = OpenAIServer(toy_policy(tok), tokenizer=tok, model_name=MODEL).start()

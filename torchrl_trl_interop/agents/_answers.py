@@ -21,7 +21,7 @@ from typing import Any
 
 from .._chat_format import ChatFormat
 
-__all__ = ["Answer", "read_answer", "tool_parser"]
+__all__ = ["Answer", "openai_tool_calls", "read_answer", "tool_parser"]
 
 
 @dataclass

@@ -24,7 +24,7 @@ from .._keys import POLICY_VERSION_KEY
 from .._padding import pad_rows, position_mask
 from ..rollouts._policy_output import PolicyKeys, read_policy_rows
 
-__all__ = ["PolicyCaller", "PolicySampling", "read_policy_sampling"]
+__all__ = ["PolicyCaller", "PolicyOutput", "PolicySampling", "read_policy_sampling"]
 
 
 @dataclass(frozen=True)

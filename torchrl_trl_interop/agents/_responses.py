@@ -21,7 +21,13 @@ from typing import Any
 from ._answers import Answer, openai_tool_calls
 from ._requests import Sampling
 
-__all__ = ["chat_chunks", "chat_response", "completion_chunks", "completion_response"]
+__all__ = [
+    "chat_chunks",
+    "chat_response",
+    "completion_chunks",
+    "completion_response",
+    "returned_message",
+]
 
 
 def _token_logprobs(tokenizer: Any, answer: Answer) -> list[dict[str, Any]]:

@@ -219,7 +219,9 @@ class _AgentRolloutFunc:
                     )
                 )
             rows.append((trajectory, reward, count, segments))
-        return self._rollout_dict(rows, trainer)
+        out = self._rollout_dict(rows, trainer)
+        out["agent_session"] = sessions
+        return out
 
     def _rollout_dict(self, rows: list[tuple], trainer: Any) -> dict[str, list]:
         tokenizer = self.server.tokenizer
@@ -301,6 +303,7 @@ def as_trl_agent_rollout_func(
     ``agent_calls``      how many calls the episode made; ``agent_segments`` in how many
                          trajectories (a harness that rewrites its history starts a new one;
                          the row trains on the last)
+    ``agent_session``    the episode's session id (its calls' records in ``server.buffer``)
     ``policy_version``   the oldest policy version of the row's calls, when the policy has
                          versions (pushed with :class:`~torchrl_trl_interop.WeightSyncCallback`
                          ``(server)``, or stamped by a :class:`~torchrl_trl_interop.RemotePolicy`)

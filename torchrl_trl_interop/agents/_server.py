@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import socket
 import threading
 import time
 import uuid
@@ -186,7 +187,6 @@ class OpenAIServer:
         buffer (ReplayBuffer): every call, recorded (see ``docs/agents.rst``).
         chat_format (ChatFormat): how prompts are rendered and answers read.
         policy_version (int or None): the version of the last weights pushed through the server.
-        weight_sync_scheme (WeightSyncScheme): what ``WeightSyncCallback(server)`` pushes through.
 
     Raises:
         TypeError: if ``policy`` is not a TensorDict module or ``tokenizer`` not a tokenizer.
@@ -624,6 +624,9 @@ class OpenAIServer:
             raise RuntimeError(signed("the server is already serving."))
         self._batcher.start()
         self._sock = _bound_socket(self.host, self.port)
+        # accepted connections inherit it: uvicorn's h11 writes a response's head and body
+        # apart, and Nagle's algorithm would hold the body for the client's delayed ACK (~40 ms)
+        self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self._bound_port = self._sock.getsockname()[1]
         self._http = _uvicorn_server(self._app(), self.log_level)
         self._thread = threading.Thread(
