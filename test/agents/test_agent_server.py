@@ -5,7 +5,6 @@ clients are batched, weights pushed with ``WeightSyncCallback(server)`` reach th
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 
@@ -13,7 +12,7 @@ import httpx
 import openai
 import pytest
 import torch
-from _agents_helpers import MODEL, client_of, own_logprobs, smolagents_requests, toy_policy
+from _agents_helpers import MODEL, client_of, own_logprobs, serve_toy, toy_policy
 
 from torchrl_trl_interop import OpenAIServer, WeightSyncCallback, weights_checksum
 from torchrl_trl_interop.testing import toy_causal_lm, toy_tokenizer
@@ -40,6 +39,11 @@ def check_choice(choice, prompt_ids, model, tok):
     ended = ids[-1] == tok.eos_token_id
     assert choice["finish_reason"] == ("stop" if ended else "length")
     assert choice["message"]["content"] == tok.decode(ids[:-1] if ended else ids)
+
+
+@pytest.fixture(scope="module")
+def served():
+    yield from serve_toy()
 
 
 class TestChatCompletions:
@@ -318,51 +322,3 @@ class TestServer:
             client_of(url).models.list()
         with pytest.raises(RuntimeError, match="not serving"):
             server.base_url  # noqa: B018
-
-
-class TestTools:
-    def test_tool_calls_parsed_and_the_tool_reply_masked(self, smol_caller):
-        """TRL's Qwen2.5 template: the answer's ``<tool_call>`` comes back as ``tool_calls``;
-        the harness's tool reply continues the session's trajectory, its tokens masked."""
-        tok, model = smol_caller
-        [(messages, tools), _], _ = smolagents_requests(2, 3, "call_x")
-        messages = [
-            {"role": getattr(m["role"], "value", m["role"]), "content": m["content"][0]["text"]}
-            for m in messages
-        ]
-        policy = toy_policy(tok, model, max_new_tokens=40)
-        with OpenAIServer(policy, tokenizer=tok, model_name=MODEL) as server:
-            client = client_of(server.session_url("tools"))
-            first = client.chat.completions.create(
-                model=MODEL,
-                messages=messages,
-                tools=tools,
-                seed=0,
-                extra_body={"return_token_ids": True},
-            )
-            call = first.choices[0].message.tool_calls[0]
-            assert first.choices[0].finish_reason == "tool_calls"
-            assert call.function.name == "add"
-            assert set(json.loads(call.function.arguments)) == {"a", "b"}
-            assert first.model_dump()["prompt_token_ids"] == rendered_ids(tok, messages, tools)
-            echoed = first.choices[0].message.model_dump(exclude_none=True)
-            reply = {"role": "tool", "tool_call_id": call.id, "content": "5"}
-            second = client.chat.completions.create(
-                model=MODEL,
-                messages=[*messages, echoed, reply],
-                tools=tools,
-                extra_body={"return_token_ids": True},
-            ).model_dump()
-            trajectory = server.trajectory("tools")
-        assert trajectory.calls == 2 and trajectory.segment == 0
-        first_ids = first.model_dump()["choices"][0]["token_ids"]
-        n = len(first_ids)
-        assert list(trajectory.completion_ids[:n]) == first_ids
-        masked = [i for i, m in zip(trajectory.completion_ids, trajectory.env_mask) if m == 0]
-        assert tok.decode(masked) == (
-            "\n<|im_start|>user\n<tool_response>\n5\n</tool_response><|im_end|>\n"
-            "<|im_start|>assistant\n"
-        )
-        assert second["prompt_token_ids"] == list(trajectory.prompt_ids) + list(
-            trajectory.completion_ids[: n + len(masked)]
-        )

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from _agents_helpers import MODEL, client_of
+from _agents_helpers import MODEL, client_of, serve_toy
 
 from torchrl_trl_interop import OpenAIServer, history_to_messages
 
@@ -23,6 +23,11 @@ def ask(client, messages, **kwargs):
 def session_records(server, session):
     rows = [server.buffer[i] for i in range(len(server.buffer))]
     return [r for r in rows if r["session"] == session]
+
+
+@pytest.fixture(scope="module")
+def served():
+    yield from serve_toy()
 
 
 class TestRecordingRule:

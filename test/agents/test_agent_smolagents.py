@@ -1,14 +1,25 @@
-"""smolagents, an agent framework users run, drives tool-calling episodes through the endpoint,
-offline, on the toy tokenizer with TRL's Qwen2.5 template: a ``ToolCallingAgent`` whose
-``OpenAIModel`` points at the server calls ``add`` and answers with ``final_answer``, and a real
-``GRPOTrainer`` trains on such episodes."""
+"""Tool calls through the endpoint, offline, on the toy tokenizer with TRL's Qwen2.5 template and
+a toy model fitted on smolagents' own prompts: the ``openai`` client gets the answer's
+``<tool_call>`` as ``tool_calls`` and its tool reply continues the trajectory, masked;
+smolagents, an agent framework users run, drives tool-calling episodes (a ``ToolCallingAgent``
+whose ``OpenAIModel`` points at the server calls ``add`` and answers with ``final_answer``), and
+a real ``GRPOTrainer`` trains on such episodes."""
 
 from __future__ import annotations
 
 import json
 
 import pytest
-from _agents_helpers import MODEL, QUESTIONS, question, smol_agent, toy_policy
+from _agents_helpers import (
+    MODEL,
+    QUESTIONS,
+    client_of,
+    fitted_smol_caller,
+    question,
+    smol_agent,
+    smolagents_requests,
+    toy_policy,
+)
 
 from torchrl_trl_interop import (
     OpenAIServer,
@@ -21,6 +32,14 @@ from torchrl_trl_interop import (
 pytestmark = pytest.mark.filterwarnings("ignore:You are using 'rollout_func'")
 
 
+def rendered_ids(tok, messages, tools=None):
+    """The tokenizer's own rendering of a prompt, tokenized as TRL tokenizes it."""
+    text = tok.apply_chat_template(
+        messages, tools=tools, add_generation_prompt=True, tokenize=False
+    )
+    return tok(text, add_special_tokens=False)["input_ids"]
+
+
 def records(server, session):
     rows = [server.buffer[i] for i in range(len(server.buffer))]
     return [r for r in rows if r["session"] == session]
@@ -31,6 +50,11 @@ def tool_calls(record):
         c["function"]
         for c in history_to_messages(record["history", "full"])[-1].get("tool_calls", [])
     ]
+
+
+@pytest.fixture(scope="module")
+def smol_caller():
+    return fitted_smol_caller()  # fitted once per session
 
 
 class TestToolCallingEpisode:
@@ -126,3 +150,51 @@ class TestGRPO:
             if calls:  # the last call answered with a tool call, parsed from its tokens
                 text = tok.decode(out["completion_ids"][i])
                 assert json.dumps(calls[0]["function"]["name"]) in text
+
+
+class TestTools:
+    def test_tool_calls_parsed_and_the_tool_reply_masked(self, smol_caller):
+        """TRL's Qwen2.5 template: the answer's ``<tool_call>`` comes back as ``tool_calls``;
+        the harness's tool reply continues the session's trajectory, its tokens masked."""
+        tok, model = smol_caller
+        [(messages, tools), _], _ = smolagents_requests(2, 3, "call_x")
+        messages = [
+            {"role": getattr(m["role"], "value", m["role"]), "content": m["content"][0]["text"]}
+            for m in messages
+        ]
+        policy = toy_policy(tok, model, max_new_tokens=40)
+        with OpenAIServer(policy, tokenizer=tok, model_name=MODEL) as server:
+            client = client_of(server.session_url("tools"))
+            first = client.chat.completions.create(
+                model=MODEL,
+                messages=messages,
+                tools=tools,
+                seed=0,
+                extra_body={"return_token_ids": True},
+            )
+            call = first.choices[0].message.tool_calls[0]
+            assert first.choices[0].finish_reason == "tool_calls"
+            assert call.function.name == "add"
+            assert set(json.loads(call.function.arguments)) == {"a", "b"}
+            assert first.model_dump()["prompt_token_ids"] == rendered_ids(tok, messages, tools)
+            echoed = first.choices[0].message.model_dump(exclude_none=True)
+            reply = {"role": "tool", "tool_call_id": call.id, "content": "5"}
+            second = client.chat.completions.create(
+                model=MODEL,
+                messages=[*messages, echoed, reply],
+                tools=tools,
+                extra_body={"return_token_ids": True},
+            ).model_dump()
+            trajectory = server.trajectory("tools")
+        assert trajectory.calls == 2 and trajectory.segment == 0
+        first_ids = first.model_dump()["choices"][0]["token_ids"]
+        n = len(first_ids)
+        assert list(trajectory.completion_ids[:n]) == first_ids
+        masked = [i for i, m in zip(trajectory.completion_ids, trajectory.env_mask) if m == 0]
+        assert tok.decode(masked) == (
+            "\n<|im_start|>user\n<tool_response>\n5\n</tool_response><|im_end|>\n"
+            "<|im_start|>assistant\n"
+        )
+        assert second["prompt_token_ids"] == list(trajectory.prompt_ids) + list(
+            trajectory.completion_ids[: n + len(masked)]
+        )
