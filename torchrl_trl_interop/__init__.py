@@ -8,6 +8,8 @@
   tool loop; :class:`RewardTransform` puts TRL rewards inside TorchRL environments.
 * OpenEnv both ways: :func:`as_openenv_environment` serves a TorchRL environment to any OpenEnv
   trainer; :class:`OpenEnvChatEnv` drives an OpenEnv environment with TorchRL.
+* Agents behind an OpenAI-compatible endpoint: :class:`OpenAIServer` serves a TorchRL policy to
+  any agent, token for token; :func:`as_trl_agent_rollout_func` trains such an agent with GRPO.
 
 Every public name is imported lazily, so ``import torchrl_trl_interop`` never imports
 ``transformers``, ``trl`` or ``datasets``; a feature that needs one imports it when used.

@@ -322,3 +322,41 @@ class TestServer:
             client_of(url).models.list()
         with pytest.raises(RuntimeError, match="not serving"):
             server.base_url  # noqa: B018
+
+
+class TestRemotePolicy:
+    def test_a_policy_in_another_process_with_its_versions(self):
+        """A ``RemotePolicy``: weights pushed through the server are committed between two of
+        its calls, and its answers carry the version it stamps; a seed is refused (its random
+        generator is in the other process), a temperature only once the server is told it."""
+        from functools import partial
+
+        from transformers import TrainerControl, TrainerState
+
+        from torchrl_trl_interop import RemotePolicy
+        from torchrl_trl_interop.testing import toy_generator_policy
+
+        tok = toy_tokenizer()
+        remote = RemotePolicy(partial(toy_generator_policy), num_threads=1, timeout=120)
+        trained = toy_causal_lm(tokenizer=tok, seed=5)
+        try:
+            with OpenAIServer(remote, tokenizer=tok, model_name=MODEL, temperature=1.0) as server:
+                state = TrainerState(global_step=4)
+                WeightSyncCallback(server).on_train_begin(
+                    None, state, TrainerControl(), model=trained
+                )
+                client = client_of(server.base_url)
+                fields = client.chat.completions.create(
+                    model=MODEL,
+                    messages=QUESTION,
+                    temperature=1.0,
+                    extra_body={"return_token_ids": True},
+                ).model_dump()
+                code, body = _status(
+                    lambda: client.chat.completions.create(model=MODEL, messages=QUESTION, seed=1)
+                )
+        finally:
+            remote.close()
+        assert fields["policy_version"] == 4 and server.policy_version == 4
+        check_choice(fields["choices"][0], fields["prompt_token_ids"], trained, tok)
+        assert (code, body["param"]) == (400, "seed")
