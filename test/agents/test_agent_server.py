@@ -303,6 +303,15 @@ class TestServer:
             read_chat(request, limits)
         read_chat(request, PolicyLimits(model=MODEL, vocab_size=10, temperature=1.0))
 
+    def test_a_busy_port_is_refused_before_anything_starts(self, served):
+        server, _, _ = served
+        tok = server.tokenizer
+        port = int(server.base_url.rsplit(":", 1)[1].split("/")[0])
+        other = OpenAIServer(toy_policy(tok), tokenizer=tok, port=port)
+        with pytest.raises(OSError, match=f"OpenAIServer: cannot serve on 127.0.0.1:{port}"):
+            other.start()
+        assert not other.started and not other._batcher.alive
+
     def test_connections_send_without_delay(self, served):
         """Accepted connections inherit TCP_NODELAY: uvicorn writes a response's head and body
         apart, and Nagle's algorithm would hold the body for the client's delayed ACK."""

@@ -1,7 +1,6 @@
 """A TorchRL LLM policy served as an OpenAI-compatible endpoint: :class:`OpenAIServer`.
 
-The HTTP side is Starlette's app run by uvicorn in a background thread (the stack OpenEnv's
-server uses; the ``agents`` extra); the sampling side is one worker thread
+The HTTP side is Starlette's app run by uvicorn in a background thread (the ``agents`` extra); the sampling side is one worker thread
 (:class:`~torchrl_trl_interop.agents._batching.Batcher`) that batches the waiting requests into
 the policy's calls, renders prompts with the tokenizer's own chat template
 (:class:`~torchrl_trl_interop._chat_format.ChatFormat`), reads the answers back
@@ -35,7 +34,6 @@ from .._checks import (
     signed,
     type_error,
 )
-from ..openenv._serve import _bound_socket, _uvicorn_server
 from ..rollouts._policy_checks import check_pad_is_not_eos, is_torchrl_transformers_wrapper
 from ..weights._adapters import TargetScheme
 from ..weights._push import push
@@ -65,6 +63,28 @@ __all__ = ["OpenAIServer"]
 #: a session id as it appears in a session URL
 _SESSION_ID = re.compile(r"^[A-Za-z0-9._~-]{1,128}$")
 _STOP_TIMEOUT_S = 10.0
+
+
+def _listening_socket(host: str, port: int) -> socket.socket:
+    """A socket bound to ``(host, port)`` (``port=0``: a free one) for uvicorn to listen on.
+
+    Its connections send at once (``TCP_NODELAY``, which accepted sockets inherit): uvicorn's
+    h11 writes a response's head and body apart, and Nagle's algorithm would hold the body until
+    the client's delayed ACK, about 40 ms a request on Linux."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as err:
+        sock.close()
+        raise OSError(
+            signed(
+                f"cannot serve on {host}:{port} ({err}); pick another port (or 0 for a free one)."
+            )
+        ) from err
+    return sock
 
 
 def _push_between_calls(server: OpenAIServer, weights: Any, version: int, *, partial: bool):
@@ -622,13 +642,15 @@ class OpenAIServer:
         """
         if self.started:
             raise RuntimeError(signed("the server is already serving."))
-        self._batcher.start()
-        self._sock = _bound_socket(self.host, self.port)
-        # accepted connections inherit it: uvicorn's h11 writes a response's head and body
-        # apart, and Nagle's algorithm would hold the body for the client's delayed ACK (~40 ms)
-        self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        import uvicorn
+
+        self._sock = _listening_socket(self.host, self.port)
         self._bound_port = self._sock.getsockname()[1]
-        self._http = _uvicorn_server(self._app(), self.log_level)
+        self._batcher.start()
+        config = uvicorn.Config(
+            self._app(), log_level=self.log_level, timeout_graceful_shutdown=_STOP_TIMEOUT_S
+        )
+        self._http = uvicorn.Server(config)  # in a thread: it leaves the signals to the main one
         self._thread = threading.Thread(
             target=self._http.run,
             kwargs={"sockets": [self._sock]},
