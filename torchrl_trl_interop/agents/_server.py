@@ -87,9 +87,13 @@ def _listening_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
-def _push_between_calls(server: OpenAIServer, weights: Any, version: int, *, partial: bool):
-    """The server's weight route: into its policy, between two of its calls."""
-    server.update_policy_weights_(weights, policy_version=version, partial=partial)
+def _push_between_calls(
+    server: OpenAIServer, weights: Any, version: int, *, partial: bool, timeout: Any = None
+) -> Any:
+    """The server's weight route: into its policy, between two of its calls; what it sent."""
+    return server.update_policy_weights_(
+        weights, policy_version=version, partial=partial, timeout=timeout
+    )
 
 
 def _check_policy(policy: Any) -> None:
@@ -422,17 +426,22 @@ class OpenAIServer:
         *,
         policy_version: int,
         partial: bool = False,
-    ) -> None:
+        timeout: float | None = None,
+    ) -> Any:
         """Pushes ``weights`` into the policy as ``policy_version``, between two of its calls
         (the package's one weight push: a module copied in place, a
-        :class:`~torchrl_trl_interop.RemotePolicy` through its scheme).
+        :class:`~torchrl_trl_interop.RemotePolicy` through its scheme), waiting at most
+        ``timeout`` seconds on another process (``None``: the push's default); returns the
+        bytes sent when the push says.
 
         Raises:
             KeyError, ValueError: if the weights do not fit the policy's model.
         """
+        bounded = {} if timeout is None else {"timeout": timeout}
         with self._lock:
-            push(self.policy, weights, policy_version, partial=partial)
+            pushed = push(self.policy, weights, policy_version, partial=partial, **bounded)
             self.policy_version = int(policy_version)
+        return getattr(pushed, "bytes", None)
 
     # -- serving ---------------------------------------------------------------------------------
 
