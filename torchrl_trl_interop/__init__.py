@@ -8,6 +8,8 @@
   tool loop; :class:`RewardTransform` puts TRL rewards inside TorchRL environments.
 * OpenEnv both ways: :func:`as_openenv_environment` serves a TorchRL environment to any OpenEnv
   trainer; :class:`OpenEnvChatEnv` drives an OpenEnv environment with TorchRL.
+* Agents behind an OpenAI-compatible endpoint: :class:`OpenAIServer` serves a TorchRL policy to
+  any agent, token for token; :func:`as_trl_agent_rollout_func` trains such an agent with GRPO.
 
 Every public name is imported lazily, so ``import torchrl_trl_interop`` never imports
 ``transformers``, ``trl`` or ``datasets``; a feature that needs one imports it when used.
@@ -70,6 +72,9 @@ _EXPORTS: dict[str, str] = {
     "OpenEnvChatEnv": "openenv._from_openenv",
     "openenv_app": "openenv._serve",
     "openenv_server": "openenv._serve",
+    # agents/: agents behind an OpenAI-compatible endpoint (the `agents` extra)
+    "OpenAIServer": "agents._server",
+    "as_trl_agent_rollout_func": "agents._rollout_func",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -402,11 +402,14 @@ class ChatFormat:
         answered: Sequence[int],
         sampled: Sequence[Sequence[int]],
         extra_stop_ids: Iterable[int] | None = None,
+        *,
+        tools: list | None = None,
     ) -> list[str]:
         """Per conversation, the text the template writes after the answer at index
         ``answered[i]`` and before the next generation: the answer's closing, less the stop token
         the model sampled (``sampled[i]``, the answer's ids), then every later message and the
-        generation prompt, each as the template renders them.
+        generation prompt, each as the template renders them (with ``tools``, as the prompt was
+        rendered with them).
 
         A stop token other than the template's (Llama 3's ``<|end_of_text|>`` for its
         ``<|eot_id|>``) stands for the template's, as TRL aligns its tool suffix on eos; an
@@ -425,7 +428,7 @@ class ChatFormat:
             chat = list(_without_placeholders(chat))
             chat[at] = {**chat[at], "content": _PROBE}
             probes.append(chat)
-        texts = self.render(probes, add_generation_prompt=True)
+        texts = self.render(probes, add_generation_prompt=True, tools=tools)
         stops = set(self.stop_ids(extra_stop_ids))
         end_of_turn = self.end_of_turn_id
         marker = (

@@ -25,6 +25,10 @@ _EXTRA_OF = {
     "accelerate": "hf",
     "ray": "ray",
     "openenv": "openenv",
+    "uvicorn": "agents",
+    "starlette": "agents",
+    "openai": "agents",
+    "smolagents": "smolagents",
 }
 
 
