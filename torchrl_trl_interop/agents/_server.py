@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import re
-import socket
 import threading
 import time
 import uuid
@@ -34,6 +33,7 @@ from .._checks import (
     signed,
     type_error,
 )
+from .._sockets import bound_socket
 from ..rollouts._policy_checks import check_pad_is_not_eos, is_torchrl_transformers_wrapper
 from ..weights._adapters import TargetScheme
 from ..weights._push import push
@@ -63,28 +63,6 @@ __all__ = ["OpenAIServer"]
 #: a session id as it appears in a session URL
 _SESSION_ID = re.compile(r"^[A-Za-z0-9._~-]{1,128}$")
 _STOP_TIMEOUT_S = 10.0
-
-
-def _listening_socket(host: str, port: int) -> socket.socket:
-    """A socket bound to ``(host, port)`` (``port=0``: a free one) for uvicorn to listen on.
-
-    Its connections send at once (``TCP_NODELAY``, which accepted sockets inherit): uvicorn's
-    h11 writes a response's head and body apart, and Nagle's algorithm would hold the body until
-    the client's delayed ACK, about 40 ms a request on Linux."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    try:
-        sock.bind((host, port))
-    except OSError as err:
-        sock.close()
-        raise OSError(
-            signed(
-                f"cannot serve on {host}:{port} ({err}); pick another port (or 0 for a free one)."
-            )
-        ) from err
-    return sock
 
 
 def _push_between_calls(
@@ -653,7 +631,7 @@ class OpenAIServer:
             raise RuntimeError(signed("the server is already serving."))
         import uvicorn
 
-        self._sock = _listening_socket(self.host, self.port)
+        self._sock = bound_socket(self.host, self.port)
         self._bound_port = self._sock.getsockname()[1]
         self._batcher.start()
         config = uvicorn.Config(

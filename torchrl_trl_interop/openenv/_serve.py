@@ -11,7 +11,6 @@ process or several (:mod:`._workers`).
 from __future__ import annotations
 
 import signal
-import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -19,6 +18,7 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from .._checks import boundary, check_positive_int, check_real, require, signed
+from .._sockets import bound_socket
 from ._capacity import SessionSlots, admit_sessions
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -26,7 +26,6 @@ if TYPE_CHECKING:  # pragma: no cover
     from torchrl.envs import EnvBase
 
 __all__ = [
-    "bound_socket",
     "environment_class",
     "openenv_app",
     "openenv_server",
@@ -122,25 +121,6 @@ def served_app(cls: type, slots: SessionSlots, session_timeout_s: float | None) 
     )
     answer_mistakes_clearly(app, factory_failures=getattr(cls, "factory_failures", None))
     return admit_sessions(app, slots, session_timeout_s)
-
-
-def bound_socket(host: str, port: int, *, reuse_port: bool = False) -> socket.socket:
-    """A socket bound to ``(host, port)`` (``port=0``: a free one), for uvicorn to listen on;
-    with ``reuse_port``, several processes bind the same address and the kernel spreads the
-    connections over those listening (``SO_REUSEPORT``)."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    if reuse_port:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-    try:
-        sock.bind((host, port))
-    except OSError as err:
-        sock.close()
-        raise OSError(
-            f"cannot serve on {host}:{port} ({err}); pick another port (or 0 for a free one)."
-        ) from err
-    return sock
 
 
 def uvicorn_server(app: Any, log_level: str, on_listening: Callable[[], None] | None = None) -> Any:

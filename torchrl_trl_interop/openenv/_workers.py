@@ -38,8 +38,9 @@ import time
 from typing import Any
 
 from .._checks import boundary
+from .._sockets import bound_socket
 from ._capacity import SessionSlots
-from ._serve import bound_socket, environment_class, served_app, uvicorn_server
+from ._serve import environment_class, served_app, uvicorn_server
 
 __all__ = ["load_env_factory", "serve"]
 
