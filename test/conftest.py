@@ -22,6 +22,34 @@ def doc_pages(tmp_path_factory):
     return PageRuns(tmp_path_factory.mktemp("doc-pages"))
 
 
+_TUTORIAL_RUN = pytest.StashKey()
+
+
+def pytest_collection_finish(session):
+    """Starts the tutorial's end-to-end run in the background if its test is selected
+    (``test/_tutorial_run.py``): it trains on one core while the other tests run."""
+    from _tutorial_run import TEST, TutorialRun
+
+    if any(item.nodeid.endswith(TEST) for item in session.items):
+        session.config.stash[_TUTORIAL_RUN] = TutorialRun()
+
+
+def pytest_sessionfinish(session):
+    run = session.config.stash.get(_TUTORIAL_RUN, None)
+    if run is not None:
+        run.stop()
+
+
+@pytest.fixture(scope="session")
+def tutorial_run(request):
+    """The tutorial's run started with the session (or now, if collection did not start it)."""
+    from _tutorial_run import TutorialRun
+
+    if _TUTORIAL_RUN not in request.config.stash:
+        request.config.stash[_TUTORIAL_RUN] = TutorialRun()
+    return request.config.stash[_TUTORIAL_RUN]
+
+
 @pytest.fixture
 def tokenizer():
     from torchrl_trl_interop.testing import toy_tokenizer

@@ -4,10 +4,7 @@ from __future__ import annotations
 
 import ast
 import json
-import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -39,30 +36,21 @@ def test_gallery_format():
 
 @pytest.mark.slow
 @pytest.mark.timeout(1800)  # ~4 min of CPU on one thread; a shared machine stretches it
-def test_tutorial_runs_end_to_end(tmp_path):
-    """Runs the tutorial as ``make demo`` does, from another directory: exit code, figure, the
-    summary's claims within bands that hold on any CPU, and every trainer config in fp32."""
-    # no offline switches here: the tutorial's demo_setup() sets them itself
-    env = {**os.environ, "PYTHONHASHSEED": "0"}  # as `make demo` runs it
-    configs = tmp_path / "configs.json"
-    proc = subprocess.run(
-        [sys.executable, str(RECORDER), str(configs), str(TUTORIAL)],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=1700,
-        env=env,
-    )
-    assert proc.returncode == 0, f"stdout:\n{proc.stdout[-3000:]}\nstderr:\n{proc.stderr[-5000:]}"
+def test_tutorial_runs_end_to_end(tutorial_run):
+    """Runs the tutorial as ``make demo`` does, from another directory (in the background from
+    the session's start: ``_tutorial_run.py``): exit code, figure, the summary's claims within
+    bands that hold on any CPU, and every trainer config in fp32."""
+    code, stdout, stderr = tutorial_run.result()
+    assert code == 0, f"stdout:\n{stdout[-3000:]}\nstderr:\n{stderr[-5000:]}"
 
     # every trainer config the tutorial built states fp32: none autocasts, on any CPU
-    built = json.loads(configs.read_text())
+    built = json.loads(tutorial_run.configs.read_text())
     assert {c["config"] for c in built} >= {"SFTConfig", "RewardConfig", "GRPOConfig"}, built
     assert [c for c in built if c["bf16"] or c["fp16"]] == []
 
-    figure = tmp_path / "outputs" / "trl_interop_summary.png"
+    figure = tutorial_run.folder / "outputs" / "trl_interop_summary.png"
     assert figure.is_file() and figure.stat().st_size > 10_000
-    summary = _summary(proc.stdout)
+    summary = _summary(stdout)
     assert list(summary)[-8:] == ["policy answers readable", *SUMMARY_TAIL]
     assert summary["figure"] == str(figure.resolve())
     assert re.fullmatch(r"\d+ s", summary["time"])
@@ -101,7 +89,6 @@ SUMMARY_TAIL = [
     "time",
     "figure",
 ]
-RECORDER = ROOT / "test" / "_precision_recorder.py"
 README = ROOT / "README.md"
 README_SUMMARY = re.search(
     r"```text\n(policy answers readable.*?)```", README.read_text(encoding="utf-8"), re.S

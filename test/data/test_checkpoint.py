@@ -426,13 +426,29 @@ def config(case: str, tmp: Path, run: str, **extra) -> dict:
     }
 
 
-def train(configs, expect: int = 0) -> None:
+def start(configs, log: Path) -> subprocess.Popen:
+    """``_resume_worker.py`` running ``configs`` (one or a list), its output written to ``log``."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), "TRL_EXPERIMENTAL_SILENCE": "1"}
     worker = str(Path(__file__).with_name("_resume_worker.py"))
-    proc = subprocess.run(
-        [sys.executable, worker, json.dumps(configs)], cwd=ROOT, env=env, capture_output=True
-    )
-    assert proc.returncode == expect, proc.stderr.decode()[-4000:]
+    with open(log, "w") as out:  # the child holds its own copy of the file
+        return subprocess.Popen(
+            [sys.executable, worker, json.dumps(configs)],
+            cwd=ROOT,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+
+
+def finish(proc: subprocess.Popen, log: Path, expect: int = 0) -> None:
+    """Waits for ``proc`` (killed past 10 minutes) and checks its exit code."""
+    try:
+        code = proc.wait(timeout=600)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+    assert code == expect, log.read_text()[-4000:]
 
 
 def steps(path: str) -> dict[int, list[int]]:
@@ -441,30 +457,50 @@ def steps(path: str) -> dict[int, list[int]]:
 
 
 @pytest.fixture(scope="module")
-def uninterrupted(tmp_path_factory):
-    """One uninterrupted run of every case, in one process."""
-    tmp = tmp_path_factory.mktemp("uninterrupted")
-    configs = [config(case, tmp, "u") for case in EXACT]
-    for cfg in configs:
-        Path(cfg["out"]).parent.mkdir(parents=True)
-    train(configs)
-    return {case: steps(cfg["rows_file"]) for case, cfg in zip(EXACT, configs)}
+def runs(tmp_path_factory):
+    """Every case killed at a random step in the second epoch or later, each in its own
+    process, beside one process running every case uninterrupted (all at once: they share the
+    cores); then one process resumes every killed case. Per case: the step killed at, and the
+    rows of each step of the killed, resumed and uninterrupted runs."""
+    tmp = tmp_path_factory.mktemp("kill-and-resume")
+    for case in EXACT:
+        (tmp / case).mkdir()
+    kill_at = {case: random.randint(7, MAX_STEPS - 1) for case in EXACT}
+    reference = [config(case, tmp, "u") for case in EXACT]
+    killed = {case: config(case, tmp, "run", kill_at=kill_at[case]) for case in EXACT}
+    resumed = {
+        case: dict(cfg, kill_at=None, resume=True, rows_file=str(tmp / case / "r.txt"))
+        for case, cfg in killed.items()
+    }
+    first = [(reference, tmp / "reference.log", 0)]
+    first += [(cfg, tmp / case / "killed.log", -9) for case, cfg in killed.items()]
+    procs = []
+    try:
+        procs = [start(cfg, log) for cfg, log, _ in first]
+        for proc, (_, log, expect) in zip(procs, first):
+            finish(proc, log, expect)
+        procs = [start(list(resumed.values()), tmp / "resumed.log")]
+        finish(procs[0], tmp / "resumed.log")
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(10)
+    return {
+        case: (
+            kill_at[case],
+            steps(killed[case]["rows_file"]),
+            steps(resumed[case]["rows_file"]),
+            steps(cfg["rows_file"]),
+        )
+        for case, cfg in zip(EXACT, reference)
+    }
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("case", list(EXACT))
-def test_kill_and_resume_is_exact(case, uninterrupted, tmp_path):
-    kill_at = random.randint(7, MAX_STEPS - 1)  # in the second epoch or later
-    (tmp_path / case).mkdir()
-    killed = config(case, tmp_path, "run", kill_at=kill_at)
-    train(killed, expect=-9)
-    resumed = dict(killed, kill_at=None, resume=True, rows_file=str(tmp_path / case / "r.txt"))
-    train(resumed)
-    before, after, reference = (
-        steps(killed["rows_file"]),
-        steps(resumed["rows_file"]),
-        uninterrupted[case],
-    )
+def test_kill_and_resume_is_exact(case, runs):
+    kill_at, before, after, reference = runs[case]
     checkpoint = min(after) - 1
     # killed in on_step_end, before the trainer saves that step: a kill at a save step leaves
     # that checkpoint without its trainer state, and the run resumes from the one before
