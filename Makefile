@@ -58,7 +58,7 @@ bench: setup
 	$(PY) benchmarks/bench_grpo_reward.py
 	$(PY) benchmarks/bench_remote.py
 	$(PY) benchmarks/bench_ray.py
-	$(PY) benchmarks/bench_online.py $(if $(BENCH_BEFORE),--before $(BENCH_BEFORE))
+	$(PY) benchmarks/bench_online.py --all-layouts $(if $(BENCH_BEFORE),--before $(BENCH_BEFORE))
 	$(PY) benchmarks/bench_openenv.py
 
 # `make gpu-check`: the vLLM paths on one CUDA GPU (installs vllm first, which pins its own torch:

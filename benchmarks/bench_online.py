@@ -1,8 +1,10 @@
 """Benchmark: the online loop's cost per turn (``as_trl_rollout_func(ChatEnv)``) vs TRL's generate.
 
-One ``GRPOTrainer`` per variant, same toy Llama (2 layers, hidden 64 unless swept), 8 completions
-(2 prompts x 4) of exactly 16 tokens (``min_new_tokens=16``: both sides generate the same work),
-on CPU with one torch thread. What is timed is one GRPO generation step,
+One ``GRPOTrainer`` per variant, same toy Llama (2 layers), on CPU with one torch thread. The
+benchmark's own layout: hidden 64, 8 completions (2 prompts x 4) of exactly 16 tokens
+(``min_new_tokens``: both sides generate the same work); ``--layout HIDDEN,COMPLETIONS,TOKENS``
+picks others (model size, batch, answer length), ``--all-layouts`` runs the own one and three
+others (``OTHER_LAYOUTS``, what ``make bench`` runs). What is timed is one GRPO generation step,
 ``GRPOTrainer._generate(prompts)``, in process CPU time:
 
 * **trl**: TRL's own generation (no ``rollout_func``), the reference;
@@ -40,6 +42,31 @@ import torch  # noqa: E402
 VARIANTS = ("trl", "env", "env, 2 turns")
 TURNS = {"trl": 1, "env": 1, "env, 2 turns": 2}
 
+#: (hidden size, completions per step, answer tokens)
+Layout = tuple[int, int, int]
+#: the benchmark's own toy configuration, and three others (model size, batch, answer length)
+OWN_LAYOUT: Layout = (64, 8, 16)
+OTHER_LAYOUTS: tuple[Layout, ...] = ((64, 4, 8), (128, 16, 16), (64, 8, 32))
+
+
+def _layout(text: str) -> Layout:
+    """``"64,8,16"`` -> ``(64, 8, 16)`` (the ``--layout`` argument)."""
+    try:
+        hidden, batch, answer = (int(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected HIDDEN,COMPLETIONS,TOKENS (e.g. 64,8,16), got {text!r}"
+        ) from None
+    if min(hidden, batch, answer) <= 0 or batch % 4 or hidden % 4:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: sizes must be positive, COMPLETIONS and HIDDEN multiples of 4"
+        )
+    return hidden, batch, answer
+
+
+def _name(layout: Layout) -> str:
+    return ",".join(map(str, layout))
+
 
 def answer_length(completions, **kwargs):
     return [float(len(c[-1]["content"])) for c in completions]
@@ -49,7 +76,18 @@ def env_reward(completions, env_reward, **kwargs):
     return list(env_reward)
 
 
-def _trainer(variant: str, model, tok, out_dir: str, *, steps: int, beta: float, exact: bool):
+def _trainer(
+    variant: str,
+    model,
+    tok,
+    out_dir: str,
+    *,
+    steps: int,
+    beta: float,
+    exact: bool,
+    batch: int = 8,
+    answer: int = 16,
+):
     from datasets import Dataset
     from trl import GRPOConfig, GRPOTrainer
 
@@ -63,7 +101,7 @@ def _trainer(variant: str, model, tok, out_dir: str, *, steps: int, beta: float,
     if variant != "trl":
         env = toy_chat_env(
             tok,
-            batch_size=8,
+            batch_size=batch,
             reply=TURNS[variant] == 2,
             transforms=[RewardTransform(answer_length)],
         )
@@ -71,7 +109,7 @@ def _trainer(variant: str, model, tok, out_dir: str, *, steps: int, beta: float,
         reward = env_reward
     generation_kwargs = {"suppress_tokens": [tok.convert_tokens_to_ids(IM_START)]}
     if exact:  # every completion exactly max_completion_length tokens, on both sides
-        generation_kwargs["min_new_tokens"] = 16
+        generation_kwargs["min_new_tokens"] = answer
     torch.manual_seed(0)
     return GRPOTrainer(
         model=model,
@@ -81,11 +119,11 @@ def _trainer(variant: str, model, tok, out_dir: str, *, steps: int, beta: float,
                 out_dir,
                 tokenizer=tok,
                 num_generations=4,
-                max_completion_length=16,
+                max_completion_length=answer,
                 beta=beta,
                 generation_kwargs=generation_kwargs,
                 max_steps=steps,
-                per_device_train_batch_size=8,
+                per_device_train_batch_size=batch,
             )
         ),
         train_dataset=data,
@@ -168,7 +206,7 @@ def _timed(parts: dict):
             setattr(owner, name, wrap(getattr(owner, name), label))
 
 
-def measure(hidden: int, repeats: int, breakdown: bool) -> dict:
+def measure(layout: Layout, repeats: int, breakdown: bool) -> dict:
     """Per-turn CPU ms of one generation step for every variant, and per-repeat ratios to trl.
 
     With ``breakdown``, the environment variants run ``repeats`` more times with the functions of
@@ -178,7 +216,8 @@ def measure(hidden: int, repeats: int, breakdown: bool) -> dict:
     from torchrl_trl_interop.testing import toy_causal_lm, toy_prompts, toy_tokenizer
 
     tok = toy_tokenizer()
-    prompts = [[{"role": "user", "content": p}] for p in toy_prompts(2) for _ in range(4)]
+    hidden, batch, answer = layout
+    prompts = [[{"role": "user", "content": p}] for p in toy_prompts(batch // 4) for _ in range(4)]
     parts: dict[str, dict[str, float]] = {variant: {} for variant in VARIANTS[1:]}
     with tempfile.TemporaryDirectory() as tmp:
         trainers = {}
@@ -191,7 +230,9 @@ def measure(hidden: int, repeats: int, breakdown: bool) -> dict:
                 num_attention_heads=4,
                 num_key_value_heads=4,
             )
-            trainers[variant] = _trainer(variant, model, tok, tmp, steps=1, beta=0.0, exact=True)
+            trainers[variant] = _trainer(
+                variant, model, tok, tmp, steps=1, beta=0.0, exact=True, batch=batch, answer=answer
+            )
             trainers[variant].model.train()
             trainers[variant]._generate(prompts)  # warm-up
         times: dict[str, list[float]] = {v: [] for v in VARIANTS}
@@ -217,12 +258,12 @@ def _summary(values: list[float]) -> tuple[float, float, float]:
     return statistics.median(values), min(values), max(values)
 
 
-def _measure_in(checkout: str | None, hidden: int, repeats: int, breakdown: bool) -> dict:
+def _measure_in(checkout: str | None, layout: Layout, repeats: int, breakdown: bool) -> dict:
     """:func:`measure` in a fresh process importing the package from ``checkout`` (or here)."""
     env = dict(os.environ)
     if checkout is not None:  # wins: sys.path[0] is this folder, not the repository root
         env["PYTHONPATH"] = os.pathsep.join([checkout, env.get("PYTHONPATH", "")])
-    args = [sys.executable, __file__, "--_child", str(hidden), str(repeats), str(int(breakdown))]
+    args = [sys.executable, __file__, "--_child", _name(layout), str(repeats), str(int(breakdown))]
     out = subprocess.run(args, env=env, capture_output=True, text=True, timeout=1800, check=False)
     if out.returncode:
         raise RuntimeError(f"measurement in {checkout or 'this checkout'} failed:\n{out.stderr}")
@@ -231,25 +272,26 @@ def _measure_in(checkout: str | None, hidden: int, repeats: int, breakdown: bool
 
 def overhead(args: argparse.Namespace) -> None:
     sides = {"after": None} if args.before is None else {"before": args.before, "after": None}
-    sizes = (64, 128, 256, 512) if args.sweep else (args.hidden,)
+    layouts = [(size, 8, 16) for size in (64, 128, 256, 512)] if args.sweep else args.layout
     print(
-        "GRPO generation step (GRPOTrainer._generate), toy Llama (2 layers), 8 completions x 16 "
-        f"tokens, CPU ms per policy turn, one torch thread; {args.rounds} processes x "
+        "GRPO generation step (GRPOTrainer._generate), toy Llama (2 layers), completions of "
+        f"exactly the answer length, CPU ms per policy turn, one torch thread; {args.rounds} processes x "
         f"{args.repeats} interleaved repeats: median [min-max]; 'min/min' is the ratio of the "
         "fastest repeats (the least disturbed by other load)"
     )
-    for hidden in sizes:
+    for layout in layouts:
         merged: dict[str, dict] = {}
         for _ in range(args.rounds):  # sides alternate: both see the same machine load
             for side, checkout in sides.items():
-                result = _measure_in(checkout, hidden, args.repeats, args.breakdown)
+                result = _measure_in(checkout, layout, args.repeats, args.breakdown)
                 into = merged.setdefault(side, {"ms": {}, "ratio": {}, "parts": []})
                 into["package"] = result["package"]
                 into["parts"].append(result["parts"])
                 for part in ("ms", "ratio"):
                     for variant, values in result[part].items():
                         into[part].setdefault(variant, []).extend(values)
-        print(f"\nhidden {hidden}")
+        hidden, batch, answer = layout
+        print(f"\nhidden {hidden}, {batch} completions ({batch // 4} prompts x 4), {answer} tokens")
         for side, result in merged.items():
             print(f"  {side}: {result['package']}")
             fastest = min(result["ms"]["trl"])
@@ -326,18 +368,33 @@ def train(args: argparse.Namespace) -> None:
 def main() -> None:
     torch.set_num_threads(1)
     if sys.argv[1:2] == ["--_child"]:  # one measurement, as JSON, for _measure_in
-        print(json.dumps(measure(int(sys.argv[2]), int(sys.argv[3]), sys.argv[4] == "1")))
+        print(json.dumps(measure(_layout(sys.argv[2]), int(sys.argv[3]), sys.argv[4] == "1")))
         return
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--repeats", type=int, default=10, help="timed calls per process")
     parser.add_argument("--rounds", type=int, default=3, help="processes per side and size")
     parser.add_argument("--breakdown", action="store_true", help="time torchrl's parts too")
-    parser.add_argument("--hidden", type=int, default=64)
+    parser.add_argument(
+        "--layout",
+        type=_layout,
+        action="append",
+        metavar="HIDDEN,COMPLETIONS,TOKENS",
+        help="model hidden size, completions per step (a multiple of 4: prompts x 4) and answer "
+        f"length; repeat for several (default: {_name(OWN_LAYOUT)})",
+    )
+    parser.add_argument(
+        "--all-layouts",
+        action="store_true",
+        help=f"{_name(OWN_LAYOUT)} and {' '.join(_name(layout) for layout in OTHER_LAYOUTS)}",
+    )
     parser.add_argument("--sweep", action="store_true", help="hidden sizes 64, 128, 256, 512")
     parser.add_argument("--before", metavar="PATH", help="another checkout to measure too")
     parser.add_argument("--train", action="store_true", help="the short GRPO run instead")
     parser.add_argument("--steps", type=int, default=6, help="with --train")
     args = parser.parse_args()
+    args.layout = args.layout or [OWN_LAYOUT]
+    if args.all_layouts:
+        args.layout = [OWN_LAYOUT, *OTHER_LAYOUTS]
     train(args) if args.train else overhead(args)
 
 
