@@ -37,7 +37,6 @@ import weakref
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from ._checks import signed
 from ._keys import PLACEHOLDER_ROLE
 
 __all__ = ["ChatFormat", "answer_turn", "opening_of", "template_name", "torchrl_template"]
@@ -187,21 +186,17 @@ class ChatFormat:
                 chat_template = torchrl_template(chat_template_name)
             except KeyError:
                 raise ValueError(
-                    signed(
-                        f"chat_template_name={chat_template_name!r} is not one of torchrl's chat "
-                        "templates (History.apply_chat_template's chat_template_name: "
-                        "'chatml_format', 'qwen', 'llama', ...)."
-                    )
+                    f"chat_template_name={chat_template_name!r} is not one of torchrl's chat "
+                    "templates (History.apply_chat_template's chat_template_name: "
+                    "'chatml_format', 'qwen', 'llama', ...)."
                 ) from None
         template = chat_template if chat_template is not None else _current_template(tokenizer)
         if not template:
             raise ValueError(
-                signed(
-                    f"the tokenizer {getattr(tokenizer, 'name_or_path', '') or type(tokenizer).__name__!r} "
-                    "has no chat template, and none was given: conversations cannot be rendered. "
-                    "Set tokenizer.chat_template (TRL ships real models' templates: "
-                    "trl/chat_templates/*.jinja) or pass the template."
-                )
+                f"the tokenizer {getattr(tokenizer, 'name_or_path', '') or type(tokenizer).__name__!r} "
+                "has no chat template, and none was given: conversations cannot be rendered. "
+                "Set tokenizer.chat_template (TRL ships real models' templates: "
+                "trl/chat_templates/*.jinja) or pass the template."
             )
         self.tokenizer = tokenizer
         self.template: str = template
@@ -291,12 +286,10 @@ class ChatFormat:
         except _template_error() as err:
             roles = [[m.get("role") for m in c] for c in conversations]
             raise ValueError(
-                signed(
-                    f"{self.name} cannot render the conversation (roles {roles!r:.300}): "
-                    f"{type(err).__name__}: {err}. Use a chat template that renders these roles "
-                    "(TRL ships real models' templates: trl/chat_templates/*.jinja), or an "
-                    "environment whose turns this template accepts."
-                )
+                f"{self.name} cannot render the conversation (roles {roles!r:.300}): "
+                f"{type(err).__name__}: {err}. Use a chat template that renders these roles "
+                "(TRL ships real models' templates: trl/chat_templates/*.jinja), or an "
+                "environment whose turns this template accepts."
             ) from err
 
     def encode(self, texts: Sequence[str]) -> list[list[int]]:
@@ -483,22 +476,18 @@ class ChatFormat:
                 )
             except _template_error() as err:
                 raise ValueError(
-                    signed(
-                        f"{self.name} cannot render a {role!r} turn after an assistant turn, "
-                        f"which the environment writes ({type(err).__name__}: {err}). Use a "
-                        "chat template that renders it (TRL's qwen2_5.jinja, qwen3.jinja, "
-                        "llama3_1.jinja... render 'tool' turns), or an environment that replies "
-                        "with roles this template accepts."
-                    )
+                    f"{self.name} cannot render a {role!r} turn after an assistant turn, "
+                    f"which the environment writes ({type(err).__name__}: {err}). Use a "
+                    "chat template that renders it (TRL's qwen2_5.jinja, qwen3.jinja, "
+                    "llama3_1.jinja... render 'tool' turns), or an environment that replies "
+                    "with roles this template accepts."
                 ) from err
             if _ENV_PROBE not in text:
                 raise ValueError(
-                    signed(
-                        f"{self.name} drops the content of a {role!r} turn, which the "
-                        "environment writes: the model would never see it. Use a chat template "
-                        "that renders it (TRL's qwen2_5.jinja, qwen3.jinja, llama3_1.jinja... "
-                        "render 'tool' turns)."
-                    )
+                    f"{self.name} drops the content of a {role!r} turn, which the "
+                    "environment writes: the model would never see it. Use a chat template "
+                    "that renders it (TRL's qwen2_5.jinja, qwen3.jinja, llama3_1.jinja... "
+                    "render 'tool' turns)."
                 )
             self._checked_roles[role] = None
 
@@ -566,13 +555,11 @@ class ChatFormat:
                 self._turns[roles] = fmt
                 return fmt
         raise ValueError(
-            signed(
-                f"{self.name} cannot render a rollout of several turns token for token: {why}. "
-                "A multi-turn rollout trains on the prompt, the sampled answers and the "
-                "environment's turns as one token sequence, which must be the template's "
-                "rendering of the conversation. Use max_turns=1, or a template that renders "
-                "earlier turns unchanged (TRL's *_training.jinja variants do)."
-            )
+            f"{self.name} cannot render a rollout of several turns token for token: {why}. "
+            "A multi-turn rollout trains on the prompt, the sampled answers and the "
+            "environment's turns as one token sequence, which must be the template's "
+            "rendering of the conversation. Use max_turns=1, or a template that renders "
+            "earlier turns unchanged (TRL's *_training.jinja variants do)."
         )
 
 

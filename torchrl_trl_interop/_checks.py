@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import dis
 import functools
 import importlib.util
 import inspect
@@ -68,22 +69,30 @@ def public_call(default: str) -> str:
 @contextlib.contextmanager
 def speaking_for(name: str) -> Iterator[None]:
     """Within the block, :func:`public_call` returns ``name`` (or the name of an outer block:
-    the call the user made is the outermost one). Scoped to the thread or task.
+    the call the user made is the outermost one), and an error the package raises in it leaves
+    the block opened by ``name`` (:func:`_sign`) unless an outer block or public call names it.
+    Scoped to the thread or task.
 
     Never let the block span a ``yield``: a generator's context is its caller's, so the name
     would leak into the caller's code between two rows. Read the batch inside the block and
     yield its rows outside it, or decorate the generator function with :func:`boundary`.
     """
-    token = _PUBLIC_CALL.set(public_call(name))
+    outer = _PUBLIC_CALL.get()
+    token = _PUBLIC_CALL.set(outer or name)
     try:
         yield
+    except Exception as err:
+        if outer is None:
+            _sign(err, name)
+        raise
     finally:
         _PUBLIC_CALL.reset(token)
 
 
 def signed(message: str) -> str:
-    """``message`` opened by the public call being made (``"TorchRLBufferDataset: ..."``), the
-    one place an error learns which call the user made; unchanged outside any public call.
+    """``message`` opened by the public call being made (``"TorchRLBufferDataset: ..."``);
+    unchanged outside any public call. For a message that is not raised (a warning): the errors
+    the package raises are signed once, by the public call they leave (:func:`boundary`).
 
     Examples:
         >>> signed("keys=[] selects no column.")
@@ -96,18 +105,108 @@ def signed(message: str) -> str:
     return f"{name}: {message}" if name else message
 
 
+class Reply(Exception):
+    """A mixin for an error whose message is a reply the model reads (a tool's failure, which
+    TRL feeds back as ``{"error": ...}``), not an error for the user: no public call signs it.
+
+    Examples:
+        >>> class EpisodeOver(Reply, RuntimeError):
+        ...     pass
+        >>> @boundary("tool")
+        ... def tool():
+        ...     raise EpisodeOver("The episode is over.")
+        >>> try:
+        ...     tool()
+        ... except RuntimeError as err:
+        ...     print(err)
+        The episode is over.
+    """
+
+
+_PACKAGE = __name__.partition(".")[0]
+_RAISE_VARARGS = dis.opmap["RAISE_VARARGS"]
+
+
+def _raised_by_package(err: BaseException) -> bool:
+    """Whether the package raised ``err`` itself: the innermost frame of its traceback is a
+    module of the package, stopped at a ``raise`` statement (``RAISE_VARARGS``).
+
+    An error a C function raises in our frame (a torch op, ``int("x")``) stops that frame at a
+    call instead, and one raised by a user's callback or another library ends in their frame:
+    neither is ours to sign. A bare ``raise`` re-raising someone else's error adds no frame, so
+    the innermost one stays theirs. ``tb_lasti`` is the byte offset of the frame's last
+    instruction in ``co_code`` (Python 3.11 to 3.13; ``co_code`` holds the unspecialized
+    opcodes, so an adaptive or instrumented instruction reads as its base one).
+
+    Examples:
+        >>> def fail():
+        ...     raise ValueError("n must be > 0.")  # the doctest runs in this module's globals
+        >>> def caught(call):
+        ...     try:
+        ...         call()
+        ...     except Exception as err:
+        ...         return _raised_by_package(err)
+        >>> caught(fail)
+        True
+        >>> caught(lambda: torch.ones(2) + torch.ones(3)), caught(lambda: int("x"))
+        (False, False)
+        >>> import json
+        >>> caught(lambda: json.loads("{"))  # raised in another library's frame
+        False
+    """
+    tb = err.__traceback__
+    if tb is None:
+        return False
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    module = tb.tb_frame.f_globals.get("__name__") or ""
+    if module != _PACKAGE and not module.startswith(_PACKAGE + "."):
+        return False
+    code = tb.tb_frame.f_code.co_code
+    return 0 <= tb.tb_lasti < len(code) and code[tb.tb_lasti] == _RAISE_VARARGS
+
+
+def _sign(err: Exception, name: str) -> None:
+    """Opens ``err``'s message with ``name`` (the outermost public call) if the package raised
+    it (:func:`_raised_by_package`) and its one argument is a message not yet opened by
+    ``name`` and not a :class:`Reply`; the same object stays (type, attributes,
+    cause and traceback).
+
+    A ``KeyError`` shows the repr of its message, signed or not, as Python prints it.
+
+    Examples:
+        >>> err = ValueError("keys=[] selects no column.")
+        >>> try:
+        ...     raise err
+        ... except ValueError:
+        ...     _sign(err, "TorchRLBufferDataset")
+        >>> err
+        ValueError('TorchRLBufferDataset: keys=[] selects no column.')
+        >>> _sign(err, "TorchRLBufferDataset")  # once
+        >>> str(err)
+        'TorchRLBufferDataset: keys=[] selects no column.'
+    """
+    args = err.args
+    if (
+        not isinstance(err, Reply)
+        and len(args) == 1
+        and isinstance(args[0], str)
+        and not args[0].startswith(name)
+        and _raised_by_package(err)
+    ):
+        err.args = (f"{name}: {args[0]}",)
+
+
 def type_error(arg: str, expected: str, value: Any, hint: str = "") -> TypeError:
-    """The package's one "``arg`` must be ``expected``, got ..." error, :func:`signed`: it shows
-    ``value`` (cut at 100 characters) and its type, then ``hint`` (what to do).
+    """The package's one "``arg`` must be ``expected``, got ..." error (the public call it leaves
+    signs it): it shows ``value`` (cut at 100 characters) and its type, then ``hint`` (what to do).
 
     Examples:
         >>> type_error("batch_size", "an int", "8", " Pass 8.")
         TypeError("batch_size must be an int, got '8' of type str. Pass 8.")
     """
     return TypeError(
-        signed(
-            f"{arg} must be {expected}, got {value!r:.100} of type {type(value).__name__}.{hint}"
-        )
+        f"{arg} must be {expected}, got {value!r:.100} of type {type(value).__name__}.{hint}"
     )
 
 
@@ -124,14 +223,14 @@ def check_among(wanted: Iterable[Any], known: Iterable[Any], arg: str, among: st
     known = set(known)
     missing = sorted(set(wanted) - known)
     if missing:
-        raise KeyError(signed(f"{arg} names {missing}, not among {among} {sorted(known)}."))
+        raise KeyError(f"{arg} names {missing}, not among {among} {sorted(known)}.")
 
 
 def check_present(
     values: Iterable[Any], error: type[Exception], message: Callable[[list[int]], str]
 ) -> None:
-    """Raises ``error(message(rows))``, :func:`signed`, if some of ``values`` are ``None``;
-    ``rows`` are the first 8 positions of a ``None``.
+    """Raises ``error(message(rows))`` if some of ``values`` are ``None``; ``rows`` are the first
+    8 positions of a ``None``.
 
     Examples:
         >>> check_present([1.0, None], ValueError, lambda rows: f"rows {rows} hold no reward.")
@@ -141,7 +240,7 @@ def check_present(
     """
     missing = [i for i, v in enumerate(values) if v is None]
     if missing:
-        raise error(signed(message(missing[:8])))
+        raise error(message(missing[:8]))
 
 
 def check_dicts(items: Iterable[Any], where: str, holding: str) -> None:
@@ -157,10 +256,8 @@ def check_dicts(items: Iterable[Any], where: str, holding: str) -> None:
     for i, item in enumerate(items):
         if not isinstance(item, dict):
             raise TypeError(
-                signed(
-                    f"{where}[{i}] should be a dict {holding}, got {item!r:.100} of type "
-                    f"{type(item).__name__}."
-                )
+                f"{where}[{i}] should be a dict {holding}, got {item!r:.100} of type "
+                f"{type(item).__name__}."
             )
 
 
@@ -168,8 +265,10 @@ _F = TypeVar("_F", bound=Callable[..., Any])
 
 
 def boundary(name: str) -> Callable[[_F], _F]:
-    """Decorates a public entry point: the errors the package's checks raise while it runs, at any
-    depth, open with ``name`` (:func:`signed`). The outermost public call names the errors.
+    """Decorates a public entry point: the errors the package raises while it runs, at any depth,
+    leave it opened by ``name`` (``"name: ..."``), so a raise writes its plain message. The
+    outermost public call signs, once; errors raised by C code (a torch op), by the user's
+    callbacks or by other libraries pass through unchanged (:func:`_raised_by_package`).
 
     A generator function is signed around each step (never across a ``yield``): use it where a
     step reads a batch, not where it yields one row of many (``speaking_for`` around the read).
@@ -223,6 +322,9 @@ def boundary(name: str) -> Callable[[_F], _F]:
             token = _PUBLIC_CALL.set(name)
             try:
                 return fn(*args, **kwargs)
+            except Exception as err:
+                _sign(err, name)
+                raise
             finally:
                 _PUBLIC_CALL.reset(token)
 
@@ -264,7 +366,7 @@ def check_positive_int(value: Any, arg: str, *, allow_none: bool = False) -> Non
         return
     if not is_int(value) or value <= 0:
         expected = "a positive int or None" if allow_none else "a positive integer"  # upstream's
-        raise ValueError(signed(f"{arg} must be {expected}, got {arg}={value!r}."))
+        raise ValueError(f"{arg} must be {expected}, got {arg}={value!r}.")
 
 
 def check_optional_int(value: Any, arg: str, *, minimum: int, counts: str) -> None:
@@ -281,7 +383,7 @@ def check_optional_int(value: Any, arg: str, *, minimum: int, counts: str) -> No
         return
     if not is_int(value) or value < minimum:
         raise ValueError(
-            signed(f"{arg} must be None or an int >= {minimum} ({counts}), got {arg}={value!r}.")
+            f"{arg} must be None or an int >= {minimum} ({counts}), got {arg}={value!r}."
         )
 
 
@@ -298,7 +400,7 @@ def check_real(value: Any, arg: str, *, finite: bool = True) -> float:
         raise type_error(arg, "a real number (int or float)", value)
     value = float(value)
     if finite and not math.isfinite(value):
-        raise ValueError(signed(f"{arg} must be a finite number, got {arg}={value!r}."))
+        raise ValueError(f"{arg} must be a finite number, got {arg}={value!r}.")
     return value
 
 
@@ -319,13 +421,11 @@ def as_names(value: Any, arg: str) -> tuple[str, ...]:
     bad = [v for v in names if not isinstance(v, str)]
     if bad:
         raise TypeError(
-            signed(
-                f"{arg} must be a str or a list of str, got {value!r:.100} (holding "
-                f"{type(bad[0]).__name__})."
-            )
+            f"{arg} must be a str or a list of str, got {value!r:.100} (holding "
+            f"{type(bad[0]).__name__})."
         )
     if not names:
-        raise ValueError(signed(f"{arg} is empty; pass at least one name."))
+        raise ValueError(f"{arg} is empty; pass at least one name.")
     return names
 
 

@@ -44,7 +44,7 @@ from tensordict import (
 from tensordict.utils import NestedKey
 from torchrl.data.llm import History
 
-from ._checks import as_names, boundary, check_bool, check_dicts, signed
+from ._checks import as_names, boundary, check_bool, check_dicts
 from ._deprecation import warn_deprecated
 from ._keys import PLACEHOLDER_ROLE, as_nested_key, flatten_nested, get_entry, key_parts
 from ._upstream._history_fields import history_fields
@@ -281,10 +281,8 @@ def message_turns(messages: Sequence[dict[str, Any]], where: str) -> tuple[list[
         if calls:
             if not isinstance(calls, (list, tuple)) or not all(isinstance(c, dict) for c in calls):
                 raise TypeError(
-                    signed(
-                        f"{where}[{i}]['tool_calls'] should be a list of dicts (TRL's {{'type': "
-                        f"'function', 'function': {{...}}}}), got {calls!r:.200}."
-                    )
+                    f"{where}[{i}]['tool_calls'] should be a list of dicts (TRL's {{'type': "
+                    f"'function', 'function': {{...}}}}), got {calls!r:.200}."
                 )
             turn["content"] = message.get("content") or ""
             turn["tool_calls"] = [dict(c) for c in calls]
@@ -295,11 +293,9 @@ def message_turns(messages: Sequence[dict[str, Any]], where: str) -> tuple[list[
             name = message.get("name", _ABSENT)
             if expected is not None and name not in (expected, None, _ABSENT):
                 raise ValueError(
-                    signed(
-                        f"{where}[{i}] is a tool turn named {name!r}, but the call it answers is "
-                        f"{expected!r}. A tool turn's name is the name of the call it answers: "
-                        "answer the calls in order, or drop 'name'."
-                    )
+                    f"{where}[{i}] is a tool turn named {name!r}, but the call it answers is "
+                    f"{expected!r}. A tool turn's name is the name of the call it answers: "
+                    "answer the calls in order, or drop 'name'."
                 )
             # what a plain History gives back: the name of the call it answers, if any
             plain &= name == (_ABSENT if expected is None else expected)
@@ -467,10 +463,8 @@ def real_turns(roles: list, contents: list) -> tuple[list, list]:
 def _check_message_list(messages: Any, where: str) -> None:
     if not isinstance(messages, (list, tuple)):
         raise TypeError(
-            signed(
-                f"{where} should be a list of {{'role', 'content'}} dicts, got "
-                f"{type(messages).__name__}."
-            )
+            f"{where} should be a list of {{'role', 'content'}} dicts, got "
+            f"{type(messages).__name__}."
         )
     check_dicts(messages, where, "with 'role' and 'content'")
     for i, message in enumerate(messages):
@@ -479,10 +473,8 @@ def _check_message_list(messages: Any, where: str) -> None:
                 continue  # TRL's tool-calling turn: the calls are its content
             if not isinstance(message.get(field), str):
                 raise ValueError(
-                    signed(
-                        f"{where}[{i}] needs a str {field!r}, got {message.get(field)!r} (message: "
-                        f"{message!r}). Multimodal or tool content must be rendered to text first."
-                    )
+                    f"{where}[{i}] needs a str {field!r}, got {message.get(field)!r} (message: "
+                    f"{message!r}). Multimodal or tool content must be rendered to text first."
                 )
 
 
@@ -503,13 +495,13 @@ def _parse(messages: Any, depth: int, where: str) -> Any:
         _check_message_list(messages, where)
         if not messages:
             raise ValueError(
-                signed(f"{where} is an empty conversation; a History needs at least one turn.")
+                f"{where} is an empty conversation; a History needs at least one turn."
             )
         if all(len(m) == 2 and "content" in m for m in messages):  # role and content only
             return messages, None, True
         return (messages, *message_turns(messages, where))
     if not isinstance(messages, (list, tuple)) or not messages:
-        raise ValueError(signed(f"{where} should be a non-empty list of conversations."))
+        raise ValueError(f"{where} should be a non-empty list of conversations.")
     return [_parse(m, depth - 1, f"{where}[{i}]") for i, m in enumerate(messages)]
 
 
@@ -662,11 +654,9 @@ def split_completion(
         start -= 1
     if start == len(messages):
         raise ValueError(
-            signed(
-                f"{context}the conversation ends with a {messages[-1]['role']!r} turn, not one of "
-                f"completion_roles={roles}, so it holds no completion. Score conversations after "
-                "the policy answered, or widen completion_roles."
-            )
+            f"{context}the conversation ends with a {messages[-1]['role']!r} turn, not one of "
+            f"completion_roles={roles}, so it holds no completion. Score conversations after "
+            "the policy answered, or widen completion_roles."
         )
     prompt = [dict(m) for m in messages[:start]]
     completion = [dict(m) for m in messages[start:]]
@@ -691,10 +681,7 @@ def row_values(td: TensorDictBase, key: NestedKey, arg: str) -> list:
         >>> row_values(td, "x", "x_key")
         [0, 1, 2, 3]
     """
-    try:
-        key = as_nested_key(key, arg)
-    except TypeError as err:
-        raise TypeError(signed(err.args[0])) from None
+    key = as_nested_key(key, arg)
     value = get_entry(
         td, key_parts(key), arg, hint=f"Pass {arg}=... naming where the rollouts hold it."
     )
@@ -703,19 +690,15 @@ def row_values(td: TensorDictBase, key: NestedKey, arg: str) -> list:
     if isinstance(value, History):
         if value.ndim != td.ndim + 1:
             raise ValueError(
-                signed(
-                    f"{arg}={key!r} holds a History of batch size {tuple(value.batch_size)}; "
-                    f"expected the tensordict's {tuple(td.batch_size)} plus one turn dimension."
-                )
+                f"{arg}={key!r} holds a History of batch size {tuple(value.batch_size)}; "
+                f"expected the tensordict's {tuple(td.batch_size)} plus one turn dimension."
             )
         return flatten_nested(history_to_messages(value), td.ndim)
     if isinstance(value, torch.Tensor):
         if value.shape[: td.ndim] != td.batch_size:
             raise ValueError(
-                signed(
-                    f"{arg}={key!r} has shape {tuple(value.shape)}; expected leading dims "
-                    f"{tuple(td.batch_size)}."
-                )
+                f"{arg}={key!r} has shape {tuple(value.shape)}; expected leading dims "
+                f"{tuple(td.batch_size)}."
             )
         return list(value.reshape(td.batch_size.numel(), *value.shape[td.ndim :]).tolist())
     if is_non_tensor(value):
@@ -723,8 +706,5 @@ def row_values(td: TensorDictBase, key: NestedKey, arg: str) -> list:
             return [value.tolist() if isinstance(value, NonTensorStack) else value.data]
         return flatten_nested(value.tolist(), td.ndim)
     raise TypeError(
-        signed(
-            f"{arg}={key!r} holds a {type(value).__name__}; expected a History, strings or a "
-            "tensor."
-        )
+        f"{arg}={key!r} holds a {type(value).__name__}; expected a History, strings or a tensor."
     )

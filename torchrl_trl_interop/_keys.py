@@ -14,7 +14,7 @@ import torch
 from tensordict import NonTensorData, NonTensorStack, TensorDictBase
 from tensordict.utils import NestedKey, unravel_key
 
-from ._checks import signed, type_error
+from ._checks import type_error
 
 # -- TorchRL's LLM key layout -------------------------------------------------------------------
 # What ``TransformersWrapper``/``vLLMWrapper`` (tokens, masks, text, history, log-probs), ``ChatEnv``
@@ -142,7 +142,7 @@ def get_entry(
 
     Raises:
         KeyError: if ``key`` is absent; the message, signed by the public call being made
-            (:func:`~torchrl_trl_interop._checks.signed`), names ``arg``, ``where`` it was looked
+            (:func:`~torchrl_trl_interop._checks.boundary`), names ``arg``, ``where`` it was looked
             for, the keys present, and ``hint`` (what to do) or a default hint.
     """
     try:  # the common case in one lookup: a key that is absent reads None
@@ -157,7 +157,7 @@ def get_entry(
     if key not in td.keys(include_nested=True):
         hint = hint or f"Pass {arg}=... naming the entry that holds it."
         message = f"{arg}={unravel_key(key)!r} not found in {where} (found {keys_present(td)}). "
-        raise KeyError(signed(message + hint))
+        raise KeyError(message + hint)
     try:
         return td.get(key)
     except RuntimeError:

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import socket
 
-from ._checks import signed
-
 __all__ = ["bound_socket"]
 
 
@@ -39,8 +37,6 @@ def bound_socket(host: str, port: int, *, reuse_port: bool = False) -> socket.so
     except OSError as err:
         sock.close()
         raise OSError(
-            signed(
-                f"cannot serve on {host}:{port} ({err}); pick another port (or 0 for a free one)."
-            )
+            f"cannot serve on {host}:{port} ({err}); pick another port (or 0 for a free one)."
         ) from err
     return sock

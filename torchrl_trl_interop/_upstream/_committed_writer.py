@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from torchrl.data.replay_buffers.writers import RoundRobinWriter
 
-from .._checks import boundary, check_bool, signed
+from .._checks import boundary, check_bool
 from ._gate import TORCHRL_MEASURED, use_fast
 
 __all__ = ["CommittedWriter"]
@@ -62,13 +62,11 @@ class CommittedWriter(RoundRobinWriter):
             from importlib.metadata import version
 
             raise RuntimeError(
-                signed(
-                    f"torchrl {version('torchrl')}'s writers have no '_empty', which "
-                    "ReplayBuffer.empty() calls on torchrl 0.14 and CommittedWriter overrides to "
-                    "tell readers the buffer emptied (torchrl has no public hook for it). Install "
-                    f"torchrl {TORCHRL_MEASURED[1]} to {TORCHRL_MEASURED[2]} (exclusive), or "
-                    "report it."
-                )
+                f"torchrl {version('torchrl')}'s writers have no '_empty', which "
+                "ReplayBuffer.empty() calls on torchrl 0.14 and CommittedWriter overrides to "
+                "tell readers the buffer emptied (torchrl has no public hook for it). Install "
+                f"torchrl {TORCHRL_MEASURED[1]} to {TORCHRL_MEASURED[2]} (exclusive), or "
+                "report it."
             )
         super().__init__(compilable=check_bool(compilable, "compilable"))
         # [sequence, committed length]; shared memory so spawned workers see the writer's updates.

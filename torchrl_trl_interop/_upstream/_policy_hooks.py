@@ -16,7 +16,6 @@ wrappers (or a way to pass a generate function).
 
 from __future__ import annotations
 
-from .._checks import signed
 from ._gate import TORCHRL_MEASURED, use_fast
 
 __all__ = ["check_generate_step", "with_generate_step"]
@@ -58,10 +57,8 @@ def check_generate_step() -> None:
         from importlib.metadata import version
 
         raise RuntimeError(
-            signed(
-                f"torchrl {version('torchrl')}'s TransformersWrapper has no "
-                "'_from_transformers_generate_history', the generate step this policy replaces "
-                "(torchrl has no public hook for it): it would generate torchrl's way. Install "
-                f"torchrl {TORCHRL_MEASURED[1]} to {TORCHRL_MEASURED[2]} (exclusive), or report it."
-            )
+            f"torchrl {version('torchrl')}'s TransformersWrapper has no "
+            "'_from_transformers_generate_history', the generate step this policy replaces "
+            "(torchrl has no public hook for it): it would generate torchrl's way. Install "
+            f"torchrl {TORCHRL_MEASURED[1]} to {TORCHRL_MEASURED[2]} (exclusive), or report it."
         )

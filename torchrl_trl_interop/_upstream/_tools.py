@@ -27,7 +27,6 @@ import contextlib
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from .._checks import signed
 from ._gate import TORCHRL_MEASURED, use_fast
 
 __all__ = [
@@ -57,13 +56,11 @@ def _require(what: str) -> None:
     if not use_fast(TORCHRL_MEASURED):
         package, low, high = TORCHRL_MEASURED
         raise RuntimeError(
-            signed(
-                f"reading {what} needs torchrl's private attributes, read only on "
-                f"{package} >= {low}, < {high} (the versions it was written against); this "
-                "torchrl is another (or plain_upstream() is active), and torchrl offers no public "
-                "call that does the same. Install a torchrl in that range, or run the environment "
-                "through a TorchRL collector (as_trl_rollout_func) instead of TRL's tool loop."
-            )
+            f"reading {what} needs torchrl's private attributes, read only on "
+            f"{package} >= {low}, < {high} (the versions it was written against); this "
+            "torchrl is another (or plain_upstream() is active), and torchrl offers no public "
+            "call that does the same. Install a torchrl in that range, or run the environment "
+            "through a TorchRL collector (as_trl_rollout_func) instead of TRL's tool loop."
         )
 
 
@@ -131,13 +128,11 @@ def mcp_tools(transform: Any, timeout_s: float) -> dict:
         ready.wait(timeout=timeout_s)
     if not transform._tools_cache:
         raise RuntimeError(
-            signed(
-                f"the MCPToolTransform lists no tools after {timeout_s:.0f} s "
-                f"(connection error: {transform._connection_error or 'none reported'}). Check "
-                "its servers; "
-                "note that torchrl 0.14.1 lists tools without the MCP handshake "
-                "(session.initialize()), which compliant servers refuse."
-            )
+            f"the MCPToolTransform lists no tools after {timeout_s:.0f} s "
+            f"(connection error: {transform._connection_error or 'none reported'}). Check "
+            "its servers; "
+            "note that torchrl 0.14.1 lists tools without the MCP handshake "
+            "(session.initialize()), which compliant servers refuse."
         )
     return transform._tools_cache
 

@@ -19,7 +19,6 @@ import torch
 from tensordict import TensorDict, lazy_stack, set_list_to_stack
 
 from .._chat_format import answer_turn
-from .._checks import signed
 from .._keys import POLICY_VERSION_KEY
 from .._padding import pad_rows, position_mask
 from ..rollouts._policy_output import PolicyKeys, read_policy_rows
@@ -163,22 +162,18 @@ class PolicyCaller:
         rows = read_policy_rows(out, self.keys, log_probs=True, required=False)
         if rows.log_probs is None:
             raise RuntimeError(
-                signed(
-                    f"the policy {type(self.policy).__name__} wrote no log-probs at "
-                    f"{self.keys.response_log_probs!r}; the endpoint returns and records each "
-                    "sampled token's log-prob: build it with return_log_probs=True."
-                )
+                f"the policy {type(self.policy).__name__} wrote no log-probs at "
+                f"{self.keys.response_log_probs!r}; the endpoint returns and records each "
+                "sampled token's log-prob: build it with return_log_probs=True."
             )
         for i, (given, read) in enumerate(zip(prompts, rows.prompts)):
             if list(given) != read:
                 raise RuntimeError(
-                    signed(
-                        f"the policy {type(self.policy).__name__} conditioned row {i} on "
-                        f"{len(read)} tokens, not on the {len(given)} prompt tokens it was given: "
-                        "the endpoint needs a token-first policy that continues from the "
-                        f"{self.keys.prompt_tokens!r} it is given (prefer_tokens=True; a "
-                        "TrainerModelPolicy does)."
-                    )
+                    f"the policy {type(self.policy).__name__} conditioned row {i} on "
+                    f"{len(read)} tokens, not on the {len(given)} prompt tokens it was given: "
+                    "the endpoint needs a token-first policy that continues from the "
+                    f"{self.keys.prompt_tokens!r} it is given (prefer_tokens=True; a "
+                    "TrainerModelPolicy does)."
                 )
         versions = out.get(POLICY_VERSION_KEY, None)
         if isinstance(versions, torch.Tensor):

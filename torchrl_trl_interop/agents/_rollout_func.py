@@ -18,7 +18,7 @@ import uuid
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from .._checks import boundary, check_positive_int, check_real, signed, type_error
+from .._checks import boundary, check_positive_int, check_real, type_error
 from .._keys import POLICY_VERSION_KEY
 from ..rollouts._final_answer import FINAL_ANSWER, FINAL_ANSWER_IDS, final_answer_ids
 from ..rollouts._policy_checks import check_same_tokenizer
@@ -55,11 +55,9 @@ def _columns_by_prompt(dataset: Any) -> dict[str, dict[str, Any]]:
         columns = {k: v for k, v in row.items() if k != "prompt"}
         if index.setdefault(key, columns) != columns:
             raise ValueError(
-                signed(
-                    f"dataset[{i}] has the prompt of an earlier row ({row['prompt']!r:.100}) but "
-                    "other columns: the rollout function, which TRL gives prompts only, could not "
-                    "tell their columns apart. Make the prompts unique (or drop dataset=)."
-                )
+                f"dataset[{i}] has the prompt of an earlier row ({row['prompt']!r:.100}) but "
+                "other columns: the rollout function, which TRL gives prompts only, could not "
+                "tell their columns apart. Make the prompts unique (or drop dataset=)."
             )
     return index
 
@@ -111,11 +109,9 @@ class _AgentRolloutFunc:
         found = self.columns.get(_prompt_key(prompt))
         if found is None:
             raise KeyError(
-                signed(
-                    f"prompts[{i}] ({prompt!r:.100}) is not a prompt of the dataset given as "
-                    "dataset=; pass the trainer's train_dataset (its rows' other columns reach "
-                    "the agent as keyword arguments)."
-                )
+                f"prompts[{i}] ({prompt!r:.100}) is not a prompt of the dataset given as "
+                "dataset=; pass the trainer's train_dataset (its rows' other columns reach "
+                "the agent as keyword arguments)."
             )
         return found
 
@@ -172,11 +168,9 @@ class _AgentRolloutFunc:
         running = sum(t.is_alive() for t in threads)
         if running:
             raise TimeoutError(
-                signed(
-                    f"{running} of the call's agent episodes did not finish within timeout_s="
-                    f"{self.timeout_s}; raise timeout_s, or bound the agent's own calls (an "
-                    "OpenAI client's timeout=, a harness's max_steps)."
-                )
+                f"{running} of the call's agent episodes did not finish within timeout_s="
+                f"{self.timeout_s}; raise timeout_s, or bound the agent's own calls (an "
+                "OpenAI client's timeout=, a harness's max_steps)."
             )
 
     # -- the rollout -----------------------------------------------------------------------------
@@ -201,10 +195,8 @@ class _AgentRolloutFunc:
         for i, ((reward, error), (trajectory, count, segments)) in enumerate(zip(results, ended)):
             if error is not None:
                 raise RuntimeError(
-                    signed(
-                        f"the agent failed on prompts[{i}] ({prompts[i]!r:.100}): "
-                        f"{type(error).__name__}: {error}"
-                    )
+                    f"the agent failed on prompts[{i}] ({prompts[i]!r:.100}): "
+                    f"{type(error).__name__}: {error}"
                 ) from error
             if reward is not None and not isinstance(reward, (int, float)):
                 raise type_error(
@@ -212,11 +204,9 @@ class _AgentRolloutFunc:
                 )
             if trajectory is None:
                 raise RuntimeError(
-                    signed(
-                        f"the agent made no call to its base_url on prompts[{i}] "
-                        f"({prompts[i]!r:.100}): there is nothing to train on. Every episode "
-                        "must call the model through the base_url it is given."
-                    )
+                    f"the agent made no call to its base_url on prompts[{i}] "
+                    f"({prompts[i]!r:.100}): there is nothing to train on. Every episode "
+                    "must call the model through the base_url it is given."
                 )
             rows.append((trajectory, reward, count, segments))
         out = self._rollout_dict(rows, trainer)
@@ -378,7 +368,7 @@ def as_trl_agent_rollout_func(
         raise type_error("server", "an OpenAIServer", server)
     check_positive_int(max_concurrency, "max_concurrency", allow_none=True)
     if check_real(timeout_s, "timeout_s") <= 0:
-        raise ValueError(signed(f"timeout_s must be > 0, got {timeout_s!r}."))
+        raise ValueError(f"timeout_s must be > 0, got {timeout_s!r}.")
     check_max_staleness(max_staleness)
     if not isinstance(reward_key, str) or not reward_key:
         raise type_error("reward_key", "a column name (str)", reward_key)

@@ -30,7 +30,6 @@ from .._checks import (
     check_real,
     check_tokenizer,
     require,
-    signed,
     type_error,
 )
 from .._sockets import bound_socket
@@ -86,26 +85,20 @@ def _check_policy(policy: Any) -> None:
         )
     if getattr(policy, "return_log_probs", True) is False:
         raise ValueError(
-            signed(
-                f"the policy {type(policy).__name__} returns no log-probs (return_log_probs="
-                "False); the endpoint returns and records each sampled token's log-prob. Build "
-                "it with return_log_probs=True."
-            )
+            f"the policy {type(policy).__name__} returns no log-probs (return_log_probs="
+            "False); the endpoint returns and records each sampled token's log-prob. Build "
+            "it with return_log_probs=True."
         )
     if getattr(policy, "prefer_tokens", True) is False:
         raise ValueError(
-            signed(
-                f"the policy {type(policy).__name__} has prefer_tokens=False: it would render "
-                "the conversation itself instead of continuing from the tokens the endpoint "
-                "gives it (a session's trajectory). Build it with prefer_tokens=True."
-            )
+            f"the policy {type(policy).__name__} has prefer_tokens=False: it would render "
+            "the conversation itself instead of continuing from the tokens the endpoint "
+            "gives it (a session's trajectory). Build it with prefer_tokens=True."
         )
     if getattr(policy, "num_samples", None) not in (None, 1):
         raise ValueError(
-            signed(
-                f"the policy samples num_samples={policy.num_samples} answers per prompt; the "
-                "endpoint asks for n choices itself. Build it with num_samples=None."
-            )
+            f"the policy samples num_samples={policy.num_samples} answers per prompt; the "
+            "endpoint asks for n choices itself. Build it with num_samples=None."
         )
     if is_torchrl_transformers_wrapper(policy):
         check_pad_is_not_eos(policy)
@@ -251,7 +244,7 @@ class OpenAIServer:
             raise type_error("host", "an address (str), e.g. '127.0.0.1'", host)
         check_int(port, "port")
         if not 0 <= port < 65536:
-            raise ValueError(signed(f"port must be in [0, 65535] (0: a free one), got {port}."))
+            raise ValueError(f"port must be in [0, 65535] (0: a free one), got {port}.")
         check_positive_int(max_batch_size, "max_batch_size")
         check_positive_int(max_tokens, "max_tokens", allow_none=True)
         for name, value in (
@@ -260,13 +253,10 @@ class OpenAIServer:
             ("startup_timeout_s", startup_timeout_s),
         ):
             if check_real(value, name) < 0 or (name != "batch_wait_s" and value == 0):
-                raise ValueError(signed(f"{name} must be > 0, got {value!r}."))
+                raise ValueError(f"{name} must be > 0, got {value!r}.")
         if required_tool_choice not in ("refuse", "sample"):
             raise ValueError(
-                signed(
-                    "required_tool_choice must be 'refuse' or 'sample', got "
-                    f"{required_tool_choice!r}."
-                )
+                f"required_tool_choice must be 'refuse' or 'sample', got {required_tool_choice!r}."
             )
         self.policy = policy
         self.tokenizer = tokenizer
@@ -330,10 +320,8 @@ class OpenAIServer:
     def _root(self) -> str:
         if not self.started:
             raise RuntimeError(
-                signed(
-                    "the server is not serving: use it in a with block (with OpenAIServer(...) "
-                    "as server: ...) or call server.start() first."
-                )
+                "the server is not serving: use it in a with block (with OpenAIServer(...) "
+                "as server: ...) or call server.start() first."
             )
         host = f"[{self.host}]" if ":" in self.host else self.host
         return f"http://{host}:{self._bound_port}"
@@ -357,9 +345,7 @@ class OpenAIServer:
         session_id = uuid.uuid4().hex if session_id is None else session_id
         if not isinstance(session_id, str) or not _SESSION_ID.match(session_id):
             raise ValueError(
-                signed(
-                    f"session_id must be 1 to 128 letters, digits or '._~-', got {session_id!r}."
-                )
+                f"session_id must be 1 to 128 letters, digits or '._~-', got {session_id!r}."
             )
         return f"{self._root()}/sessions/{session_id}/v1"
 
@@ -628,7 +614,7 @@ class OpenAIServer:
             RuntimeError: if it is already serving, or its thread died while starting.
         """
         if self.started:
-            raise RuntimeError(signed("the server is already serving."))
+            raise RuntimeError("the server is already serving.")
         import uvicorn
 
         self._sock = bound_socket(self.host, self.port)
@@ -649,14 +635,10 @@ class OpenAIServer:
         while not self._http.started:
             if not self._thread.is_alive():
                 self.close()
-                raise RuntimeError(
-                    signed(f"the server on {self.host}:{self.port} failed to start.")
-                )
+                raise RuntimeError(f"the server on {self.host}:{self.port} failed to start.")
             if time.monotonic() > deadline:
                 self.close()
-                raise TimeoutError(
-                    signed(f"the server did not listen within {self.startup_timeout_s} s.")
-                )
+                raise TimeoutError(f"the server did not listen within {self.startup_timeout_s} s.")
             time.sleep(0.01)
         return self
 

@@ -30,7 +30,6 @@ from typing import Any
 import numpy as np
 import torch
 
-from .._checks import signed
 from .._keys import to_python
 from ._columns import DENSE, MESSAGES, RAGGED, TURNS, Column
 
@@ -66,11 +65,9 @@ def _scalar_type(dtype: torch.dtype, name: str) -> Any:
     arrow = _ARROW_OF.get(dtype)
     if arrow is None:
         raise TypeError(
-            signed(
-                f"column {name!r} holds {dtype} values, which Arrow (and so datasets) cannot "
-                "store. Store the real and imaginary parts as two float columns, or leave the "
-                "column out with keys=[...]."
-            )
+            f"column {name!r} holds {dtype} values, which Arrow (and so datasets) cannot "
+            "store. Store the real and imaginary parts as two float columns, or leave the "
+            "column out with keys=[...]."
         )
     return getattr(pa, arrow)()
 
@@ -117,12 +114,10 @@ def _unify(types: Sequence[Any], name: str, where: str) -> Any:
         return pa.unify_schemas(schemas, promote_options="permissive").field(name).type
     except (pa.ArrowTypeError, pa.ArrowInvalid, pa.ArrowNotImplementedError) as err:
         raise TypeError(
-            signed(
-                f"column {name!r} holds values of types {[str(t) for t in distinct]} {where}, and "
-                "Arrow (so datasets) has no type that holds them all without changing values (a "
-                "bool and a number, a str and a number, a list and a scalar). Store one type in "
-                "every row (e.g. every score as a float), or leave the column out with keys=[...]."
-            )
+            f"column {name!r} holds values of types {[str(t) for t in distinct]} {where}, and "
+            "Arrow (so datasets) has no type that holds them all without changing values (a "
+            "bool and a number, a str and a number, a list and a scalar). Store one type in "
+            "every row (e.g. every score as a float), or leave the column out with keys=[...]."
         ) from err
 
 
@@ -145,10 +140,8 @@ def _values_array(column: Column, name: str) -> Any:
         return pa.array(OptimizedTypedSequence(values, col=name))
     except (pa.ArrowTypeError, pa.ArrowInvalid) as err:
         raise TypeError(
-            signed(
-                f"column {name!r} holds values that Arrow (so datasets) cannot give one type "
-                f"({err}). Store one type in every row, or leave the column out with keys=[...]."
-            )
+            f"column {name!r} holds values that Arrow (so datasets) cannot give one type "
+            f"({err}). Store one type in every row, or leave the column out with keys=[...]."
         ) from err
 
 
@@ -325,13 +318,11 @@ def _python_values(column: Column, name: str, declared: Any) -> Iterable:
                 return _values_array(column, name).cast(target).to_pylist()
             if target != declared:
                 raise TypeError(
-                    signed(
-                        f"column {name!r} holds {found} values in this batch, but the view's "
-                        f"features were fixed as {declared} from the first batch of the buffer, "
-                        "and they cannot hold these values without changing them. Use "
-                        "to_hf_dataset() (its types come from every stored row), store one type "
-                        "in every row, or leave the column out with keys=[...]."
-                    )
+                    f"column {name!r} holds {found} values in this batch, but the view's "
+                    f"features were fixed as {declared} from the first batch of the buffer, "
+                    "and they cannot hold these values without changing them. Use "
+                    "to_hf_dataset() (its types come from every stored row), store one type "
+                    "in every row, or leave the column out with keys=[...]."
                 )
             if column.kind in (DENSE, RAGGED):
                 return _tensor_values(column, _torch_dtype(_leaf(declared)))

@@ -34,7 +34,7 @@ from torchrl.data.replay_buffers.checkpointers import (
 )
 from torchrl.data.replay_buffers.storages import TensorStorage
 
-from .._checks import boundary, signed
+from .._checks import boundary
 from .._keys import _is_leaf
 from .._upstream._buffers import empty_storage, replay_lock, storage_data
 from ._processes import check_local, check_replay_buffer
@@ -176,29 +176,23 @@ def _check_replaceable(path: Path) -> None:
     """Refuses a ``path`` that holds something else than a buffer this module saved."""
     if path.is_symlink():
         raise FileExistsError(
-            signed(
-                f"{str(path)!r} is a symbolic link; a save replaces only a directory written by "
-                "save_replay_buffer, so it is left alone. Pass another path."
-            )
+            f"{str(path)!r} is a symbolic link; a save replaces only a directory written by "
+            "save_replay_buffer, so it is left alone. Pass another path."
         )
     if not path.exists():
         return
     if not path.is_dir():
         raise NotADirectoryError(
-            signed(
-                f"{str(path)!r} exists and is not a directory (a file of yours?); a save replaces "
-                "only a directory written by save_replay_buffer, so it is left alone. Pass "
-                "another path, or remove it first."
-            )
+            f"{str(path)!r} exists and is not a directory (a file of yours?); a save replaces "
+            "only a directory written by save_replay_buffer, so it is left alone. Pass "
+            "another path, or remove it first."
         )
     entries = set(os.listdir(path))
     if entries and (_FORMAT_FILE not in entries or not entries <= _SAVED_ENTRIES):
         raise FileExistsError(
-            signed(
-                f"{str(path)!r} is a directory holding {sorted(entries)[:8]}, not a replay buffer "
-                f"saved by save_replay_buffer (which holds {sorted(_SAVED_ENTRIES)}); it is left "
-                "alone. Pass another path, or empty it first."
-            )
+            f"{str(path)!r} is a directory holding {sorted(entries)[:8]}, not a replay buffer "
+            f"saved by save_replay_buffer (which holds {sorted(_SAVED_ENTRIES)}); it is left "
+            "alone. Pass another path, or empty it first."
         )
 
 
@@ -267,7 +261,7 @@ _RESUME_EARLIER = (
 
 def _damaged(path: Path, what: str) -> ValueError:
     return ValueError(
-        signed(f"the replay buffer saved at {str(path)!r} is damaged: {what}. {_RESUME_EARLIER}")
+        f"the replay buffer saved at {str(path)!r} is damaged: {what}. {_RESUME_EARLIER}"
     )
 
 
@@ -281,11 +275,9 @@ def _parse_format(path: Path) -> dict[str, Any]:
     file = path / _FORMAT_FILE
     if not file.is_file():
         raise FileNotFoundError(
-            signed(
-                f"no saved replay buffer at {str(path)!r} (expected the directory written by "
-                f"save_replay_buffer, with a {_FORMAT_FILE!r} file). A save interrupted by a crash "
-                f"leaves nothing there. {_RESUME_EARLIER}"
-            )
+            f"no saved replay buffer at {str(path)!r} (expected the directory written by "
+            f"save_replay_buffer, with a {_FORMAT_FILE!r} file). A save interrupted by a crash "
+            f"leaves nothing there. {_RESUME_EARLIER}"
         )
     try:
         saved = json.loads(file.read_text())
@@ -315,11 +307,9 @@ def _check_saved(path: Path, saved: dict[str, Any]) -> None:
         listed = path / name
         if not listed.is_file():
             raise FileNotFoundError(
-                signed(
-                    f"the replay buffer saved at {str(path)!r} is damaged: its file {name!r} is "
-                    f"missing ({_FORMAT_FILE} lists the {len(files)} files it was saved with). "
-                    f"{_RESUME_EARLIER}"
-                )
+                f"the replay buffer saved at {str(path)!r} is damaged: its file {name!r} is "
+                f"missing ({_FORMAT_FILE} lists the {len(files)} files it was saved with). "
+                f"{_RESUME_EARLIER}"
             )
         if listed.stat().st_size != size:
             raise _damaged(
@@ -339,11 +329,9 @@ def _read_format(path: str | os.PathLike) -> dict[str, Any]:
     saved = _parse_format(path)
     if saved["version"] > _FORMAT_VERSION:
         raise ValueError(
-            signed(
-                f"the replay buffer at {str(path)!r} was saved in format version "
-                f"{saved['version']}, by a newer torchrl-trl-interop; this one reads versions 1 to "
-                f"{_FORMAT_VERSION}. Upgrade torchrl-trl-interop to load it."
-            )
+            f"the replay buffer at {str(path)!r} was saved in format version "
+            f"{saved['version']}, by a newer torchrl-trl-interop; this one reads versions 1 to "
+            f"{_FORMAT_VERSION}. Upgrade torchrl-trl-interop to load it."
         )
     _check_saved(path, saved)
     return saved
@@ -369,11 +357,9 @@ def _check_built_alike(replay_buffer: ReplayBuffer, saved: dict[str, Any], path:
     if differing:
         diffs = ", ".join(f"{key} {here[key]!r} here but {saved[key]!r} saved" for key in differing)
         raise ValueError(
-            signed(
-                f"the buffer saved at {str(path)!r} was built as {_describe(saved)}; replay_buffer "
-                f"differs: {diffs}. Build the buffer to load into the same way (storage type and "
-                "max_size, sampler, writer)."
-            )
+            f"the buffer saved at {str(path)!r} was built as {_describe(saved)}; replay_buffer "
+            f"differs: {diffs}. Build the buffer to load into the same way (storage type and "
+            "max_size, sampler, writer)."
         )
 
 
@@ -400,12 +386,10 @@ def load_replay_buffer(replay_buffer: ReplayBuffer, path: str | os.PathLike) -> 
         except Exception as err:
             built = f" (saved as {_describe(saved['buffer'])})" if "buffer" in saved else ""
             raise ValueError(
-                signed(
-                    f"could not load the buffer saved at {str(path)!r}{built} into this "
-                    f"{type(replay_buffer).__name__} over {_describe(_built(replay_buffer))}: "
-                    f"{type(err).__name__}: {err}. The buffer must be built like the saved one; "
-                    "replay_buffer may now hold part of the save: build it afresh before retrying."
-                )
+                f"could not load the buffer saved at {str(path)!r}{built} into this "
+                f"{type(replay_buffer).__name__} over {_describe(_built(replay_buffer))}: "
+                f"{type(err).__name__}: {err}. The buffer must be built like the saved one; "
+                "replay_buffer may now hold part of the save: build it afresh before retrying."
             ) from err
     writer = replay_buffer.writer
     if hasattr(writer, "_commit_log"):  # CommittedWriter: publish the restored length

@@ -130,7 +130,7 @@ class BufferCheckpointCallback(TrainerCallback):
         check_checkpointable(replay_buffer)
         if not isinstance(dirname, str) or not dirname or os.sep in dirname:
             raise ValueError(
-                signed(f"dirname must be a non-empty directory name, got dirname={dirname!r}.")
+                f"dirname must be a non-empty directory name, got dirname={dirname!r}."
             )
         self.replay_buffer = replay_buffer
         self.dirname = dirname
@@ -223,13 +223,11 @@ class BufferCheckpointCallback(TrainerCallback):
         if not is_complete(path):
             complete = last_complete_checkpoint(checkpoint.parent, self.dirname)
             raise FileNotFoundError(
-                signed(
-                    f"resuming at step {state.global_step}, but {str(checkpoint)!r} holds no "
-                    "complete replay buffer (its save was interrupted, or it was written without "
-                    f"this callback). Resume from {complete!r} instead "
-                    "(last_complete_checkpoint(output_dir)), or pass resume_from_checkpoint= to "
-                    "the callback if the checkpoint is elsewhere."
-                )
+                f"resuming at step {state.global_step}, but {str(checkpoint)!r} holds no "
+                "complete replay buffer (its save was interrupted, or it was written without "
+                f"this callback). Resume from {complete!r} instead "
+                "(last_complete_checkpoint(output_dir)), or pass resume_from_checkpoint= to "
+                "the callback if the checkpoint is elsewhere."
             )
         load_replay_buffer(self.replay_buffer, path)
         loader = kwargs.get("train_dataloader")

@@ -14,7 +14,6 @@ from .._checks import (
     check_int,
     check_positive_int,
     check_tokenizer,
-    signed,
 )
 from .._padding import check_padding_side, position_mask
 
@@ -52,12 +51,10 @@ def _column_tensors(name: str, values: list) -> list[torch.Tensor]:
         row = next(i for i, v in enumerate(values) if not _converts(v))
         value = values[row]
         raise ValueError(
-            signed(
-                f"column {name!r} cannot be made a tensor: row {row} holds {value!r:.80} of type "
-                f"{type(value).__name__} ({err}). Columns other than strings and message lists "
-                "must hold numbers or (nested) lists of numbers in every row: fill or cast it "
-                "first (e.g. dataset.map), or drop it (dataset.remove_columns)."
-            )
+            f"column {name!r} cannot be made a tensor: row {row} holds {value!r:.80} of type "
+            f"{type(value).__name__} ({err}). Columns other than strings and message lists "
+            "must hold numbers or (nested) lists of numbers in every row: fill or cast it "
+            "first (e.g. dataset.map), or drop it (dataset.remove_columns)."
         ) from err
 
 
@@ -70,12 +67,10 @@ def _check_whole(name: str, flat: torch.Tensor, lengths: list[int]) -> None:
         position = int(changed.reshape(len(flat), -1).any(1).nonzero()[0])
         row = int(torch.searchsorted(torch.tensor(lengths).cumsum(0), position, right=True))
         raise ValueError(
-            signed(
-                f"column {name!r} holds token ids or mask values, but row {row} holds "
-                f"{flat[position].tolist()!r} ({flat.dtype}), which is not a whole number: cast to "
-                "int64 it would change. Pass integer token ids (as the tokenizer returns them); "
-                "DataCollatorWithPadding refuses float lists too."
-            )
+            f"column {name!r} holds token ids or mask values, but row {row} holds "
+            f"{flat[position].tolist()!r} ({flat.dtype}), which is not a whole number: cast to "
+            "int64 it would change. Pass integer token ids (as the tokenizer returns them); "
+            "DataCollatorWithPadding refuses float lists too."
         )
 
 
@@ -161,10 +156,8 @@ class PaddingCollator:
         pad = self.pad_token_id if self.pad_token_id is not None else self.tokenizer.pad_token_id
         if pad is None:
             raise ValueError(
-                signed(
-                    "the tokenizer has no pad token (pad_token_id is None). Set "
-                    "tokenizer.pad_token = tokenizer.eos_token, or pass pad_token_id=..."
-                )
+                "the tokenizer has no pad token (pad_token_id is None). Set "
+                "tokenizer.pad_token = tokenizer.eos_token, or pass pad_token_id=..."
             )
         return pad
 
@@ -201,10 +194,8 @@ class PaddingCollator:
             if row.keys() != first_keys:
                 differing = sorted(set(names) ^ set(row.keys()))
                 raise ValueError(
-                    signed(
-                        f"row {i} has columns {sorted(row.keys())} but row 0 has {sorted(names)} "
-                        f"(differing: {differing}). Every row needs the same columns."
-                    )
+                    f"row {i} has columns {sorted(row.keys())} but row 0 has {sorted(names)} "
+                    f"(differing: {differing}). Every row needs the same columns."
                 )
         return names
 

@@ -11,7 +11,7 @@ column of a batch once (a dense tensor, ragged per-row tensors, History turns, o
 and cuts it to the attention mask once. What a view makes of a :class:`Column` is its own:
 :meth:`Column.rows` gives the per-row tensors and values that the torch view and
 :func:`split_columns` yield; ``_arrow`` gives the Python values and Arrow arrays of the Hugging
-Face views. Errors are signed by the public call being made (``_checks.signed``).
+Face views. Errors are signed by the public call being made (``_checks.boundary``).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from tensordict import (
 )
 from tensordict.utils import NestedKey
 
-from .._checks import as_device, as_mapping, boundary, check_tensordict, signed, type_error
+from .._checks import as_device, as_mapping, boundary, check_tensordict, type_error
 from .._conversation import has_turn_fields, history_to_messages, messages_of, real_turns
 from .._keys import as_nested_key, key_parts, key_to_str, keys_present
 from .._padding import Spans, mask_spans, trim_row
@@ -63,11 +63,8 @@ __all__ = [
 
 def as_column_key(key: Any, arg: str) -> NestedKey:
     """``key`` in canonical form (:func:`~torchrl_trl_interop._keys.as_nested_key`); a
-    :class:`TypeError` signed by the public call being made and naming ``arg`` otherwise."""
-    try:
-        return as_nested_key(key, arg)
-    except TypeError as err:
-        raise TypeError(signed(err.args[0])) from None
+    :class:`TypeError` naming ``arg`` otherwise."""
+    return as_nested_key(key, arg)
 
 
 def as_column_keys(keys: Any, arg: str) -> list[NestedKey]:
@@ -84,10 +81,8 @@ def as_column_keys(keys: Any, arg: str) -> list[NestedKey]:
     out = [as_column_key(k, f"{arg}[{i}]") for i, k in enumerate(keys)]
     if not out:
         raise ValueError(
-            signed(
-                f"{arg}=[] selects no column, so there would be nothing to read. Pass {arg}=None "
-                "for every column, or name at least one key."
-            )
+            f"{arg}=[] selects no column, so there would be nothing to read. Pass {arg}=None "
+            "for every column, or name at least one key."
         )
     return out
 
@@ -171,10 +166,8 @@ def select_columns(
         if not matched:
             stored = sorted(key_to_str(k, sep) for k in available)
             raise KeyError(
-                signed(
-                    f"key {key!r} from keys= is not in {where}; stored keys are {stored}. Fix "
-                    "keys=[...] or write the key into the buffer."
-                )
+                f"key {key!r} from keys= is not in {where}; stored keys are {stored}. Fix "
+                "keys=[...] or write the key into the buffer."
             )
         columns.extend(k for k in matched if k not in columns)
     return columns
@@ -203,9 +196,7 @@ def check_mask_column(
     available = column_keys(batch) if available is None else available
     if key not in available:
         stored = sorted(key_to_str(k, sep) for k in available)
-        raise KeyError(
-            signed(f"attention_mask_key {key!r} is not in {where}; stored keys are {stored}.")
-        )
+        raise KeyError(f"attention_mask_key {key!r} is not in {where}; stored keys are {stored}.")
     value, lazy = probe(batch, key)
     token_dims = value.ndim - (0 if lazy else batch.ndim) if isinstance(value, torch.Tensor) else 0
     if (
@@ -220,11 +211,9 @@ def check_mask_column(
             else f"a {type(value).__name__}"
         )
         raise TypeError(
-            signed(
-                f"attention_mask_key {key!r} holds {what}; expected a bool or int mask with one "
-                "entry per token (e.g. ('masks', 'all_attention_mask')). Pass the mask's key, or "
-                "attention_mask_key=None."
-            )
+            f"attention_mask_key {key!r} holds {what}; expected a bool or int mask with one "
+            "entry per token (e.g. ('masks', 'all_attention_mask')). Pass the mask's key, or "
+            "attention_mask_key=None."
         )
 
 
@@ -279,12 +268,12 @@ class Selection:
             ValueError: if ``keys`` is empty, or an output name or ``sep`` is not a non-empty str.
         """
         if not isinstance(sep, str) or not sep:
-            raise ValueError(signed(f"sep must be a non-empty str, got {sep!r}."))
+            raise ValueError(f"sep must be a non-empty str, got {sep!r}.")
         names: dict[NestedKey, str] = {}
         for key, name in as_mapping(rename, "rename", "{stored key: output name}").items():
             if not isinstance(name, str) or not name:
                 raise ValueError(
-                    signed(f"rename maps {key!r} to {name!r}; output names must be non-empty str.")
+                    f"rename maps {key!r} to {name!r}; output names must be non-empty str."
                 )
             names[as_column_key(key, "rename")] = name
         keys = None if keys is None else as_column_keys(keys, "keys")
@@ -310,11 +299,9 @@ class Selection:
         """
         if not isinstance(batch, TensorDictBase):
             raise TypeError(
-                signed(
-                    f"the replay buffer returned a {type(batch).__name__}, not a TensorDict. Store "
-                    "TensorDicts (e.g. rb.extend(TensorDict({...}, batch_size=[n]))) so columns "
-                    "have names."
-                )
+                f"the replay buffer returned a {type(batch).__name__}, not a TensorDict. Store "
+                "TensorDicts (e.g. rb.extend(TensorDict({...}, batch_size=[n]))) so columns "
+                "have names."
             )
         sep = self.sep
         available = column_keys(batch)  # listed once: the keys, rename and mask are checked on it
@@ -322,15 +309,11 @@ class Selection:
         for key in self.rename:
             if key not in available:
                 stored = sorted(key_to_str(k, sep) for k in available)
-                raise KeyError(
-                    signed(f"rename= key {key!r} is not in {_WHERE}; stored keys are {stored}.")
-                )
+                raise KeyError(f"rename= key {key!r} is not in {_WHERE}; stored keys are {stored}.")
             if key not in columns:
                 raise KeyError(
-                    signed(
-                        f"rename= key {key!r} is not among the selected keys "
-                        f"{[key_to_str(k, sep) for k in columns]}; add it to keys=[...]."
-                    )
+                    f"rename= key {key!r} is not among the selected keys "
+                    f"{[key_to_str(k, sep) for k in columns]}; add it to keys=[...]."
                 )
         if self.attention_mask_key is not None:
             mask = self.attention_mask_key
@@ -339,10 +322,8 @@ class Selection:
         if len(set(names)) != len(names):
             dupes = sorted({n for n in names if names.count(n) > 1})
             raise ValueError(
-                signed(
-                    f"several keys map to the output name(s) {dupes}; give them distinct names "
-                    "with rename={...}."
-                )
+                f"several keys map to the output name(s) {dupes}; give them distinct names "
+                "with rename={...}."
             )
         return Schema(columns, names)
 
@@ -475,11 +456,9 @@ def _value_rows(key: NestedKey, value: Any, batch: int) -> list:
     rows = value.tolist() if is_non_tensor(value) else value
     if not isinstance(rows, list) or len(rows) != batch:
         raise TypeError(
-            signed(
-                f"key {key!r} holds a {type(value).__name__} that cannot be split into {batch} "
-                "rows. Store tensors, strings (NonTensorData/NonTensorStack) or History, or leave "
-                "the key out with keys=[...]."
-            )
+            f"key {key!r} holds a {type(value).__name__} that cannot be split into {batch} "
+            "rows. Store tensors, strings (NonTensorData/NonTensorStack) or History, or leave "
+            "the key out with keys=[...]."
         )
     return _unwrap(rows)
 
@@ -488,11 +467,9 @@ def _column(batch: TensorDictBase, key: NestedKey, bounds: Any, masks: list | No
     first, lazy = probe(batch, key)
     if first is None:
         raise KeyError(
-            signed(
-                f"key {key!r} is not in this batch of the replay buffer (found "
-                f"{keys_present(batch)}); do all rows hold the same keys? Leave it out with "
-                "keys=[...], or write it into every row."
-            )
+            f"key {key!r} is not in this batch of the replay buffer (found "
+            f"{keys_present(batch)}); do all rows hold the same keys? Leave it out with "
+            "keys=[...], or write it into every row."
         )
     if lazy and isinstance(first, torch.Tensor):
         rows = _ragged_rows(batch, key)

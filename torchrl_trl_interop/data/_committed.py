@@ -15,7 +15,6 @@ from typing import Any
 
 import torch
 
-from .._checks import signed
 from .._upstream._committed_writer import CommittedWriter
 
 __all__ = ["CommittedWriter", "committed_length", "read_committed", "read_committed_rows"]
@@ -84,10 +83,8 @@ def read_committed_rows(
                     return batch
         if time.monotonic() > deadline:
             raise TimeoutError(
-                signed(
-                    f"no consistent read within {timeout} s (sequence {int(log[0])}, committed "
-                    f"length {int(log[1])}). Is the writer stuck, or the buffer empty?"
-                )
+                f"no consistent read within {timeout} s (sequence {int(log[0])}, committed "
+                f"length {int(log[1])}). Is the writer stuck, or the buffer empty?"
             )
         time.sleep(0.0005)
 
@@ -129,8 +126,6 @@ def read_committed(
     deadline = time.monotonic() + timeout
     while int(log[1]) == 0:
         if time.monotonic() > deadline:
-            raise TimeoutError(
-                signed(f"the buffer stayed empty for {timeout} s; is the writer running?")
-            )
+            raise TimeoutError(f"the buffer stayed empty for {timeout} s; is the writer running?")
         time.sleep(0.001)
     return read_committed_rows(replay_buffer, draw, timeout=max(deadline - time.monotonic(), 0.0))

@@ -21,7 +21,6 @@ from .._checks import (
     boundary,
     check_among,
     check_positive_int,
-    signed,
     type_error,
 )
 from .._keys import format_keys
@@ -153,19 +152,15 @@ def replay_buffer_from_hf(
     rename = None if rename is None else as_mapping(rename, "rename", "{column: key}")
     if storage is not None and not callable(getattr(storage, "set", None)):
         raise TypeError(
-            signed(
-                "storage must be a torchrl Storage (e.g. LazyStackStorage(n)), got "
-                f"{type(storage).__name__}."
-            )
+            "storage must be a torchrl Storage (e.g. LazyStackStorage(n)), got "
+            f"{type(storage).__name__}."
         )
     if replay_buffer is not None:
         check_replay_buffer(replay_buffer)
         if storage is not None or batch_size is not None:
             raise ValueError(
-                signed(
-                    "storage= and batch_size= configure a new buffer and cannot be combined with "
-                    "replay_buffer=; configure the buffer you pass instead."
-                )
+                "storage= and batch_size= configure a new buffer and cannot be combined with "
+                "replay_buffer=; configure the buffer you pass instead."
             )
     names = _column_names(dataset)
     for arg, wanted in (("columns=", columns), ("rename=", rename)):
@@ -186,7 +181,7 @@ def replay_buffer_from_hf(
             num_rows = len(rows)
             rows = iter(rows)
         if num_rows == 0:
-            raise ValueError(signed("the dataset has no rows; nothing to store."))
+            raise ValueError("the dataset has no rows; nothing to store.")
         if storage is None:
             storage = LazyStackStorage(max_size=num_rows)
         replay_buffer = ReplayBuffer(storage=storage, batch_size=batch_size)
@@ -200,12 +195,10 @@ def replay_buffer_from_hf(
         if num_rows > capacity:
             count = f"more than {capacity}" if streamed else str(num_rows)
             raise ValueError(
-                signed(
-                    f"the dataset has {count} rows but the buffer's "
-                    f"{type(replay_buffer.storage).__name__} holds {capacity} (max_size); writing "
-                    "them would overwrite the first rows with the last ones. Give the storage "
-                    "room for every row, or pass max_rows=... to write only the first ones."
-                )
+                f"the dataset has {count} rows but the buffer's "
+                f"{type(replay_buffer.storage).__name__} holds {capacity} (max_size); writing "
+                "them would overwrite the first rows with the last ones. Give the storage "
+                "room for every row, or pass max_rows=... to write only the first ones."
             )
 
     kinds: dict[str, Any] | None = None
@@ -218,25 +211,21 @@ def replay_buffer_from_hf(
         for i, row in enumerate(chunk):
             if not isinstance(row, Mapping):
                 raise TypeError(
-                    signed(
-                        f"row {written + i} is a {type(row).__name__}; expected dict rows (a "
-                        "datasets.Dataset / IterableDataset or an iterable of dicts)."
-                    )
+                    f"row {written + i} is a {type(row).__name__}; expected dict rows (a "
+                    "datasets.Dataset / IterableDataset or an iterable of dicts)."
                 )
         if columns is not None:
             try:
                 chunk = [{c: row[c] for c in columns} for row in chunk]
             except KeyError as err:
                 raise KeyError(
-                    signed(
-                        f"column {err.args[0]!r} from columns= is missing in the rows (row "
-                        f"columns: {format_keys(chunk[0])})."
-                    )
+                    f"column {err.args[0]!r} from columns= is missing in the rows (row "
+                    f"columns: {format_keys(chunk[0])})."
                 ) from err
         else:
             chunk = [dict(row) for row in chunk]
         kinds = extend_with_rows(replay_buffer, chunk, rename=dict(rename or {}), kinds=kinds)
         written += len(chunk)
     if written == 0:
-        raise ValueError(signed("the dataset has no rows; nothing to store."))
+        raise ValueError("the dataset has no rows; nothing to store.")
     return replay_buffer

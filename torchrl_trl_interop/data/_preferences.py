@@ -16,7 +16,7 @@ from tensordict import TensorDictBase, set_list_to_stack
 from tensordict.utils import NestedKey
 from torchrl.data import LazyStackStorage, ReplayBuffer
 
-from .._checks import as_names, boundary, check_real, signed, type_error
+from .._checks import as_names, boundary, check_real, type_error
 from .._conversation import row_values, split_completion
 from .._keys import HISTORY_KEY, REWARD_KEY, get_entry, key_parts
 from ._columns import as_column_key
@@ -42,10 +42,8 @@ def _read_messages(td: TensorDictBase, key: NestedKey, where: str) -> list:
     history = get_entry(td, key_parts(key), "history_key", hint, where)
     if not isinstance(history, History):
         raise TypeError(
-            signed(
-                f"{where}[{key!r}] is a {type(history).__name__}, expected a "
-                "torchrl.data.llm.History (one conversation per rollout)."
-            )
+            f"{where}[{key!r}] is a {type(history).__name__}, expected a "
+            "torchrl.data.llm.History (one conversation per rollout)."
         )
     return row_values(td, key, "history_key")
 
@@ -58,28 +56,22 @@ def _read_rewards(td: TensorDictBase, key: NestedKey, where: str) -> list[float]
     reward = get_entry(td, key_parts(key), "reward_key", hint, where)
     if not isinstance(reward, torch.Tensor):
         raise TypeError(
-            signed(
-                f"{where}[{key!r}] is a {type(reward).__name__}, expected a float tensor with one "
-                "reward per rollout."
-            )
+            f"{where}[{key!r}] is a {type(reward).__name__}, expected a float tensor with one "
+            "reward per rollout."
         )
     if reward.shape[: td.ndim] != td.batch_size or reward[(0,) * td.ndim].numel() != 1:
         raise ValueError(
-            signed(
-                f"{where}[{key!r}] has shape {tuple(reward.shape)}; expected one reward per "
-                f"rollout, shape {tuple(td.batch_size)} (trailing 1s allowed)."
-            )
+            f"{where}[{key!r}] has shape {tuple(reward.shape)}; expected one reward per "
+            f"rollout, shape {tuple(td.batch_size)} (trailing 1s allowed)."
         )
     values = reward.reshape(-1).double()
     infinite = values.isinf().nonzero().flatten()
     if infinite.numel():
         raise ValueError(
-            signed(
-                f"{where}[{key!r}] holds {infinite.numel()} infinite reward(s) (flattened indices "
-                f"{infinite[:8].tolist()}), which would give pairs of infinite margin. Fix the "
-                "scorer (HFRewardModelWrapper raises on them by default), or write NaN for "
-                "rollouts that should be left out."
-            )
+            f"{where}[{key!r}] holds {infinite.numel()} infinite reward(s) (flattened indices "
+            f"{infinite[:8].tolist()}), which would give pairs of infinite margin. Fix the "
+            "scorer (HFRewardModelWrapper raises on them by default), or write NaN for "
+            "rollouts that should be left out."
         )
     return values.tolist()
 
@@ -120,10 +112,8 @@ def _group_rollouts(
         where = "rollouts" if single else f"rollouts[{t}]"
         if td.ndim == 0:
             raise ValueError(
-                signed(
-                    f"{where} has batch_size=[] (a single rollout); pairs need several completions "
-                    "per prompt, e.g. batch size [N] or [prompts, completions]."
-                )
+                f"{where} has batch_size=[] (a single rollout); pairs need several completions "
+                "per prompt, e.g. batch size [N] or [prompts, completions]."
             )
         messages = _read_messages(td, history_key, where)
         rewards = _read_rewards(td, reward_key, where)
@@ -143,11 +133,9 @@ def _group_rollouts(
             group = groups.setdefault(gid, [])
             if group and group[0][0] != prompt:
                 raise ValueError(
-                    signed(
-                        f"rollout {i} of {where} is in the same group as earlier rollouts but has "
-                        f"a different prompt ({prompt!r:.120} vs {group[0][0]!r:.120}). Group by "
-                        "prompt (group_key=None on [N] rollouts) or fix group_key."
-                    )
+                    f"rollout {i} of {where} is in the same group as earlier rollouts but has "
+                    f"a different prompt ({prompt!r:.120} vs {group[0][0]!r:.120}). Group by "
+                    "prompt (group_key=None on [N] rollouts) or fix group_key."
                 )
             group.append((prompt, completion, reward))
 
@@ -267,7 +255,7 @@ def build_preference_pairs(
     """
     min_margin = check_real(min_margin, "min_margin", finite=False)
     if math.isnan(min_margin) or min_margin < 0:
-        raise ValueError(signed(f"min_margin must be a float >= 0, got {min_margin!r}."))
+        raise ValueError(f"min_margin must be a float >= 0, got {min_margin!r}.")
     if replay_buffer is not None:
         check_replay_buffer(replay_buffer)
     completion_roles = as_names(completion_roles, "completion_roles")
@@ -306,20 +294,16 @@ def build_preference_pairs(
             continue
         if margin_key is not None and not math.isfinite(margin):
             raise ValueError(
-                signed(
-                    f"the rewards {best_reward!r} and {worst_reward!r} of the completions of "
-                    f"prompt {prompt!r:.120} are too far apart: their gap overflows float64, so "
-                    "the pair's margin would be infinite, which RewardTrainer trains on. Rescale "
-                    "the rewards, or pass margin_key=None to write no margin."
-                )
+                f"the rewards {best_reward!r} and {worst_reward!r} of the completions of "
+                f"prompt {prompt!r:.120} are too far apart: their gap overflows float64, so "
+                "the pair's margin would be infinite, which RewardTrainer trains on. Rescale "
+                "the rewards, or pass margin_key=None to write no margin."
             )
         if prompt_key is not None and not prompt:
             raise ValueError(
-                signed(
-                    f"a rollout has no prompt turns (the conversation is only {completion_roles} "
-                    "turns), so the prompt column would be empty. Pass prompt_key=None to write "
-                    "full conversations (TRL's implicit-prompt format)."
-                )
+                f"a rollout has no prompt turns (the conversation is only {completion_roles} "
+                "turns), so the prompt column would be empty. Pass prompt_key=None to write "
+                "full conversations (TRL's implicit-prompt format)."
             )
         row: dict[str, Any] = {}
         if prompt_key is not None:

@@ -24,7 +24,7 @@ from torchrl.data import (
     SamplerWithoutReplacement,
 )
 
-from .._checks import signed, type_error
+from .._checks import type_error
 from .._keys import key_to_str
 from .._upstream._buffers import buffer_generator, generator_of, storage_data, write_counters
 from .._upstream._direct import direct_sample
@@ -135,10 +135,10 @@ def spawn_safe_buffer(replay_buffer: ReplayBuffer) -> ReplayBuffer:
 
 
 def check_local(replay_buffer: Any, error: type[Exception], why: str) -> None:
-    """Raises ``error`` ("a RayReplayBuffer ``why``", :func:`signed`) when ``replay_buffer``
+    """Raises ``error`` ("a RayReplayBuffer ``why``") when ``replay_buffer``
     lives in a Ray actor, which a job needing the buffer in this process cannot use."""
     if is_remote(replay_buffer):
-        raise error(signed(f"a {type(replay_buffer).__name__} {why}"))
+        raise error(f"a {type(replay_buffer).__name__} {why}")
 
 
 def check_picklable_for_workers(replay_buffer: Any) -> None:
@@ -153,13 +153,11 @@ def check_picklable_for_workers(replay_buffer: Any) -> None:
     storage = replay_buffer.storage
     if isinstance(storage, ListStorage):
         raise RuntimeError(
-            signed(
-                f"a {type(storage).__name__} cannot be sent to DataLoader worker processes "
-                "(torchrl sets the 'spawn' start method, and list storages cannot be shared). Use "
-                "num_workers=0, or store the rows in a LazyTensorStorage (shared memory; add "
-                "writer=torchrl_trl_interop.CommittedWriter() if it is extended while workers "
-                "read; strings and History need num_workers=0)."
-            )
+            f"a {type(storage).__name__} cannot be sent to DataLoader worker processes "
+            "(torchrl sets the 'spawn' start method, and list storages cannot be shared). Use "
+            "num_workers=0, or store the rows in a LazyTensorStorage (shared memory; add "
+            "writer=torchrl_trl_interop.CommittedWriter() if it is extended while workers "
+            "read; strings and History need num_workers=0)."
         )
 
 
@@ -172,13 +170,11 @@ def check_storage_columns(
     strings = non_tensor_columns(batch, columns)
     if strings:
         raise ValueError(
-            signed(
-                "the buffer uses LazyMemmapStorage, which keeps a single value per non-tensor key "
-                "instead of one per row, so the strings/History under "
-                f"{[key_to_str(k, sep) for k in strings]} would come back wrong. Store them in "
-                "LazyTensorStorage, LazyStackStorage or ListStorage, or leave them out with "
-                "keys=[...]."
-            )
+            "the buffer uses LazyMemmapStorage, which keeps a single value per non-tensor key "
+            "instead of one per row, so the strings/History under "
+            f"{[key_to_str(k, sep) for k in strings]} would come back wrong. Store them in "
+            "LazyTensorStorage, LazyStackStorage or ListStorage, or leave them out with "
+            "keys=[...]."
         )
 
 
@@ -186,12 +182,10 @@ def check_sampler_copies(replay_buffer: Any, copies: int) -> None:
     """Refuses a ``SamplerWithoutReplacement`` copied into several readers."""
     if copies > 1 and isinstance(replay_buffer.sampler, SamplerWithoutReplacement):
         raise RuntimeError(
-            signed(
-                f"the buffer samples without replacement, but {copies} readers (DataLoader workers "
-                "x ranks) each hold their own sampler copy, so every reader would yield the whole "
-                "epoch. Pass epoch=True (every stored row exactly once, split across readers) or "
-                "use num_workers=0."
-            )
+            f"the buffer samples without replacement, but {copies} readers (DataLoader workers "
+            "x ranks) each hold their own sampler copy, so every reader would yield the whole "
+            "epoch. Pass epoch=True (every stored row exactly once, split across readers) or "
+            "use num_workers=0."
         )
 
 
@@ -216,35 +210,29 @@ def check_reader(
     if isinstance(storage, ListStorage):
         if streaming:
             raise RuntimeError(
-                signed(
-                    f"an online stream (num_batches=None) from a {type(storage).__name__} in a "
-                    "DataLoader worker reads a private copy of the buffer taken when the worker "
-                    "started: rows written later are never seen. Use num_workers=0, or a "
-                    "LazyTensorStorage with writer=torchrl_trl_interop.CommittedWriter()."
-                )
+                f"an online stream (num_batches=None) from a {type(storage).__name__} in a "
+                "DataLoader worker reads a private copy of the buffer taken when the worker "
+                "started: rows written later are never seen. Use num_workers=0, or a "
+                "LazyTensorStorage with writer=torchrl_trl_interop.CommittedWriter()."
             )
         return False
     committed = isinstance(replay_buffer.writer, CommittedWriter)
     if streaming and not committed:
         raise RuntimeError(
-            signed(
-                "streaming (num_batches=None) into DataLoader workers while the buffer is being "
-                "extended needs to know which rows are fully written: torchrl's storages publish "
-                "the new length before writing the rows, so workers would read unwritten rows. "
-                "Build the buffer with writer=torchrl_trl_interop.CommittedWriter(), or use "
-                "num_workers=0."
-            )
+            "streaming (num_batches=None) into DataLoader workers while the buffer is being "
+            "extended needs to know which rows are fully written: torchrl's storages publish "
+            "the new length before writing the rows, so workers would read unwritten rows. "
+            "Build the buffer with writer=torchrl_trl_interop.CommittedWriter(), or use "
+            "num_workers=0."
         )
     if not committed:
         return False  # a finite read of a buffer nobody writes to: the copy is exact
     if sampling and type(replay_buffer.sampler) is not RandomSampler:
         raise RuntimeError(
-            signed(
-                "DataLoader workers read a CommittedWriter buffer by sampling committed rows "
-                f"uniformly, but the buffer uses {type(replay_buffer.sampler).__name__}, whose "
-                "state lives in the main process. Use RandomSampler (the default), epoch=True, or "
-                "num_workers=0."
-            )
+            "DataLoader workers read a CommittedWriter buffer by sampling committed rows "
+            f"uniformly, but the buffer uses {type(replay_buffer.sampler).__name__}, whose "
+            "state lives in the main process. Use RandomSampler (the default), epoch=True, or "
+            "num_workers=0."
         )
     stored = storage_data(storage)
     if isinstance(stored, TensorDictBase):
@@ -253,23 +241,19 @@ def check_reader(
         )
         if not shared:
             raise RuntimeError(
-                signed(
-                    "the storage is not in shared memory in this worker (a 'fork' DataLoader gets "
-                    "a private copy), so new rows would never arrive. Use the 'spawn' start "
-                    "method (torchrl's default) or call "
-                    "replay_buffer.storage._storage.share_memory_() before starting the workers."
-                )
+                "the storage is not in shared memory in this worker (a 'fork' DataLoader gets "
+                "a private copy), so new rows would never arrive. Use the 'spawn' start "
+                "method (torchrl's default) or call "
+                "replay_buffer.storage._storage.share_memory_() before starting the workers."
             )
         columns = columns if columns is not None else column_keys(stored)
         strings = [key_to_str(k, sep) for k in non_tensor_columns(stored, columns)]
         if strings:
             raise RuntimeError(
-                signed(
-                    f"the columns {strings} hold strings/History, which live in the writer's "
-                    "process and reach DataLoader workers only as a copy taken when they started: "
-                    "rows written later would come with stale strings. Read them with "
-                    "num_workers=0, or leave them out with keys=[...]."
-                )
+                f"the columns {strings} hold strings/History, which live in the writer's "
+                "process and reach DataLoader workers only as a copy taken when they started: "
+                "rows written later would come with stale strings. Read them with "
+                "num_workers=0, or leave them out with keys=[...]."
             )
     return True
 
@@ -285,21 +269,17 @@ def check_buffer(replay_buffer: Any) -> None:
     remote = is_remote(replay_buffer)
     if not isinstance(replay_buffer, ReplayBuffer) and not remote:
         raise TypeError(
-            signed(
-                "replay_buffer must be a torchrl ReplayBuffer (ReplayBuffer, "
-                "TensorDictReplayBuffer, RayReplayBuffer, ...), got "
-                f"{type(replay_buffer).__name__}."
-            )
+            "replay_buffer must be a torchrl ReplayBuffer (ReplayBuffer, "
+            "TensorDictReplayBuffer, RayReplayBuffer, ...), got "
+            f"{type(replay_buffer).__name__}."
         )
     ndim = 1 if remote else getattr(replay_buffer.storage, "ndim", 1)
     if ndim != 1:
         raise ValueError(
-            signed(
-                f"the buffer's {type(replay_buffer.storage).__name__} has ndim={ndim}; the dataset "
-                "reads storages with one batch dimension (ndim=1), one row per stored element. "
-                "Store the rows flat: extend a storage built with ndim=1 with data.reshape(-1) "
-                "(e.g. [time, envs] -> [time * envs])."
-            )
+            f"the buffer's {type(replay_buffer.storage).__name__} has ndim={ndim}; the dataset "
+            "reads storages with one batch dimension (ndim=1), one row per stored element. "
+            "Store the rows flat: extend a storage built with ndim=1 with data.reshape(-1) "
+            "(e.g. [time, envs] -> [time * envs])."
         )
 
 
@@ -321,11 +301,9 @@ def check_remote_seed(replay_buffer: Any, mode: Any) -> None:
     """Refuses ``seed=`` when sampling a Ray buffer: its actor samples for every reader."""
     if is_remote(replay_buffer) and mode.seed is not None and not mode.epoch:
         raise ValueError(
-            signed(
-                f"seed={mode.seed!r} cannot seed a {type(replay_buffer).__name__}: its actor "
-                "samples for every reader (readers get distinct rows without seeds). Drop seed=, "
-                "or pass epoch=True (the seed then orders each epoch)."
-            )
+            f"seed={mode.seed!r} cannot seed a {type(replay_buffer).__name__}: its actor "
+            "samples for every reader (readers get distinct rows without seeds). Drop seed=, "
+            "or pass epoch=True (the seed then orders each epoch)."
         )
 
 
@@ -342,13 +320,11 @@ def check_sample_size(replay_buffer: Any, batch_size: int) -> None:
     capacity = getattr(replay_buffer.storage, "max_size", None)
     if isinstance(capacity, int) and batch_size > capacity:
         raise ValueError(
-            signed(
-                f"batch_size={batch_size} rows per sampled batch is more than the buffer's "
-                f"{type(replay_buffer.storage).__name__} can ever hold (max_size={capacity}): the "
-                f"batch could only repeat rows, and drawing it would allocate {batch_size} indices "
-                f"at once. Pass batch_size <= {capacity}, or epoch=True (each read then takes at "
-                "most the stored rows)."
-            )
+            f"batch_size={batch_size} rows per sampled batch is more than the buffer's "
+            f"{type(replay_buffer.storage).__name__} can ever hold (max_size={capacity}): the "
+            f"batch could only repeat rows, and drawing it would allocate {batch_size} indices "
+            f"at once. Pass batch_size <= {capacity}, or epoch=True (each read then takes at "
+            "most the stored rows)."
         )
 
 
@@ -386,11 +362,9 @@ def check_overwrites(replay_buffer: Any, since: tuple[int, int] | None, read: to
         replaced = read
     if replaced.numel():
         raise RuntimeError(
-            signed(
-                f"{replaced.numel()} row(s) of this pass (storage indices {replaced[:8].tolist()}) "
-                "were overwritten by the buffer's writer before the pass read them, so the pass "
-                "cannot yield the rows stored when it began (epoch mode reads each of those "
-                "exactly once). Pause writing during an epoch pass, give the buffer room for what "
-                "is written meanwhile (a larger max_size), or read with sampling (epoch=False)."
-            )
+            f"{replaced.numel()} row(s) of this pass (storage indices {replaced[:8].tolist()}) "
+            "were overwritten by the buffer's writer before the pass read them, so the pass "
+            "cannot yield the rows stored when it began (epoch mode reads each of those "
+            "exactly once). Pause writing during an epoch pass, give the buffer room for what "
+            "is written meanwhile (a larger max_size), or read with sampling (epoch=False)."
         )

@@ -20,7 +20,7 @@ import torch
 from tensordict import TensorDictBase, set_list_to_stack
 from tensordict.utils import NestedKey
 
-from .._checks import signed, speaking_for
+from .._checks import speaking_for
 from .._upstream._direct import direct_read
 from ._arrow import arrow_table, declared_schema, python_columns
 from ._columns import Column, Schema, Selection, walk_columns
@@ -130,10 +130,8 @@ class BufferReader:
         """Raises a :class:`RuntimeError` if the buffer holds no row."""
         if len(self.replay_buffer) == 0:
             raise RuntimeError(
-                signed(
-                    "the replay buffer is empty (len(replay_buffer) == 0), so there is nothing to "
-                    "read. Extend it (e.g. run the collector) first."
-                )
+                "the replay buffer is empty (len(replay_buffer) == 0), so there is nothing to "
+                "read. Extend it (e.g. run the collector) first."
             )
 
     def read(self, index: torch.Tensor, *, committed: bool = False) -> TensorDictBase:

@@ -16,7 +16,7 @@ import torch
 from tensordict import NonTensorData, TensorDict, lazy_stack, set_list_to_stack
 from tensordict.utils import NestedKey
 
-from .._checks import as_mapping, boundary, check_among, check_dicts, signed
+from .._checks import as_mapping, boundary, check_among, check_dicts
 from .._conversation import conversations_to_histories, is_message_list
 from ._columns import as_column_key
 
@@ -64,11 +64,9 @@ def _column_kind(name: str, values: Sequence[Any]) -> Any:
     if any(conversations):
         row = conversations.index(False)
         raise ValueError(
-            signed(
-                f"column {name!r} holds conversations (message lists) in some rows but "
-                f"{values[row]!r:.100} in row {row}. A column is stored either as History or as "
-                "plain values; make it uniform first (e.g. with dataset.map or dataset.filter)."
-            )
+            f"column {name!r} holds conversations (message lists) in some rows but "
+            f"{values[row]!r:.100} in row {row}. A column is stored either as History or as "
+            "plain values; make it uniform first (e.g. with dataset.map or dataset.filter)."
         )
     kinds = [_list_dtype(v) for v in values]
     if any(k is None for k in kinds):
@@ -91,13 +89,11 @@ def _history_column(name: str, values: Sequence[Any], previous: Any) -> tuple[li
         extra = sorted({k for m in values[row] for k in m} - {"role", "content", "tool_calls"})
         what = f"message fields {extra}" if extra else "a tool turn without its call's name"
         raise ValueError(
-            signed(
-                f"column {name!r} was stored as plain History so far, but row {row} of these rows "
-                f"holds {what}, which a plain History cannot give back: they need a "
-                "MessageHistory, and one column holds one class. Write every row in one chunk "
-                "(replay_buffer_from_hf(..., chunk_size=number of rows)), or make every message "
-                "hold those fields first (datasets.Dataset.from_list(rows) does)."
-            )
+            f"column {name!r} was stored as plain History so far, but row {row} of these rows "
+            f"holds {what}, which a plain History cannot give back: they need a "
+            "MessageHistory, and one column holds one class. Write every row in one chunk "
+            "(replay_buffer_from_hf(..., chunk_size=number of rows)), or make every message "
+            "hold those fields first (datasets.Dataset.from_list(rows) does)."
         )
     return histories, _MESSAGE_HISTORY if fields else _HISTORY
 
@@ -124,10 +120,8 @@ def _rows_to_tensordict(
     for i, row in enumerate(rows):
         if set(row) != set(names):
             raise KeyError(
-                signed(
-                    f"row {i} has columns {sorted(row)} but row 0 has {sorted(names)}; every row "
-                    "needs the same columns."
-                )
+                f"row {i} has columns {sorted(row)} but row 0 has {sorted(names)}; every row "
+                "needs the same columns."
             )
     rename = as_mapping(rename, "rename", "{column: key}")
     rename = {name: as_column_key(key, f"rename[{name!r}]") for name, key in rename.items()}
@@ -140,11 +134,9 @@ def _rows_to_tensordict(
         previous = new_kinds.get(name)
         if previous is not None and (previous != kind and {previous, kind} != _HISTORIES):
             raise ValueError(
-                signed(
-                    f"column {name!r} was stored as {previous} so far but these rows need {kind}. "
-                    "Rows of one buffer must agree per column; cast or fill the column first "
-                    "(e.g. dataset.cast_column or dataset.map)."
-                )
+                f"column {name!r} was stored as {previous} so far but these rows need {kind}. "
+                "Rows of one buffer must agree per column; cast or fill the column first "
+                "(e.g. dataset.cast_column or dataset.map)."
             )
         if kind == _HISTORY:
             columns[name], kind = _history_column(name, values, previous)

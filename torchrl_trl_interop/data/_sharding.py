@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .._checks import check_bool, check_positive_int, is_int, signed, speaking_for
+from .._checks import check_bool, check_positive_int, is_int, speaking_for
 from ._processes import (
     check_reader,
     check_sample_size,
@@ -114,23 +114,19 @@ class ReadMode:
         check_positive_int(self.num_batches, "num_batches", allow_none=True)
         if self.shuffle and not self.epoch:
             raise ValueError(
-                signed(
-                    "shuffle=True only applies to epoch=True (sampling is already random); drop "
-                    "shuffle=True or pass epoch=True."
-                )
+                "shuffle=True only applies to epoch=True (sampling is already random); drop "
+                "shuffle=True or pass epoch=True."
             )
         if self.seed is not None and not is_int(self.seed):
-            raise ValueError(signed(f"seed must be an int or None, got {self.seed!r}."))
+            raise ValueError(f"seed must be an int or None, got {self.seed!r}.")
         if self.epoch and self.num_batches != 1:
             raise ValueError(
-                signed(
-                    "num_batches has no effect with epoch=True (one pass yields every stored row "
-                    f"once); got num_batches={self.num_batches!r}. Leave it at its default."
-                )
+                "num_batches has no effect with epoch=True (one pass yields every stored row "
+                f"once); got num_batches={self.num_batches!r}. Leave it at its default."
             )
         if self.split_by_rank not in (None, True, False):
             raise ValueError(
-                signed(f"split_by_rank must be None, True or False, got {self.split_by_rank!r}.")
+                f"split_by_rank must be None, True or False, got {self.split_by_rank!r}."
             )
 
     @property
@@ -466,7 +462,7 @@ class PassCounter:
 
     def set_epoch(self, epoch: int) -> None:
         if not is_int(epoch) or epoch < 0:
-            raise ValueError(signed(f"expected an int >= 0, got {epoch!r}."))
+            raise ValueError(f"expected an int >= 0, got {epoch!r}.")
         self.epoch = epoch
 
     def state_dict(self) -> dict[str, Any]:
@@ -477,10 +473,8 @@ class PassCounter:
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         if not isinstance(state_dict, dict) or not {"epoch", "rows", "base"} <= set(state_dict):
             raise ValueError(
-                signed(
-                    "expected the dict returned by TorchRLBufferDataset.state_dict() (keys "
-                    f"'epoch', 'rows', 'base'), got {state_dict!r:.200}."
-                )
+                "expected the dict returned by TorchRLBufferDataset.state_dict() (keys "
+                f"'epoch', 'rows', 'base'), got {state_dict!r:.200}."
             )
         self.set_epoch(int(state_dict["epoch"]))
         self._resume = dict(state_dict)

@@ -22,7 +22,7 @@ from tensordict import TensorDict, TensorDictBase, lazy_stack, set_list_to_stack
 from tensordict.utils import NestedKey
 from torchrl.envs import EnvBase
 
-from .._checks import as_mapping, boundary, check_positive_int, check_real, require, signed
+from .._checks import as_mapping, boundary, check_positive_int, check_real, require
 from .._conversation import is_message_list, messages_to_history, row_values
 from .._keys import (
     DONE_KEY,
@@ -51,11 +51,9 @@ def _observed_messages(observation: dict[str, Any]) -> list[dict[str, Any]]:
     :func:`as_openenv_environment` writes them)."""
     if "messages" not in observation:
         raise KeyError(
-            signed(
-                f"the observation has no 'messages' (it holds {sorted(observation)}). Pass "
-                "observation_fn=... turning this environment's observations into the messages "
-                "they add to the conversation."
-            )
+            f"the observation has no 'messages' (it holds {sorted(observation)}). Pass "
+            "observation_fn=... turning this environment's observations into the messages "
+            "they add to the conversation."
         )
     return observation["messages"]
 
@@ -202,16 +200,16 @@ class OpenEnvChatEnv(EnvBase):
         check_positive_int(batch_size, "batch_size")
         for arg, fn in (("action_fn", action_fn), ("observation_fn", observation_fn)):
             if fn is not None and not callable(fn):
-                raise TypeError(signed(f"{arg} must be callable, got {fn!r:.100}."))
+                raise TypeError(f"{arg} must be callable, got {fn!r:.100}.")
         if prompt_kwarg is not None and not isinstance(prompt_kwarg, str):
-            raise TypeError(signed(f"prompt_kwarg must be a str or None, got {prompt_kwarg!r}."))
+            raise TypeError(f"prompt_kwarg must be a str or None, got {prompt_kwarg!r}.")
         mapping = as_mapping(reset_kwargs_keys, "reset_kwargs_keys", "{reset keyword: key}")
         for arg, value in (
             ("connect_timeout_s", connect_timeout_s),
             ("message_timeout_s", message_timeout_s),
         ):
             if check_real(value, arg) <= 0:
-                raise ValueError(signed(f"{arg} must be > 0, got {value!r}."))
+                raise ValueError(f"{arg} must be > 0, got {value!r}.")
         super().__init__(batch_size=torch.Size([batch_size]))
         self.action_fn = action_fn or _content_action
         self.observation_fn = observation_fn or _observed_messages
@@ -275,11 +273,9 @@ class OpenEnvChatEnv(EnvBase):
     def _check_open(self, what: str) -> None:
         if self._closed_by is not None:
             raise RuntimeError(
-                signed(
-                    f"{what} on an environment whose sessions were closed ({self._closed_by}). "
-                    "Build a new OpenEnvChatEnv(...) with the same arguments to open new "
-                    "sessions."
-                )
+                f"{what} on an environment whose sessions were closed ({self._closed_by}). "
+                "Build a new OpenEnvChatEnv(...) with the same arguments to open new "
+                "sessions."
             )
 
     # -- reset -----------------------------------------------------------------------------------
@@ -294,27 +290,21 @@ class OpenEnvChatEnv(EnvBase):
             return [None] * n
         if self.prompt_kwarg is None:
             raise ValueError(
-                signed(
-                    f"the reset input holds a prompt at {self.data_key!r}, but prompt_kwarg=None "
-                    "sends none. Pass prompt_kwarg='<reset keyword>', or reset without it."
-                )
+                f"the reset input holds a prompt at {self.data_key!r}, but prompt_kwarg=None "
+                "sends none. Pass prompt_kwarg='<reset keyword>', or reset without it."
             )
         prompts = _to_messages(value) if isinstance(value, History) else to_python(value)
         if isinstance(prompts, str):
             prompts = [prompts] * n
         if not isinstance(prompts, list) or len(prompts) != n:
             raise ValueError(
-                signed(
-                    f"expected {n} prompts at {self.data_key!r}, one per row, got {prompts!r:.200}."
-                )
+                f"expected {n} prompts at {self.data_key!r}, one per row, got {prompts!r:.200}."
             )
         for p in prompts:
             if not (isinstance(p, str) or is_message_list(p)):
                 raise TypeError(
-                    signed(
-                        f"a prompt at {self.data_key!r} must be a str or a list of messages, got "
-                        f"{p!r:.100} of type {type(p).__name__}."
-                    )
+                    f"a prompt at {self.data_key!r} must be a str or a list of messages, got "
+                    f"{p!r:.100} of type {type(p).__name__}."
                 )
         return prompts
 
@@ -352,11 +342,9 @@ class OpenEnvChatEnv(EnvBase):
                 chat = [{"role": "user", "content": p}] if isinstance(p, str) else list(p)
             if not chat:
                 raise ValueError(
-                    signed(
-                        f"{self._sessions[i].where} returned no messages at reset and no prompt "
-                        f"was sent; pass a prompt at {self.data_key!r} or an observation_fn "
-                        "reading the reset observation's prompt."
-                    )
+                    f"{self._sessions[i].where} returned no messages at reset and no prompt "
+                    f"was sent; pass a prompt at {self.data_key!r} or an observation_fn "
+                    "reading the reset observation's prompt."
                 )
             self._chats[i], self._done[i] = chat, False
         _raise_first(replies)
@@ -365,14 +353,12 @@ class OpenEnvChatEnv(EnvBase):
         if width and any(len(self._chats[i]) > width for i in rows):
             longest = max(len(self._chats[i]) for i in rows)
             raise ValueError(
-                signed(
-                    f"the rows reset while others play got conversations of {longest} turns, "
-                    f"longer than those still playing ({width}): torchrl keeps the playing "
-                    "rows' conversations as they are, and a batch of conversations of different "
-                    "lengths cannot be read by torchrl's policies. Give prompts of fewer turns, "
-                    "or drive the environment with env.rollout(...) or as_trl_rollout_func, "
-                    "which reset the whole batch."
-                )
+                f"the rows reset while others play got conversations of {longest} turns, "
+                f"longer than those still playing ({width}): torchrl keeps the playing "
+                "rows' conversations as they are, and a batch of conversations of different "
+                "lengths cannot be read by torchrl's policies. Give prompts of fewer turns, "
+                "or drive the environment with env.rollout(...) or as_trl_rollout_func, "
+                "which reset the whole batch."
             )
         with set_list_to_stack(True):
             chats = [c or [placeholder_turn()] for c in self._chats]  # a row never reset
@@ -443,16 +429,14 @@ class OpenEnvChatEnv(EnvBase):
         """The content of the policy's one new turn in row ``i``'s conversation."""
         known = self._chats[i]
         if known is None:
-            raise RuntimeError(signed(f"step before reset (row {i}); call env.reset() first."))
+            raise RuntimeError(f"step before reset (row {i}); call env.reset() first.")
         new, extends = chat[len(known) :], chat[: len(known)] == known
         if not extends or len(new) != 1 or new[0]["role"] != self.policy_role:
             raise ValueError(
-                signed(
-                    f"row {i}'s ('history', 'full') should be the environment's conversation plus "
-                    f"one {self.policy_role!r} turn (an OpenEnv step takes one message), got "
-                    f"{len(new)} new turns {[m['role'] for m in new]} after {len(known)} known "
-                    f"ones{'' if extends else ' (which differ)'}."
-                )
+                f"row {i}'s ('history', 'full') should be the environment's conversation plus "
+                f"one {self.policy_role!r} turn (an OpenEnv step takes one message), got "
+                f"{len(new)} new turns {[m['role'] for m in new]} after {len(known)} known "
+                f"ones{'' if extends else ' (which differ)'}."
             )
         return new[0]["content"]
 
@@ -460,10 +444,8 @@ class OpenEnvChatEnv(EnvBase):
         messages = self.observation_fn(reply.observation)
         if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
             raise ValueError(
-                signed(
-                    f"observation_fn returned {messages!r:.200} for row {i}'s {what}; expected a "
-                    "list of {'role': ..., 'content': ...} messages."
-                )
+                f"observation_fn returned {messages!r:.200} for row {i}'s {what}; expected a "
+                "list of {'role': ..., 'content': ...} messages."
             )
         if messages:
             messages_to_history(messages)  # raises naming the bad message

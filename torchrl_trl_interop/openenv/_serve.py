@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
-from .._checks import boundary, check_positive_int, check_real, require, signed
+from .._checks import boundary, check_positive_int, check_real, require
 from .._sockets import bound_socket
 from ._capacity import SessionSlots, admit_sessions
 
@@ -90,15 +90,13 @@ def environment_class(make_env: Any, max_concurrent_envs: int, session_timeout_s
 
     check_positive_int(max_concurrent_envs, "max_concurrent_envs")
     if session_timeout_s is not None and check_real(session_timeout_s, "session_timeout_s") <= 0:
-        raise ValueError(signed(f"session_timeout_s must be > 0, got {session_timeout_s!r}."))
+        raise ValueError(f"session_timeout_s must be > 0, got {session_timeout_s!r}.")
     is_class = isinstance(make_env, type) and issubclass(make_env, Environment)
     cls = make_env if is_class else as_openenv_environment(make_env)
     if max_concurrent_envs > 1 and not cls.SUPPORTS_CONCURRENT_SESSIONS:
         raise ValueError(
-            signed(
-                f"max_concurrent_envs={max_concurrent_envs}, but every session would share one "
-                "environment. Pass a function building a new environment per session."
-            )
+            f"max_concurrent_envs={max_concurrent_envs}, but every session would share one "
+            "environment. Pass a function building a new environment per session."
         )
     return cls
 
@@ -201,7 +199,7 @@ def openenv_server(
         [{'role': 'user', 'content': 'What is 2 plus 3?'}]
     """
     if check_real(startup_timeout_s, "startup_timeout_s") <= 0:
-        raise ValueError(signed(f"startup_timeout_s must be > 0, got {startup_timeout_s}."))
+        raise ValueError(f"startup_timeout_s must be > 0, got {startup_timeout_s}.")
     app = openenv_app(
         make_env,
         max_concurrent_envs=max_concurrent_envs,
@@ -217,11 +215,9 @@ def openenv_server(
         deadline = time.monotonic() + startup_timeout_s
         while not server.started:
             if not thread.is_alive():
-                raise RuntimeError(signed(f"the server on {host}:{port} failed to start."))
+                raise RuntimeError(f"the server on {host}:{port} failed to start.")
             if time.monotonic() > deadline:
-                raise TimeoutError(
-                    signed(f"the server did not start within {startup_timeout_s} s.")
-                )
+                raise TimeoutError(f"the server did not start within {startup_timeout_s} s.")
             time.sleep(0.01)
         bound = sock.getsockname()[1]
         yield f"http://{host}:{bound}"

@@ -23,7 +23,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, NamedTuple
 
-from .._checks import signed, type_error
+from .._checks import type_error
 
 __all__ = [
     "ClientSession",
@@ -73,11 +73,9 @@ class LocalSession:
             action_type = getattr(type(self.environment), "action_type", None)
             if action_type is None:
                 raise TypeError(
-                    signed(
-                        f"action_fn returned a {type(action).__name__}, and {self.where} declares "
-                        "no action_type to validate it with; make action_fn return an instance "
-                        "of the environment's Action class."
-                    )
+                    f"action_fn returned a {type(action).__name__}, and {self.where} declares "
+                    "no action_type to validate it with; make action_fn return an instance "
+                    "of the environment's Action class."
                 )
             action = action_type.model_validate(action)
         return self._reply(self.environment.step(action))
@@ -118,12 +116,10 @@ class ClientSession:
         """The server no longer holds this session's episode: OpenEnv's client reconnected
         to a new session (the server closed the old one), which refused the step."""
         return ConnectionError(
-            signed(
-                f"{self.where} no longer holds this session: the session was closed (idle past "
-                "the server's session timeout, or its server process died or restarted) and "
-                f"the step reached a new session, which answered: {err}. The episode is lost: "
-                "reset to start another."
-            )
+            f"{self.where} no longer holds this session: the session was closed (idle past "
+            "the server's session timeout, or its server process died or restarted) and "
+            f"the step reached a new session, which answered: {err}. The episode is lost: "
+            "reset to start another."
         )
 
     def _call(self, what: str, call: Callable[[], Any]) -> Reply:
@@ -145,9 +141,7 @@ class ClientSession:
                     time.sleep(0.05)  # a slot given back a moment ago: the server frees it soon
                     continue
                 hint = self._capacity_hint() if full else ""
-                raise RuntimeError(
-                    signed(f"{self.where} refused the {what}: {err}.{hint}")
-                ) from err
+                raise RuntimeError(f"{self.where} refused the {what}: {err}.{hint}") from err
             except ConnectionClosed as err:
                 # a refused session's error frame may be lost when its close beats our send
                 # (the retry reconnects); past the grace, the server went away
@@ -168,10 +162,8 @@ class ClientSession:
             else f"went away ({type(err).__name__}: {err})"
         )
         return ConnectionError(
-            signed(
-                f"{self.where} {cause} during the {what}. The session and its episode are lost: "
-                "check the server (its log, whether it still runs), then reset."
-            )
+            f"{self.where} {cause} during the {what}. The session and its episode are lost: "
+            "check the server (its log, whether it still runs), then reset."
         )
 
     def connect(self) -> None:
@@ -181,11 +173,9 @@ class ClientSession:
             _HELD[self.url] += 1
         except (ConnectionError, OSError) as err:
             raise ConnectionError(
-                signed(
-                    f"could not connect to {self.where} ({err}). Is it running? Serve a TorchRL "
-                    "environment with `python -m torchrl_trl_interop.openenv serve "
-                    "MODULE:make_env --port N`."
-                )
+                f"could not connect to {self.where} ({err}). Is it running? Serve a TorchRL "
+                "environment with `python -m torchrl_trl_interop.openenv serve "
+                "MODULE:make_env --port N`."
             ) from err
 
     def reset(self, **kwargs: Any) -> Reply:
@@ -231,10 +221,8 @@ def _session_of(value: Any, **client_kwargs: Any) -> LocalSession | ClientSessio
         session.connect()
         return session
     raise TypeError(
-        signed(
-            "expected an OpenEnv Environment, an OpenEnv client (EnvClient, GenericEnvClient) or "
-            f"a server URL, got {value!r:.100} of type {type(value).__name__}."
-        )
+        "expected an OpenEnv Environment, an OpenEnv client (EnvClient, GenericEnvClient) or "
+        f"a server URL, got {value!r:.100} of type {type(value).__name__}."
     )
 
 
@@ -279,7 +267,7 @@ def _urls(env: Any) -> list[str] | None:
     if not env or not all(isinstance(u, str) for u in env):
         raise type_error("env", "a non-empty list of OpenEnv server URLs (str)", env)
     if len(set(env)) != len(env):
-        raise ValueError(signed(f"env lists a server twice: {list(env)}."))
+        raise ValueError(f"env lists a server twice: {list(env)}.")
     return list(env)
 
 
@@ -295,7 +283,7 @@ def open_sessions(
     ``Environment`` instance or a client (one session: ``n`` must be 1), or a zero-argument
     callable returning either (called ``n`` times; an ``Environment`` subclass is one). Errors,
     here and in the sessions' calls, open with the public call being made
-    (:func:`~torchrl_trl_interop._checks.signed`).
+    (:func:`~torchrl_trl_interop._checks.boundary`).
 
     Raises:
         TypeError: if ``env`` (or what the callable returns) is none of these.
@@ -311,10 +299,8 @@ def open_sessions(
     if isinstance(env, (Environment, EnvClient, SyncEnvClient)):
         if n != 1:
             raise ValueError(
-                signed(
-                    f"one {type(env).__name__} is one OpenEnv session, but batch_size={n}. Pass a "
-                    "function (or class) building one per row, or the server's URL."
-                )
+                f"one {type(env).__name__} is one OpenEnv session, but batch_size={n}. Pass a "
+                "function (or class) building one per row, or the server's URL."
             )
         return [_session_of(env, **client_kwargs)]
     urls = _urls(env)

@@ -23,7 +23,6 @@ from .._checks import (
     check_real,
     is_int,
     require,
-    signed,
     speaking_for,
     type_error,
 )
@@ -91,8 +90,7 @@ class _TorchRLEnvironment(Environment[TorchRLChatAction, TorchRLChatObservation,
     #: give the reason, which OpenEnv's server leaves out (``_errors``)
     factory_failures: deque | None = None
 
-    @boundary("as_openenv_environment")  # OpenEnv's server builds one per session
-    def __init__(self) -> None:
+    def __init__(self) -> None:  # OpenEnv's server builds one per session
         try:
             self._build()
         except Exception as err:
@@ -100,6 +98,7 @@ class _TorchRLEnvironment(Environment[TorchRLChatAction, TorchRLChatObservation,
                 self.factory_failures.append(f"{type(err).__name__}: {err}")
             raise
 
+    @boundary("as_openenv_environment")  # signs the error before __init__ records it
     def _build(self) -> None:
         super().__init__()
         owns = self._shared_env is None
@@ -108,11 +107,9 @@ class _TorchRLEnvironment(Environment[TorchRLChatAction, TorchRLChatObservation,
         if owns:
             if env in _OWNED:
                 raise ValueError(
-                    signed(
-                        "make_env returned an environment another live instance already plays, "
-                        "so two sessions would share one episode. Build a new environment in "
-                        "each call, or pass the environment itself (one session at a time)."
-                    )
+                    "make_env returned an environment another live instance already plays, "
+                    "so two sessions would share one episode. Build a new environment in "
+                    "each call, or pass the environment itself (one session at a time)."
                 )
             _OWNED.add(env)
         self.env, self._owns = env, owns
@@ -395,7 +392,7 @@ def as_openenv_environment(
     if shared is not None:
         check_chat_env(shared, _ONE_EPISODE)
     if not isinstance(name, str) or not name.isidentifier():
-        raise ValueError(signed(f"name must be a Python identifier, got {name!r}."))
+        raise ValueError(f"name must be a Python identifier, got {name!r}.")
     attrs = {
         "__module__": __name__,
         "__doc__": f"{make_env!r:.200} as an OpenEnv environment (as_openenv_environment).",

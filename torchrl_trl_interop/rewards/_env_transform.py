@@ -181,11 +181,9 @@ class RewardTransform(Transform):
             given = sorted(arg for arg in _FUNC_ARGS if passed[arg] is not None)
             if given:
                 raise TypeError(
-                    signed(
-                        f"got {given}, which RewardTransform does not take with a TensorDict "
-                        "module (they configure TRL reward functions); configure the module "
-                        "itself instead."
-                    )
+                    f"got {given}, which RewardTransform does not take with a TensorDict "
+                    "module (they configure TRL reward functions); configure the module "
+                    "itself instead."
                 )
             input_mode = resolve_input_mode(
                 RewardTransform.__init__, locals(), modes=CHAT_MODES, default="history"
@@ -194,12 +192,10 @@ class RewardTransform(Transform):
             callable(module) or isinstance(module, (list, tuple, str))  # str: a model id, refused
         ):
             raise TypeError(
-                signed(
-                    f"module is a {type(module).__name__}; expected TRL reward functions "
-                    "f(prompts, completions, completion_ids, **kwargs) or a TensorDict module "
-                    "writing a reward (TRLRewardFuncWrapper, HFRewardModelWrapper: wrap a reward "
-                    "model with it)."
-                )
+                f"module is a {type(module).__name__}; expected TRL reward functions "
+                "f(prompts, completions, completion_ids, **kwargs) or a TensorDict module "
+                "writing a reward (TRLRewardFuncWrapper, HFRewardModelWrapper: wrap a reward "
+                "model with it)."
             )
         else:  # the wrapper's errors, built or run, name this call
             module = TRLRewardFuncWrapper(
@@ -289,11 +285,9 @@ class RewardTransform(Transform):
         if self.history_key is not None:
             if self.history_key not in tensordict.keys(True):
                 raise KeyError(
-                    signed(
-                        f"no conversation at history_key={self.history_key!r} in the step's input "
-                        f"(keys: {keys_present(tensordict)}). Pass history_key=... (or None to "
-                        "score every row)."
-                    )
+                    f"no conversation at history_key={self.history_key!r} in the step's input "
+                    f"(keys: {keys_present(tensordict)}). Pass history_key=... (or None to "
+                    "score every row)."
                 )
             flat = tensordict if tensordict.ndim == 1 else tensordict.reshape(-1)
             with set_list_to_stack(True):
@@ -318,7 +312,7 @@ class RewardTransform(Transform):
         if missing:
             keys = keys_present(tensordict)
             message = f"the reward module reads {missing}, missing from the step's input (keys: "
-            raise KeyError(signed(f"{message}{keys})."))
+            raise KeyError(f"{message}{keys}).")
         flat = tensordict.reshape(-1) if tensordict.ndim != 1 else tensordict
         if not bool(rows.all()):
             return flat.select(*self.in_keys)[rows.nonzero().squeeze(-1)]  # index what is read
@@ -345,11 +339,9 @@ class RewardTransform(Transform):
                 written = out.get(self.module_reward_key, None)
                 if not isinstance(written, torch.Tensor) or written.numel() != n:
                     raise ValueError(
-                        signed(
-                            f"the module wrote {type(written).__name__} at "
-                            f"{self.module_reward_key!r}; expected one reward per scored row "
-                            f"({n}). Pass module_reward_key=... naming its output."
-                        )
+                        f"the module wrote {type(written).__name__} at "
+                        f"{self.module_reward_key!r}; expected one reward per scored row "
+                        f"({n}). Pass module_reward_key=... naming its output."
                     )
                 reward[rows] = written.detach().reshape(-1).float().cpu()
                 self._check_finite(reward)
@@ -358,11 +350,9 @@ class RewardTransform(Transform):
             reward = reward.reshape(target).to(next_tensordict.device or "cpu")
             if existing is not None and not self.accumulate:
                 raise ValueError(
-                    signed(
-                        f"the step already holds a reward at {self.reward_key!r} (written by the "
-                        "environment or an earlier transform). Pass accumulate=True to add this "
-                        "one to it, or reward_key=... to write it elsewhere."
-                    )
+                    f"the step already holds a reward at {self.reward_key!r} (written by the "
+                    "environment or an earlier transform). Pass accumulate=True to add this "
+                    "one to it, or reward_key=... to write it elsewhere."
                 )
         if existing is not None:
             reward = existing + reward.to(existing.dtype)
@@ -377,7 +367,7 @@ class RewardTransform(Transform):
         if not bool(bad.any()):
             return
         rows = bad.nonzero().flatten().tolist()
-        message = signed(
+        message = (
             f"the reward of {len(rows)} of {reward.numel()} row(s) is NaN or infinite (rows "
             f"{rows[:8]}): a TRL reward function returning None for every function writes NaN. "
             "MCAdvantage would spread it over the row's group and GRPOLoss would be NaN. Return "
@@ -386,7 +376,7 @@ class RewardTransform(Transform):
         )
         if self.nonfinite == "raise":
             raise ValueError(message)
-        warnings.warn(message, RuntimeWarning, stacklevel=2)
+        warnings.warn(signed(message), RuntimeWarning, stacklevel=2)
 
     def transform_reward_spec(self, reward_spec: Composite) -> Composite:
         if self.reward_key not in reward_spec.keys(True):

@@ -29,7 +29,6 @@ from .._checks import (
     check_tensordict,
     module_repr,
     public_call,
-    signed,
     speaking_for,
 )
 from .._conversation import row_values
@@ -80,22 +79,18 @@ def _check_reward_funcs(reward_funcs: Any) -> list[Callable]:
     """``reward_funcs`` as a non-empty list of TRL reward functions (not models, not model ids)."""
     funcs = list(reward_funcs) if isinstance(reward_funcs, (list, tuple)) else [reward_funcs]
     if not funcs:
-        raise ValueError(signed("reward_funcs is empty; pass at least one."))
+        raise ValueError("reward_funcs is empty; pass at least one.")
     for i, func in enumerate(funcs):
         if isinstance(func, str):
             raise TypeError(
-                signed(
-                    f"reward_funcs[{i}] is the string {func!r} (a model id). Load the reward "
-                    "model offline and wrap it with HFRewardModelWrapper instead."
-                )
+                f"reward_funcs[{i}] is the string {func!r} (a model id). Load the reward "
+                "model offline and wrap it with HFRewardModelWrapper instead."
             )
         if isinstance(func, torch.nn.Module) or not callable(func):
             raise TypeError(
-                signed(
-                    f"reward_funcs[{i}] is a {type(func).__name__}; expected a TRL reward "
-                    "function f(prompts, completions, completion_ids, **kwargs). Wrap a reward "
-                    "model with HFRewardModelWrapper (a TensorDict module) instead."
-                )
+                f"reward_funcs[{i}] is a {type(func).__name__}; expected a TRL reward "
+                "function f(prompts, completions, completion_ids, **kwargs). Wrap a reward "
+                "model with HFRewardModelWrapper (a TensorDict module) instead."
             )
     return funcs
 
@@ -106,18 +101,14 @@ def _check_weights(weights: Any, n: int) -> list[float]:
         return [1.0] * n
     if isinstance(weights, (str, bytes)) or not isinstance(weights, (Sequence, torch.Tensor)):
         raise TypeError(
-            signed(
-                "weights must be a list of floats (one per reward function), got "
-                f"{type(weights).__name__}."
-            )
+            "weights must be a list of floats (one per reward function), got "
+            f"{type(weights).__name__}."
         )
     weights = [check_real(w, f"weights[{i}]") for i, w in enumerate(weights)]
     if len(weights) != n:
         raise ValueError(
-            signed(
-                f"got {len(weights)} weights for {n} reward functions; pass one weight per "
-                "function (as GRPOConfig.reward_weights)."
-            )
+            f"got {len(weights)} weights for {n} reward functions; pass one weight per "
+            "function (as GRPOConfig.reward_weights)."
         )
     return weights
 
@@ -283,12 +274,10 @@ class TRLRewardFuncWrapper(TensorDictModuleBase):
         if input_mode == "text":
             if implied and (prompt_key is None or completion_key is None):
                 raise ValueError(
-                    signed(
-                        "text mode needs both prompt_key and completion_key (got "
-                        f"prompt_key={prompt_key!r}, completion_key={completion_key!r}). Pass "
-                        "both, or input_mode='text' to read TorchRL's ('text', 'prompt') and "
-                        "('text', 'response') where a key is not given."
-                    )
+                    "text mode needs both prompt_key and completion_key (got "
+                    f"prompt_key={prompt_key!r}, completion_key={completion_key!r}). Pass "
+                    "both, or input_mode='text' to read TorchRL's ('text', 'prompt') and "
+                    "('text', 'response') where a key is not given."
                 )
             history_key = None
             prompt_key = as_nested_key(
@@ -301,10 +290,8 @@ class TRLRewardFuncWrapper(TensorDictModuleBase):
         else:
             if history_key is None:
                 raise ValueError(
-                    signed(
-                        "history_key=None needs prompt_key= and completion_key= "
-                        "(input_mode='text'); otherwise there is no input to read."
-                    )
+                    "history_key=None needs prompt_key= and completion_key= "
+                    "(input_mode='text'); otherwise there is no input to read."
                 )
             history_key = as_nested_key(history_key, "history_key")
             in_keys = [history_key]
@@ -318,10 +305,8 @@ class TRLRewardFuncWrapper(TensorDictModuleBase):
         reserved = {"prompts", "completions", "completion_ids"} & set(kwargs_keys)
         if reserved:
             raise ValueError(
-                signed(
-                    f"kwargs_keys uses the reserved name(s) {sorted(reserved)}; they are filled "
-                    "from the History/text keys."
-                )
+                f"kwargs_keys uses the reserved name(s) {sorted(reserved)}; they are filled "
+                "from the History/text keys."
             )
         in_keys.extend(kwargs_keys.values())
         check_distinct_keys(in_keys)
@@ -353,25 +338,19 @@ class TRLRewardFuncWrapper(TensorDictModuleBase):
         name = self.reward_func_names[index]
         if not isinstance(output, (list, tuple)) and not isinstance(output, torch.Tensor):
             raise TypeError(
-                signed(
-                    f"reward function {name!r} returned a {type(output).__name__}; expected a "
-                    "list with one float (or None) per completion."
-                )
+                f"reward function {name!r} returned a {type(output).__name__}; expected a "
+                "list with one float (or None) per completion."
             )
         if isinstance(output, torch.Tensor) and output.ndim != 1:
             raise ValueError(
-                signed(
-                    f"reward function {name!r} returned a tensor of shape {list(output.shape)}; "
-                    f"expected one float per completion, shape [{n}]."
-                )
+                f"reward function {name!r} returned a tensor of shape {list(output.shape)}; "
+                f"expected one float per completion, shape [{n}]."
             )
         output = output.tolist() if isinstance(output, torch.Tensor) else list(output)
         if len(output) != n:
             raise ValueError(
-                signed(
-                    f"reward function {name!r} returned {len(output)} rewards but {n} were "
-                    "expected (one per completion)."
-                )
+                f"reward function {name!r} returned {len(output)} rewards but {n} were "
+                "expected (one per completion)."
             )
         rewards = [
             float("nan")
@@ -382,10 +361,8 @@ class TRLRewardFuncWrapper(TensorDictModuleBase):
         bad = [i for i, r in enumerate(rewards) if math.isinf(r)]
         if bad:
             raise ValueError(
-                signed(
-                    f"reward function {name!r} returned infinite reward(s) at {bad[:8]}; return a "
-                    "finite float, or None for a completion it does not score."
-                )
+                f"reward function {name!r} returned infinite reward(s) at {bad[:8]}; return a "
+                "finite float, or None for a completion it does not score."
             )
         return rewards
 

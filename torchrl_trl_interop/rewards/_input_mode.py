@@ -23,7 +23,6 @@ from typing import Any
 
 from tensordict.utils import NestedKey
 
-from .._checks import signed
 from .._keys import HISTORY_KEY, TEXT_KEY, TOKEN_KEY, as_nested_key
 
 __all__ = [
@@ -86,7 +85,7 @@ def check_distinct_keys(keys: Sequence[NestedKey]) -> None:
     duplicates = sorted({repr(k) for k in keys if keys.count(k) > 1})
     if duplicates:
         raise ValueError(
-            signed(f"the key(s) {duplicates} are used for two inputs; give each input its own key.")
+            f"the key(s) {duplicates} are used for two inputs; give each input its own key."
         )
 
 
@@ -114,7 +113,7 @@ def resolve_input_mode(
 ) -> str:
     """The input mode of a reward class, from ``input_mode`` and the key arguments set.
 
-    Errors open with the public call being made (:func:`~torchrl_trl_interop._checks.signed`).
+    Errors open with the public call being made (:func:`~torchrl_trl_interop._checks.boundary`).
 
     Args:
         call (callable): the public callable (a class's ``__init__``, a function): its signature
@@ -150,10 +149,8 @@ def resolve_input_mode(
     input_mode = arguments["input_mode"]
     if input_mode is not None and (not isinstance(input_mode, str) or input_mode not in modes):
         raise ValueError(
-            signed(
-                f"input_mode={input_mode!r}; expected one of {list(modes)} (TorchRL's input "
-                "forms), or None to infer it from the key argument given."
-            )
+            f"input_mode={input_mode!r}; expected one of {list(modes)} (TorchRL's input "
+            "forms), or None to infer it from the key argument given."
         )
     given = [
         (arg, KEY_ARG_MODES[arg], arguments[arg])
@@ -164,22 +161,18 @@ def resolve_input_mode(
         for arg, mode, value in given:
             if mode != input_mode:
                 raise ValueError(
-                    signed(
-                        f"{arg}={value!r} is the key of input_mode={mode!r}, but "
-                        f"input_mode={input_mode!r}: it would be ignored. Drop {arg}=, or pass "
-                        f"input_mode={mode!r}."
-                    )
+                    f"{arg}={value!r} is the key of input_mode={mode!r}, but "
+                    f"input_mode={input_mode!r}: it would be ignored. Drop {arg}=, or pass "
+                    f"input_mode={mode!r}."
                 )
         return input_mode
     first, *others = given or [(None, default, None)]
     for arg, mode, value in others:
         if mode != first[1]:
             raise ValueError(
-                signed(
-                    f"got both {first[0]}={first[2]!r} and {arg}={value!r}, which select two "
-                    f"different inputs (input_mode={first[1]!r} and {mode!r}): one would be "
-                    "ignored. Pass only the key of the input to read, or input_mode=... with its "
-                    "key."
-                )
+                f"got both {first[0]}={first[2]!r} and {arg}={value!r}, which select two "
+                f"different inputs (input_mode={first[1]!r} and {mode!r}): one would be "
+                "ignored. Pass only the key of the input to read, or input_mode=... with its "
+                "key."
             )
     return first[1]

@@ -21,7 +21,6 @@ import torch
 from tensordict import TensorDictBase, is_non_tensor, set_list_to_stack
 from tensordict.utils import NestedKey
 
-from .._checks import signed
 from .._conversation import history_to_messages, row_values, split_prompt_completion
 from .._keys import flatten_nested, get_entry
 from .._padding import pack_right, position_mask
@@ -62,7 +61,7 @@ def empty_rows_error(lengths: torch.Tensor, hint: str) -> ValueError:
     """The error for rows of ``lengths`` 0: a reward model cannot score an empty sequence.
 
     ``hint`` names the argument read and why a row can be empty; the message opens with the
-    public call being made (:func:`~torchrl_trl_interop._checks.signed`).
+    public call being made (:func:`~torchrl_trl_interop._checks.boundary`).
 
     Examples:
         >>> print(empty_rows_error(torch.tensor([2, 0]), "token_key='ids' (a row holds no token)"))
@@ -70,10 +69,8 @@ def empty_rows_error(lengths: torch.Tensor, hint: str) -> ValueError:
     """
     empty = (lengths == 0).nonzero().flatten()[:8].tolist()
     return ValueError(
-        signed(
-            f"{hint}: row(s) {empty} (flattened index) have no real token. A reward model cannot "
-            "score an empty sequence; drop these rows first."
-        )
+        f"{hint}: row(s) {empty} (flattened index) have no real token. A reward model cannot "
+        "score an empty sequence; drop these rows first."
     )
 
 
@@ -106,7 +103,7 @@ def _nested_rows(
     inner = parts[0][1]
     for i, (_, shape) in enumerate(parts):
         if shape != inner:
-            raise ValueError(signed(f"{what} " + ragged.format(inner=inner, shape=shape, i=i)))
+            raise ValueError(f"{what} " + ragged.format(inner=inner, shape=shape, i=i))
     return [row for rows, _ in parts for row in rows], (len(value), *inner)
 
 
@@ -117,20 +114,16 @@ def _tensor_rows(value: Any, what: str) -> tuple[list[torch.Tensor], tuple[int, 
             return _flatten_rows(list(value.unbind(0)), what)
         if value.ndim == 0:
             raise ValueError(
-                signed(
-                    f"{what} is a 0-d tensor; expected a sequence dimension last, e.g. shape [L], "
-                    "[B, L] or [E, G, L]."
-                )
+                f"{what} is a 0-d tensor; expected a sequence dimension last, e.g. shape [L], "
+                "[B, L] or [E, G, L]."
             )
         if value.ndim == 1:
             return [value], ()
         shape = tuple(value.shape[:-1])
         return list(value.reshape(-1, value.shape[-1]).unbind(0)), shape
     raise TypeError(
-        signed(
-            f"{what} is a {type(value).__name__}; expected a tensor, a nested tensor, a lazy "
-            "stack of tensors or a list of 1-D tensors."
-        )
+        f"{what} is a {type(value).__name__}; expected a tensor, a nested tensor, a lazy "
+        "stack of tensors or a list of 1-D tensors."
     )
 
 
@@ -165,10 +158,8 @@ def _text(value: Any, what: str) -> tuple[list[str], tuple[int, ...]]:
     if isinstance(value, str):
         return [value], ()
     raise TypeError(
-        signed(
-            f"{what} holds a {type(value).__name__}; expected strings (a str, a NonTensorStack of "
-            "str or nested lists of str)."
-        )
+        f"{what} holds a {type(value).__name__}; expected strings (a str, a NonTensorStack of "
+        "str or nested lists of str)."
     )
 
 
@@ -202,19 +193,15 @@ def _check_mask(
         if bad.numel():
             row = int(bad[0])
             raise ValueError(
-                signed(
-                    f"the mask at {mask_key!r} does not match the tokens at {token_key!r}: row "
-                    f"{row} (flattened) has {int(t_len[row])} tokens but a mask of length "
-                    f"{int(m_len[row])}."
-                )
+                f"the mask at {mask_key!r} does not match the tokens at {token_key!r}: row "
+                f"{row} (flattened) has {int(t_len[row])} tokens but a mask of length "
+                f"{int(m_len[row])}."
             )
     elif mask_shape != batch_shape or mask.shape != ids.shape:
         raise ValueError(
-            signed(
-                f"the mask at {mask_key!r} (shape {[*mask_shape, mask.shape[-1]]}) does not match "
-                f"the tokens at {token_key!r} (shape {[*batch_shape, ids.shape[-1]]}). The mask "
-                "needs one entry per token."
-            )
+            f"the mask at {mask_key!r} (shape {[*mask_shape, mask.shape[-1]]}) does not match "
+            f"the tokens at {token_key!r} (shape {[*batch_shape, ids.shape[-1]]}). The mask "
+            "needs one entry per token."
         )
 
 
@@ -243,7 +230,7 @@ def read_tokens(
     ids, tok_lengths, batch_shape = _read_padded(value, f"token_key={token_key!r}")
     if ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool:
         raise TypeError(
-            signed(f"token_key={token_key!r} holds {ids.dtype} values; expected integer token ids.")
+            f"token_key={token_key!r} holds {ids.dtype} values; expected integer token ids."
         )
     real = None if tok_lengths is None else position_mask(tok_lengths, ids.shape[-1])
     if mask_key is not None:
@@ -275,10 +262,8 @@ def _pack(token_lists: Sequence[Sequence[int]], what: str) -> tuple[torch.Tensor
     if 0 in sizes:
         empty = [i for i, size in enumerate(sizes) if size == 0][:8]
         raise ValueError(
-            signed(
-                f"{what}: row(s) {empty} (flattened index) tokenize to no token at all; a reward "
-                "model cannot score an empty sequence. Drop these rows first."
-            )
+            f"{what}: row(s) {empty} (flattened index) tokenize to no token at all; a reward "
+            "model cannot score an empty sequence. Drop these rows first."
         )
     ids = torch.nn.utils.rnn.pad_sequence(rows, batch_first=True, padding_value=0)
     return ids, lengths
@@ -297,7 +282,7 @@ def read_texts(
     for i, text in enumerate(texts):
         if not isinstance(text, str):
             raise TypeError(
-                signed(f"text_key={text_key!r} row {i} is a {type(text).__name__}; expected a str.")
+                f"text_key={text_key!r} row {i} is a {type(text).__name__}; expected a str."
             )
     eos = tokenizer.eos_token
     if append_eos:
@@ -321,10 +306,8 @@ def read_history(
         messages = history_to_messages(history) if isinstance(history, History) else None
     if not isinstance(history, History):
         raise TypeError(
-            signed(
-                f"history_key={history_key!r} holds a {type(history).__name__}; expected a "
-                "torchrl.data.llm.History."
-            )
+            f"history_key={history_key!r} holds a {type(history).__name__}; expected a "
+            "torchrl.data.llm.History."
         )
     batch_shape = tuple(history.batch_size[:-1])
     conversations = flatten_nested(messages, len(batch_shape))
@@ -356,7 +339,7 @@ def read_chats(
                 conversation, completion_roles=completion_roles
             )
         except ValueError as err:
-            raise ValueError(signed(f"rollout {i} (flattened): {err}")) from err
+            raise ValueError(f"rollout {i} (flattened): {err}") from err
         prompts.append(prompt)
         completions.append(completion)
     return prompts, completions

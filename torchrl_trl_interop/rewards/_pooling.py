@@ -15,8 +15,6 @@ from typing import Any
 
 import torch
 
-from .._checks import signed
-
 __all__ = [
     "RewardOutputError",
     "RewardShapeError",
@@ -68,11 +66,9 @@ def extract_reward(out: Any) -> torch.Tensor:
     if isinstance(out, (tuple, list)) and out and isinstance(out[0], torch.Tensor):
         return out[0]
     raise RewardOutputError(
-        signed(
-            f"could not extract reward from model output: it is of type {type(out).__name__}. "
-            "Expected a tensor, an output with a 'logits' or 'rewards' tensor attribute (or "
-            "mapping entry), or a tuple whose first element is the reward tensor."
-        )
+        f"could not extract reward from model output: it is of type {type(out).__name__}. "
+        "Expected a tensor, an output with a 'logits' or 'rewards' tensor attribute (or "
+        "mapping entry), or a tuple whose first element is the reward tensor."
     )
 
 
@@ -89,10 +85,8 @@ def check_reward_shape(model: Any, reward: torch.Tensor, n: int) -> torch.Tensor
         else ""
     )
     raise RewardShapeError(
-        signed(
-            f"expected one scalar reward per input (one scalar reward per row, shape [{n}] or "
-            f"[{n}, 1]), but the model returned shape {list(reward.shape)}.{hint}"
-        )
+        f"expected one scalar reward per input (one scalar reward per row, shape [{n}] or "
+        f"[{n}, 1]), but the model returned shape {list(reward.shape)}.{hint}"
     )
 
 
@@ -139,11 +133,9 @@ def check_model_input(model: Any, ids: torch.Tensor, lengths: torch.Tensor, arg:
     if positions is not None and int(lengths.max()) > positions:
         row = int(lengths.argmax())
         raise ValueError(
-            signed(
-                f"{arg} holds a row of {int(lengths.max())} tokens (row {row}, flattened); the "
-                f"reward model takes at most {positions} (max_position_embeddings). Truncate or "
-                "drop longer rows first."
-            )
+            f"{arg} holds a row of {int(lengths.max())} tokens (row {row}, flattened); the "
+            f"reward model takes at most {positions} (max_position_embeddings). Truncate or "
+            "drop longer rows first."
         )
     if vocab is not None:
         low, high = int(ids.min()), int(ids.max())  # padding is 0: inside the vocabulary
@@ -151,10 +143,8 @@ def check_model_input(model: Any, ids: torch.Tensor, lengths: torch.Tensor, arg:
             bad = low if low < 0 else high
             row = int(((ids == bad).any(-1)).nonzero()[0])
             raise ValueError(
-                signed(
-                    f"{arg} holds token id {bad} (row {row}); the reward model's vocabulary has "
-                    f"ids 0 to {vocab - 1}. Tokenize with the reward model's own tokenizer."
-                )
+                f"{arg} holds token id {bad} (row {row}); the reward model's vocabulary has "
+                f"ids 0 to {vocab - 1}. Tokenize with the reward model's own tokenizer."
             )
 
 

@@ -23,7 +23,6 @@ from .._checks import (
     check_tensordict,
     check_tokenizer,
     module_repr,
-    signed,
     type_error,
 )
 from .._keys import ATTENTION_MASK_KEY, REWARD_KEY, TOKEN_KEY, as_nested_key
@@ -255,33 +254,25 @@ class HFRewardModelWrapper(TensorDictModuleBase):
             in_keys.append(as_nested_key(attention_mask_key, "attention_mask_key"))
         if input_mode == "tokens" and tokenizer is not None:
             raise ValueError(
-                signed(
-                    "tokenizer= is only used with text_key= or history_key= (input_mode='text' "
-                    "or 'history'); token input is read as it is, so it would be ignored. Pass "
-                    "input_mode='text' or 'history', or drop tokenizer=."
-                )
+                "tokenizer= is only used with text_key= or history_key= (input_mode='text' "
+                "or 'history'); token input is read as it is, so it would be ignored. Pass "
+                "input_mode='text' or 'history', or drop tokenizer=."
             )
         if input_mode != "tokens" and tokenizer is None:
             raise ValueError(
-                signed(
-                    f"input_mode={input_mode!r} ({MODE_KEY_ARGS[input_mode]}={in_keys[0]!r}) "
-                    "needs the reward model's tokenizer: pass tokenizer=... (the one the reward "
-                    "model was trained with, which is often not the policy's)."
-                )
+                f"input_mode={input_mode!r} ({MODE_KEY_ARGS[input_mode]}={in_keys[0]!r}) "
+                "needs the reward model's tokenizer: pass tokenizer=... (the one the reward "
+                "model was trained with, which is often not the policy's)."
             )
         if input_mode == "text" and append_eos and tokenizer.eos_token is None:
             raise ValueError(
-                signed(
-                    f"append_eos=True but tokenizer {type(tokenizer).__name__} has no eos_token. "
-                    "Set tokenizer.eos_token or pass append_eos=False."
-                )
+                f"append_eos=True but tokenizer {type(tokenizer).__name__} has no eos_token. "
+                "Set tokenizer.eos_token or pass append_eos=False."
             )
         if chat_template_kwargs is not None and input_mode != "history":
             raise ValueError(
-                signed(
-                    "chat_template_kwargs= is only used with history_key= "
-                    f"(input_mode='history'); with input_mode={input_mode!r} it would be ignored."
-                )
+                "chat_template_kwargs= is only used with history_key= "
+                f"(input_mode='history'); with input_mode={input_mode!r} it would be ignored."
             )
 
         super().__init__()

@@ -52,7 +52,7 @@ def check_nonfinite(nonfinite: str) -> None:
         ValueError: nonfinite='drop'; expected one of ('raise', 'warn', 'ignore').
     """
     if nonfinite not in NONFINITE_MODES:
-        raise ValueError(signed(f"nonfinite={nonfinite!r}; expected one of {NONFINITE_MODES}."))
+        raise ValueError(f"nonfinite={nonfinite!r}; expected one of {NONFINITE_MODES}.")
 
 
 def score_packed(
@@ -123,14 +123,14 @@ def report_nonfinite(reward: torch.Tensor, reward_key: NestedKey, nonfinite: str
     """
     bad = ~torch.isfinite(reward.detach())
     where = bad.nonzero().tolist()[:8]
-    message = signed(
+    message = (
         f"{int(bad.sum())} of {bad.numel()} reward(s) at {reward_key!r} are NaN or infinite "
         f"(first indices: {where}). Check the model's dtype and inputs, or pass nonfinite='warn' "
         "or 'ignore'."
     )
     if nonfinite == "raise":
         raise ValueError(message)
-    warnings.warn(message, RuntimeWarning, stacklevel=3)
+    warnings.warn(signed(message), RuntimeWarning, stacklevel=3)
 
 
 def _model_device(model: nn.Module, default: torch.device) -> torch.device:

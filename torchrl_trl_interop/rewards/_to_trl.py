@@ -23,7 +23,6 @@ from .._checks import (
     boundary,
     check_positive_int,
     check_tokenizer,
-    signed,
     type_error,
 )
 from .._conversation import is_message_list
@@ -388,19 +387,15 @@ def as_trl_reward_func(
         keys = {"token_key": token_key, "attention_mask_key": attention_mask_key}
         if processing_class is None:
             raise ValueError(
-                signed(
-                    f"token_key={token_key!r} (input_mode='tokens') needs processing_class= (the "
-                    "tokenizer the module's model expects) to tokenize prompt + completion."
-                )
+                f"token_key={token_key!r} (input_mode='tokens') needs processing_class= (the "
+                "tokenizer the module's model expects) to tokenize prompt + completion."
             )
     keys["completion_ids_key"] = completion_ids_key
     keys = {arg: as_nested_key(k, arg) for arg, k in keys.items() if k is not None}
     if not keys:
         raise ValueError(
-            signed(
-                "history_key, text_key, token_key and completion_ids_key are all None, so the "
-                "module would receive no input. Set the key(s) the module reads."
-            )
+            "history_key, text_key, token_key and completion_ids_key are all None, so the "
+            "module would receive no input. Set the key(s) the module reads."
         )
     check_distinct_keys([*keys.values(), *kwargs_keys.values()])
     if reward_key is None:

@@ -19,7 +19,7 @@ import torch
 from tensordict import TensorDictBase, set_list_to_stack
 from tensordict.utils import NestedKey
 
-from .._checks import boundary, check_bool, check_int, check_positive_int, signed
+from .._checks import boundary, check_bool, check_int, check_positive_int
 from .._conversation import history_to_messages
 from .._keys import NEXT_POLICY_VERSION_KEY, NEXT_REWARD_KEY, POLICY_VERSION_KEY, as_nested_key
 from ..weights._staleness import check_max_staleness
@@ -73,10 +73,8 @@ class _BufferReader:
             return None, self.cursor
         if written - self.cursor > size:
             raise RuntimeError(
-                signed(
-                    f"the buffer overwrote {written - self.cursor - size} rows before they were "
-                    f"read (capacity {size}); give it a larger storage."
-                )
+                f"the buffer overwrote {written - self.cursor - size} rows before they were "
+                f"read (capacity {size}); give it a larger storage."
             )
         start, self.cursor = self.cursor, written
         return self.buffer[torch.arange(start, written) % size], start
@@ -177,11 +175,9 @@ class TorchRLRolloutWorker:
         check_int(queue_maxsize, "queue_maxsize")
         if queue_maxsize < 0 or 0 < queue_maxsize < num_generations:
             raise ValueError(
-                signed(
-                    f"queue_maxsize={queue_maxsize} cannot hold a whole group of "
-                    f"num_generations={num_generations} samples, and groups are queued whole: pass "
-                    f"0 (unbounded) or at least {num_generations}."
-                )
+                f"queue_maxsize={queue_maxsize} cannot hold a whole group of "
+                f"num_generations={num_generations} samples, and groups are queued whole: pass "
+                f"0 (unbounded) or at least {num_generations}."
             )
         self.source = source
         self.num_generations = num_generations
@@ -196,11 +192,9 @@ class TorchRLRolloutWorker:
             hasattr(source, name) for name in ("sample", "extend", "__getitem__", "__len__")
         ):
             raise TypeError(
-                signed(
-                    f"source is {source!r:.100} of type {type(source).__name__}; expected a torchrl "
-                    "LLM collector (LLMCollector, RayLLMCollector: it has update_policy_weights_ "
-                    "and yields batches) or the replay buffer a collector writes into."
-                )
+                f"source is {source!r:.100} of type {type(source).__name__}; expected a torchrl "
+                "LLM collector (LLMCollector, RayLLMCollector: it has update_policy_weights_ "
+                "and yields batches) or the replay buffer a collector writes into."
             )
         policy = getattr(source, "policy", None) if self.is_collector else None
         if policy is not None:
@@ -289,16 +283,14 @@ class TorchRLRolloutWorker:
         the thread ended stay there to be read.
         """
         if self._error is not None:
-            raise RuntimeError(signed("the rollout thread failed.")) from self._error
+            raise RuntimeError("the rollout thread failed.") from self._error
         if self._ended is not None:
-            raise RuntimeError(signed(f"the rollout thread ended: {self._ended}"))
+            raise RuntimeError(f"the rollout thread ended: {self._ended}")
         if self._thread is None or not self._thread.is_alive():
-            raise RuntimeError(signed("the rollout thread is not running (start() it)."))
+            raise RuntimeError("the rollout thread is not running (start() it).")
         age = time.time() - self._heartbeat
         if age > stale_after_s:
-            raise RuntimeError(
-                signed(f"no rollout for {age:.0f}s > stale_after_s={stale_after_s:.0f}s.")
-            )
+            raise RuntimeError(f"no rollout for {age:.0f}s > stale_after_s={stale_after_s:.0f}s.")
 
     # -- the thread -----------------------------------------------------------------------------
 
@@ -342,13 +334,11 @@ class TorchRLRolloutWorker:
             versions = batch.get(NEXT_POLICY_VERSION_KEY, batch.get(POLICY_VERSION_KEY, None))
         if reward is None and self._selects:
             raise KeyError(
-                signed(
-                    "candidate_group_size/drop_zero_std select groups by their reward at "
-                    f"{self.reward_key!r}, which the collected batch does not hold (keys: "
-                    f"{sorted(map(str, batch.keys(True, True)))}). Give the collector's "
-                    "environment a reward transform (e.g. RewardTransform(reward_func)) or pass "
-                    "reward_key=."
-                )
+                "candidate_group_size/drop_zero_std select groups by their reward at "
+                f"{self.reward_key!r}, which the collected batch does not hold (keys: "
+                f"{sorted(map(str, batch.keys(True, True)))}). Give the collector's "
+                "environment a reward transform (e.g. RewardTransform(reward_func)) or pass "
+                "reward_key=."
             )
         logprobs = tokens.log_probs
         if self.score_model is not None:

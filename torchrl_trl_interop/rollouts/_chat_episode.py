@@ -28,7 +28,6 @@ import torch
 from tensordict import NonTensorStack, TensorDict, set_list_to_stack
 from tensordict.utils import NestedKey
 
-from .._checks import signed
 from .._conversation import history_to_messages, is_message_list, messages_to_history
 from .._keys import HISTORY_KEY, PROMPT_HISTORY_KEY, key_parts, without_placeholders
 from .._upstream._env_step import reset, step, step_mdp
@@ -71,22 +70,18 @@ def check_chat_env(env: Any, why: str) -> Any:
 
     if not isinstance(env, EnvBase):
         raise TypeError(
-            signed(
-                f"make_env returned {env!r:.100} of type {type(env).__name__}; expected a "
-                "torchrl environment: a ChatEnv (input_mode='history') or a TransformedEnv "
-                "around one."
-            )
+            f"make_env returned {env!r:.100} of type {type(env).__name__}; expected a "
+            "torchrl environment: a ChatEnv (input_mode='history') or a TransformedEnv "
+            "around one."
         )
     problem = find_env_problem(env, own_prompts=True)
     if problem is not None:
         error, reason = problem
-        raise error(signed(f"make_env returned an environment that cannot be used: {reason}."))
+        raise error(f"make_env returned an environment that cannot be used: {reason}.")
     if tuple(env.batch_size) != (1,):
         raise ValueError(
-            signed(
-                f"make_env returned an environment with batch_size={tuple(env.batch_size)}; {why}: "
-                "build it with batch_size=(1,)."
-            )
+            f"make_env returned an environment with batch_size={tuple(env.batch_size)}; {why}: "
+            "build it with batch_size=(1,)."
         )
     return getattr(env, "base_env", env)
 
@@ -154,10 +149,8 @@ def reset_input(
     if clash:
         hint = " (the prompt goes in prompt=...)" if base.data_key in clash else ""
         raise error(
-            signed(
-                f"the row columns {clash} have the names of the environment's own entries; "
-                f"{fix}{hint} (its entries: {sorted(map(str, taken))})."
-            )
+            f"the row columns {clash} have the names of the environment's own entries; "
+            f"{fix}{hint} (its entries: {sorted(map(str, taken))})."
         )
     td = TensorDict(batch_size=[1])
     with set_list_to_stack(True):
@@ -167,10 +160,8 @@ def reset_input(
             td.set(base.data_key, messages_to_history([prompt]))
         elif prompt is not None:
             raise TypeError(
-                signed(
-                    "the prompt should be a str or a list of {'role', 'content'} messages, got "
-                    f"{prompt!r:.200} of type {type(prompt).__name__}."
-                )
+                "the prompt should be a str or a list of {'role', 'content'} messages, got "
+                f"{prompt!r:.200} of type {type(prompt).__name__}."
             )
         for key, value in columns.items():
             td.set(key, _column(value))

@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 
-from .._checks import check_optional_int, check_present, signed
+from .._checks import check_optional_int, check_present
 from ._trainer import group_size, log_metrics, process_slice
 
 __all__ = [
@@ -79,11 +79,9 @@ def check_candidate_group_size(value: Any, *, group_size: int | None = None) -> 
     check_optional_int(value, "candidate_group_size", minimum=2, counts=counts)
     if value is not None and group_size is not None and value < group_size:
         raise ValueError(
-            signed(
-                f"candidate_group_size={value} is smaller than num_generations={group_size}; it "
-                "counts the candidates sampled per group, of which num_generations are kept: pass "
-                f"candidate_group_size >= {group_size}, or None to sample without candidates."
-            )
+            f"candidate_group_size={value} is smaller than num_generations={group_size}; it "
+            "counts the candidates sampled per group, of which num_generations are kept: pass "
+            f"candidate_group_size >= {group_size}, or None to sample without candidates."
         )
 
 
@@ -182,9 +180,7 @@ def select_candidates(
         [0]
     """
     if not 0 < keep <= len(rewards):
-        raise ValueError(
-            signed(f"select_candidates cannot keep {keep} of {len(rewards)} candidates.")
-        )
+        raise ValueError(f"select_candidates cannot keep {keep} of {len(rewards)} candidates.")
     if not has_spread(rewards):
         return list(range(keep))
     scored = [i for i, r in enumerate(rewards) if _scores(r)]
@@ -253,15 +249,13 @@ def sample_candidates(
     counts = [candidates_for(stop - start, group, candidate_group_size) for start, stop, _ in runs]
     if sum(counts) % env_batch_size:
         raise ValueError(
-            signed(
-                f"candidate_group_size={candidate_group_size} makes {sum(counts)} candidate "
-                f"rollouts for the {len(prompts)} prompts of this call ({len(runs)} groups of "
-                f"num_generations={group}), which the environment, of batch_size "
-                f"({env_batch_size},), cannot run in whole batches. Make the candidates a multiple "
-                "of the env's batch size: candidate_group_size x groups per call (for a whole "
-                "group, candidate_group_size itself) divisible by it, or an env batch size that "
-                "divides it."
-            )
+            f"candidate_group_size={candidate_group_size} makes {sum(counts)} candidate "
+            f"rollouts for the {len(prompts)} prompts of this call ({len(runs)} groups of "
+            f"num_generations={group}), which the environment, of batch_size "
+            f"({env_batch_size},), cannot run in whole batches. Make the candidates a multiple "
+            "of the env's batch size: candidate_group_size x groups per call (for a whole "
+            "group, candidate_group_size itself) divisible by it, or an env batch size that "
+            "divides it."
         )
     candidate_prompts = [prompts[start] for (start, _, _), n in zip(runs, counts) for _ in range(n)]
     out = rollout(candidate_prompts, trainer)

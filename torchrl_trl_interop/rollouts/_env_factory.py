@@ -19,7 +19,7 @@ from typing import Any
 
 from tensordict.utils import NestedKey
 
-from .._checks import as_mapping, as_names, boundary, check_bool, require, signed, speaking_for
+from .._checks import as_mapping, as_names, boundary, check_bool, require, speaking_for
 from .._keys import NEXT_DONE_KEY, NEXT_REWARD_KEY, as_nested_key, key_parts
 from ._chat_episode import check_chat_env
 from ._tool_env import PUBLIC_NAMES, TorchRLEnvironment, get_reward
@@ -116,13 +116,11 @@ class _EnvironmentFactory:
         )
         if not tools and not writes_reward and not has_prompt_source(env):
             raise ValueError(
-                signed(
-                    "the environment has no tool transform, no transform writing a reward at "
-                    f"{self.reward_key!r} and no prompt source: nothing to bridge into TRL. Add a "
-                    "tool transform (SimpleToolTransform, ExecuteToolsInOrder, MCPToolTransform, "
-                    "PythonInterpreter), a reward transform (RewardTransform, a torchrl reward "
-                    "parser) or a DataLoadingPrimer serving its prompts."
-                )
+                "the environment has no tool transform, no transform writing a reward at "
+                f"{self.reward_key!r} and no prompt source: nothing to bridge into TRL. Add a "
+                "tool transform (SimpleToolTransform, ExecuteToolsInOrder, MCPToolTransform, "
+                "PythonInterpreter), a reward transform (RewardTransform, a torchrl reward "
+                "parser) or a DataLoadingPrimer serving its prompts."
             )
         body = {"_tools": {t.name: t for t in tools}, "_factory": self, "_token": self.token}
         if writes_reward and self.env_reward:  # TRL 1.16 adds it as a reward source itself
@@ -145,10 +143,7 @@ class _EnvironmentFactory:
         missing = [k for k in columns if k not in row]
         if missing:
             raise KeyError(
-                signed(
-                    f"row_keys names {missing}, missing from the dataset row (columns: "
-                    f"{sorted(row)})."
-                )
+                f"row_keys names {missing}, missing from the dataset row (columns: {sorted(row)})."
             )
         return list(columns)
 
@@ -323,27 +318,23 @@ def as_trl_environment_factory(
 
     if isinstance(make_env, EnvBase):
         raise TypeError(
-            signed(
-                f"make_env is an environment ({type(make_env).__name__}); pass the function that "
-                "builds one instead: TRL builds an instance per concurrent rollout, and "
-                "AsyncGRPOTrainer builds them in another process."
-            )
+            f"make_env is an environment ({type(make_env).__name__}); pass the function that "
+            "builds one instead: TRL builds an instance per concurrent rollout, and "
+            "AsyncGRPOTrainer builds them in another process."
         )
     if not callable(make_env):
         raise TypeError(
-            signed(
-                "make_env should be a zero-argument callable returning a TorchRL environment (a "
-                "module-level function or functools.partial, so it pickles), got "
-                f"{type(make_env).__name__}."
-            )
+            "make_env should be a zero-argument callable returning a TorchRL environment (a "
+            "module-level function or functools.partial, so it pickles), got "
+            f"{type(make_env).__name__}."
         )
     name = _default_name(make_env) if name is None else name
     if not isinstance(name, str) or not name:
-        raise TypeError(signed(f"name should be a non-empty str, got {name!r}."))
+        raise TypeError(f"name should be a non-empty str, got {name!r}.")
     rename = as_mapping(rename, "rename", "{tool name: new name}")
     row_keys = None if row_keys is None else list(as_names(row_keys, "row_keys"))
     if row_keys is not None and "prompt" in row_keys:
-        raise ValueError(signed("row_keys should not name 'prompt': it resets the ChatEnv."))
+        raise ValueError("row_keys should not name 'prompt': it resets the ChatEnv.")
     if processing_class is not None:
         check_tool_template(processing_class)
     check_bool(get_reward, "get_reward")

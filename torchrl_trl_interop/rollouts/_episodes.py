@@ -26,7 +26,6 @@ from tensordict import NonTensorStack, TensorDict, set_list_to_stack
 from tensordict.utils import NestedKey
 
 from .._chat_format import ChatFormat, answer_turn
-from .._checks import signed
 from .._conversation import history_to_messages, is_message_list, messages_to_history
 from .._keys import POLICY_VERSION_KEY, key_parts, placeholder_turn, without_placeholders
 from .._padding import pad_rows, position_mask
@@ -230,15 +229,13 @@ class _Episodes:
             elif ids != expected:
                 at = next((k for k, (a, b) in enumerate(zip(ids, expected)) if a != b), None)
                 raise RuntimeError(
-                    signed(
-                        f"at turn {turn} the policy conditioned on {len(ids)} tokens for rollout "
-                        f"{i}, the rollout holds {len(expected)} (first difference at {at}). "
-                        "Multi-turn rollouts need a token-first policy (prefer_tokens=True) that "
-                        f"continues from the {self.keys.prompt_tokens!r} it is given, as they are. "
-                        "torchrl 0.14.1's own wrappers strip every pad id from that prompt: with "
-                        "them, the pad token must not be an eos token (the default policy reads "
-                        f"the {self.keys.attention_mask!r} given beside the tokens instead)."
-                    )
+                    f"at turn {turn} the policy conditioned on {len(ids)} tokens for rollout "
+                    f"{i}, the rollout holds {len(expected)} (first difference at {at}). "
+                    "Multi-turn rollouts need a token-first policy (prefer_tokens=True) that "
+                    f"continues from the {self.keys.prompt_tokens!r} it is given, as they are. "
+                    "torchrl 0.14.1's own wrappers strip every pad id from that prompt: with "
+                    "them, the pad token must not be an eos token (the default policy reads "
+                    f"the {self.keys.attention_mask!r} given beside the tokens instead)."
                 )
             row.extend(out.responses[i], None if out.log_probs is None else out.log_probs[i], False)
             row.last_answer = list(out.responses[i])
@@ -251,15 +248,13 @@ class _Episodes:
             if ids != expected:
                 own = self.tokenizer.decode(ids, skip_special_tokens=False)
                 raise ValueError(
-                    signed(
-                        f"the policy {type(self.policy).__name__} prompted rollout {i} with "
-                        f"{own[-200:]!r}, not with {self.chat.name}'s rendering of the "
-                        f"conversation ({self.tokenizer.decode(expected)[-200:]!r}): it renders "
-                        "with another chat template (torchrl's LLM wrappers pick one from "
-                        "tokenizer.name_or_path unless one is named). Build it with "
-                        "prefer_tokens=True (it then reads the rollout's tokens) or with "
-                        "chat_template=tokenizer.chat_template."
-                    )
+                    f"the policy {type(self.policy).__name__} prompted rollout {i} with "
+                    f"{own[-200:]!r}, not with {self.chat.name}'s rendering of the "
+                    f"conversation ({self.tokenizer.decode(expected)[-200:]!r}): it renders "
+                    "with another chat template (torchrl's LLM wrappers pick one from "
+                    "tokenizer.name_or_path unless one is named). Build it with "
+                    "prefer_tokens=True (it then reads the rollout's tokens) or with "
+                    "chat_template=tokenizer.chat_template."
                 )
 
     def _answered(self, td: Any, prompts: list[list[int]], responses: list[list[int]]) -> Any:

@@ -59,12 +59,10 @@ def _final_answer_kwargs(completions: list, kwargs: dict) -> dict:
     answers, ids = kwargs.get(FINAL_ANSWER), kwargs.get(FINAL_ANSWER_IDS)
     if answers is None or ids is None:
         raise KeyError(
-            signed(
-                f"the reward function got no {FINAL_ANSWER!r} and {FINAL_ANSWER_IDS!r} keywords "
-                f"(got {sorted(kwargs)}). They come from "
-                "GRPOTrainer(rollout_func=as_trl_rollout_func(env)); with TRL's own generation "
-                "the completion is the policy's answer: use the reward function unwrapped."
-            )
+            f"the reward function got no {FINAL_ANSWER!r} and {FINAL_ANSWER_IDS!r} keywords "
+            f"(got {sorted(kwargs)}). They come from "
+            "GRPOTrainer(rollout_func=as_trl_rollout_func(env)); with TRL's own generation "
+            "the completion is the policy's answer: use the reward function unwrapped."
         )
     completions = [
         [{"role": "assistant", "content": answer}] if isinstance(c, list) else answer
@@ -110,10 +108,8 @@ def score_final_answer(reward_func: Callable) -> Callable:
     """
     if not callable(reward_func):
         raise TypeError(
-            signed(
-                "reward_func must be a TRL reward function (a callable), got "
-                f"{type(reward_func).__name__}."
-            )
+            "reward_func must be a TRL reward function (a callable), got "
+            f"{type(reward_func).__name__}."
         )
     # the function TRL calls: its errors name the wrapped function
     sign = boundary(f"score_final_answer({_name(reward_func)})")

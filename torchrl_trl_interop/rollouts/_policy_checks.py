@@ -11,7 +11,6 @@ from typing import Any
 
 from torchrl.modules.llm import TransformersWrapper
 
-from .._checks import signed
 from .._conversation import is_message_list
 from ._trainer_policy import TrainerModelPolicy
 
@@ -41,7 +40,7 @@ def check_same_tokenizer(policy_tokenizer: Any, trainer_tokenizer: Any) -> None:
         mismatch.append("vocabulary: same size, different token ids")
     if mismatch:
         raise ValueError(
-            signed("the policy's tokenizer is not the trainer's processing_class (")
+            "the policy's tokenizer is not the trainer's processing_class ("
             + "; ".join(mismatch)
             + "). The trainer scores the policy's token ids with its own model, so both must "
             "use one tokenizer: build the policy with tokenizer=trainer.processing_class."
@@ -62,15 +61,13 @@ def check_pad_is_not_eos(policy: Any) -> None:
     eos = sorted({getattr(tokenizer, "eos_token_id", None), *eos} - {None})
     if pad is not None and pad in eos:
         raise ValueError(
-            signed(
-                "the policy is torchrl's TransformersWrapper and its tokenizer's pad token is an "
-                f"eos token (pad_token_id={pad}, eos ids {eos}). torchrl 0.14.1's wrapper tells "
-                "padding from tokens by comparing ids with the pad id, so it drops the eos token "
-                "an answer ends with: TRL would see every completion as truncated and the policy "
-                "would never learn to stop. Leave policy=None (the trainer's model, cut by "
-                "lengths and masks), or give the tokenizer a pad token that is not an eos token "
-                "(a vLLMWrapper keeps the eos too, for single-turn rollouts)."
-            )
+            "the policy is torchrl's TransformersWrapper and its tokenizer's pad token is an "
+            f"eos token (pad_token_id={pad}, eos ids {eos}). torchrl 0.14.1's wrapper tells "
+            "padding from tokens by comparing ids with the pad id, so it drops the eos token "
+            "an answer ends with: TRL would see every completion as truncated and the policy "
+            "would never learn to stop. Leave policy=None (the trainer's model, cut by "
+            "lengths and masks), or give the tokenizer a pad token that is not an eos token "
+            "(a vLLMWrapper keeps the eos too, for single-turn rollouts)."
         )
 
 
@@ -82,14 +79,12 @@ def check_same_turn_counts(policy: Any, prompts: list, start: int) -> None:
     other = next((i for i, n in enumerate(sizes) if n != sizes[0]), None)
     if other is not None:
         raise ValueError(
-            signed(
-                f"prompts {start} and {start + other} share an env batch but have {sizes[0]} and "
-                f"{sizes[other]} messages. torchrl 0.14.1's TransformersWrapper cannot answer "
-                "conversations of different lengths in one batch (it fails with 'zip() argument "
-                "... is shorter'). Leave policy=None (the trainer's model answers each row on its "
-                "own), use a vLLMWrapper, or make the env's batch_size a divisor of "
-                "num_generations (each env batch then holds one prompt's copies)."
-            )
+            f"prompts {start} and {start + other} share an env batch but have {sizes[0]} and "
+            f"{sizes[other]} messages. torchrl 0.14.1's TransformersWrapper cannot answer "
+            "conversations of different lengths in one batch (it fails with 'zip() argument "
+            "... is shorter'). Leave policy=None (the trainer's model answers each row on its "
+            "own), use a vLLMWrapper, or make the env's batch_size a divisor of "
+            "num_generations (each env batch then holds one prompt's copies)."
         )
 
 
@@ -113,36 +108,28 @@ def check_policy(policy: Any, max_turns: int, recompute_logprobs: bool | None) -
 
     if not isinstance(policy, TensorDictModuleBase):
         raise TypeError(
-            signed(
-                "policy must be a torchrl LLM wrapper (a TensorDictModuleBase, e.g. "
-                "TransformersWrapper or vLLMWrapper) or None (the trainer's model), got "
-                f"{policy!r:.100} of type {type(policy).__name__}."
-            )
+            "policy must be a torchrl LLM wrapper (a TensorDictModuleBase, e.g. "
+            "TransformersWrapper or vLLMWrapper) or None (the trainer's model), got "
+            f"{policy!r:.100} of type {type(policy).__name__}."
         )
     if getattr(policy, "return_log_probs", True) is False and recompute_logprobs is False:
         raise ValueError(
-            signed(
-                f"the policy {type(policy).__name__} returns no log-probs (return_log_probs=False) "
-                "and recompute_logprobs=False; build it with return_log_probs=True or let the "
-                "trainer's model score the tokens (recompute_logprobs=True)."
-            )
+            f"the policy {type(policy).__name__} returns no log-probs (return_log_probs=False) "
+            "and recompute_logprobs=False; build it with return_log_probs=True or let the "
+            "trainer's model score the tokens (recompute_logprobs=True)."
         )
     if max_turns > 1 and getattr(policy, "prefer_tokens", True) is False:
         raise ValueError(
-            signed(
-                f"max_turns={max_turns} needs a policy that continues from the rollout's tokens, "
-                f"but {type(policy).__name__} has prefer_tokens=False (it would re-tokenize the "
-                "conversation, so the trainer would score other tokens than those sampled). Build "
-                "it with prefer_tokens=True."
-            )
+            f"max_turns={max_turns} needs a policy that continues from the rollout's tokens, "
+            f"but {type(policy).__name__} has prefer_tokens=False (it would re-tokenize the "
+            "conversation, so the trainer would score other tokens than those sampled). Build "
+            "it with prefer_tokens=True."
         )
     if getattr(policy, "num_samples", None) not in (None, 1):
         raise ValueError(
-            signed(
-                f"the policy samples num_samples={policy.num_samples} answers per prompt; "
-                "GRPOTrainer already repeats each prompt num_generations times, so build it with "
-                "num_samples=None."
-            )
+            f"the policy samples num_samples={policy.num_samples} answers per prompt; "
+            "GRPOTrainer already repeats each prompt num_generations times, so build it with "
+            "num_samples=None."
         )
     if is_torchrl_transformers_wrapper(policy):
         check_pad_is_not_eos(policy)
@@ -203,13 +190,11 @@ def check_policy_format(policy: Any) -> None:
     ours = own.render([chat], add_generation_prompt=True)[0]
     if theirs != ours:
         raise ValueError(
-            signed(
-                f"the policy {type(policy).__name__} renders conversations with torchrl's "
-                f"template pick ({theirs[-120:]!r}), not with its tokenizer's own, "
-                f"{own.name} ({ours[-120:]!r}): the rollouts would train the model on a format "
-                "its template never produces, and torchrl would parse its answers with another "
-                "family's parser. Build it with chat_template=tokenizer.chat_template, or use "
-                "TrainerModelPolicy(model, tokenizer, generation_config, temperature), which "
-                "renders and reads answers with the tokenizer's template."
-            )
+            f"the policy {type(policy).__name__} renders conversations with torchrl's "
+            f"template pick ({theirs[-120:]!r}), not with its tokenizer's own, "
+            f"{own.name} ({ours[-120:]!r}): the rollouts would train the model on a format "
+            "its template never produces, and torchrl would parse its answers with another "
+            "family's parser. Build it with chat_template=tokenizer.chat_template, or use "
+            "TrainerModelPolicy(model, tokenizer, generation_config, temperature), which "
+            "renders and reads answers with the tokenizer's template."
         )

@@ -21,7 +21,6 @@ from typing import Any
 import torch
 from tensordict.utils import NestedKey
 
-from .._checks import signed
 from .._keys import (
     ATTENTION_MASK_KEY,
     HISTORY_KEY,
@@ -114,12 +113,10 @@ def read_policy_rows(
     scores = td.get(keys.response_log_probs, None, as_list=True) if log_probs else None
     if log_probs and scores is None and required:
         raise KeyError(
-            signed(
-                f"the policy wrote no log-probs at {keys.response_log_probs!r} (keys: "
-                f"{sorted(map(str, td.keys(True, True)))}). Build it with return_log_probs=True, "
-                "or let the rollouts be scored by a model (recompute_logprobs=True / "
-                "score_model=)."
-            )
+            f"the policy wrote no log-probs at {keys.response_log_probs!r} (keys: "
+            f"{sorted(map(str, td.keys(True, True)))}). Build it with return_log_probs=True, "
+            "or let the rollouts be scored by a model (recompute_logprobs=True / "
+            "score_model=)."
         )
     scores = None if scores is None else _rows(scores)
     masks = td.get(keys.attention_mask, None, as_list=True)
@@ -130,11 +127,9 @@ def read_policy_rows(
             n_prompt, n_response = len(prompts[i]), len(responses[i])
             if mask.numel() != n_prompt + n_response:
                 raise ValueError(
-                    signed(
-                        f"row {i}'s {keys.attention_mask!r} has {mask.numel()} entries, its prompt "
-                        f"and response {n_prompt} + {n_response} tokens; expected a mask over the "
-                        "prompt then the response, as torchrl's LLM wrappers write it."
-                    )
+                    f"row {i}'s {keys.attention_mask!r} has {mask.numel()} entries, its prompt "
+                    f"and response {n_prompt} + {n_response} tokens; expected a mask over the "
+                    "prompt then the response, as torchrl's LLM wrappers write it."
                 )
             if whole:
                 continue

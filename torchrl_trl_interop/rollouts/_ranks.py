@@ -22,7 +22,6 @@ from typing import Any
 
 import torch
 
-from .._checks import signed
 from ._trainer import distributed_backend, trainer_accelerator, trainer_model, training_args
 
 __all__ = ["Lockstep", "Ranks", "check_prompt_slice", "check_same_calls", "generation_guard"]
@@ -109,18 +108,14 @@ def check_prompt_slice(prompts: Any, group: int, ranks: Ranks) -> None:
         ValueError: prompts 0..1 of this rank (positions 2..3 of the 4 prompts of all 2 ranks) are not one prompt repeated num_generations=4 times; GRPOTrainer groups them so.
     """
     if not isinstance(prompts, (list, tuple)) or not prompts:
-        raise TypeError(
-            signed(f"expected a non-empty list of prompts, got {type(prompts).__name__}.")
-        )
+        raise TypeError(f"expected a non-empty list of prompts, got {type(prompts).__name__}.")
     n, total, offset = len(prompts), len(prompts) * ranks.count, len(prompts) * ranks.index
     if total % group:
         where = "" if ranks.count == 1 else f" on each of {ranks.count} ranks ({total} in all)"
         raise ValueError(
-            signed(
-                f"got {n} prompts{where}, not a multiple of num_generations={group}. GRPOTrainer "
-                "passes every prompt repeated num_generations times in a row; call the rollout "
-                "function the same way."
-            )
+            f"got {n} prompts{where}, not a multiple of num_generations={group}. GRPOTrainer "
+            "passes every prompt repeated num_generations times in a row; call the rollout "
+            "function the same way."
         )
     start = 0
     while start < n:
@@ -133,10 +128,8 @@ def check_prompt_slice(prompts: Any, group: int, ranks: Ranks) -> None:
                 f"{total} prompts of all {ranks.count} ranks)"
             )
             raise ValueError(
-                signed(
-                    f"prompts {start}..{stop - 1}{where} are not one prompt repeated "
-                    f"num_generations={group} times; GRPOTrainer groups them so."
-                )
+                f"prompts {start}..{stop - 1}{where} are not one prompt repeated "
+                f"num_generations={group} times; GRPOTrainer groups them so."
             )
         start = stop
 
@@ -157,11 +150,9 @@ def check_same_calls(ranks: Ranks, counts: dict[str, int]) -> None:
             for r, row in enumerate(per_rank)
         )
         raise ValueError(
-            signed(
-                "under ZeRO-3/FSDP every rank must run the same number of generate calls, but the "
-                f"ranks differ ({table}). Build every rank's environment with the same batch_size "
-                "and give every rank the same per_device_train_batch_size."
-            )
+            "under ZeRO-3/FSDP every rank must run the same number of generate calls, but the "
+            f"ranks differ ({table}). Build every rank's environment with the same batch_size "
+            "and give every rank the same per_device_train_batch_size."
         )
 
 

@@ -20,7 +20,7 @@ from tensordict.utils import NestedKey
 from torchrl.modules.llm import TransformersWrapper
 
 from .._chat_format import ChatFormat
-from .._checks import boundary, check_bool, check_positive_int, is_int, require, signed
+from .._checks import boundary, check_bool, check_positive_int, is_int, require
 from .._keys import NEXT_DONE_KEY, NEXT_REWARD_KEY, POLICY_VERSION_KEY, as_nested_key
 from ..weights._staleness import check_max_staleness, check_staleness
 from ._dynamic_sampling import check_candidate_group_size, sample_candidates
@@ -144,13 +144,11 @@ class _EnvRolloutFunc:
             self._checked.add(id(policy))
         if ranks.collective and getattr(policy, "model", None) is unwrapped_model(trainer):
             raise ValueError(
-                signed(
-                    f"the policy {type(policy).__name__} generates with the trainer's own model, "
-                    f"which is sharded over {ranks.count} ranks (ZeRO-3 or FSDP): every forward is "
-                    "a collective, and its generate calls are neither guarded nor kept in step "
-                    "across ranks. Leave policy=None: the trainer's model then generates as "
-                    "GRPOTrainer generates (parameters gathered, synced_gpus, ranks in lockstep)."
-                )
+                f"the policy {type(policy).__name__} generates with the trainer's own model, "
+                f"which is sharded over {ranks.count} ranks (ZeRO-3 or FSDP): every forward is "
+                "a collective, and its generate calls are neither guarded nor kept in step "
+                "across ranks. Leave policy=None: the trainer's model then generates as "
+                "GRPOTrainer generates (parameters gathered, synced_gpus, ranks in lockstep)."
             )
         return policy, None
 
@@ -160,11 +158,9 @@ class _EnvRolloutFunc:
         size = self.env.batch_size[0]
         if self.candidate_group_size is None and len(prompts) % size:  # else: the candidates'
             raise ValueError(
-                signed(
-                    f"got {len(prompts)} prompts for an env of batch_size ({size},); the count "
-                    "must be a multiple of it. Make generation_batch_size (per process) a "
-                    "multiple of the env's batch size."
-                )
+                f"got {len(prompts)} prompts for an env of batch_size ({size},); the count "
+                "must be a multiple of it. Make generation_batch_size (per process) a "
+                "multiple of the env's batch size."
             )
 
     @boundary("as_trl_rollout_func")
@@ -431,7 +427,7 @@ def as_trl_rollout_func(
     problem = find_env_problem(env)
     if problem is not None:
         error, reason = problem
-        raise error(signed(f"env cannot take the trainer's prompts at reset: {reason}."))
+        raise error(f"env cannot take the trainer's prompts at reset: {reason}.")
     check_positive_int(max_turns, "max_turns")
     reward_key = as_nested_key(reward_key, "reward_key")
     done_key = as_nested_key(done_key, "done_key")
@@ -443,10 +439,8 @@ def as_trl_rollout_func(
     check_candidate_group_size(candidate_group_size)
     if env_seed is not None and not is_int(env_seed):
         raise TypeError(
-            signed(
-                "env_seed must be None or an int (each rank seeds env with env_seed + rank), got "
-                f"env_seed={env_seed!r}."
-            )
+            "env_seed must be None or an int (each rank seeds env with env_seed + rank), got "
+            f"env_seed={env_seed!r}."
         )
     return _EnvRolloutFunc(
         env,

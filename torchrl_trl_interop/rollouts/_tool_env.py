@@ -19,11 +19,11 @@ from typing import TYPE_CHECKING, Any
 
 from tensordict import set_list_to_stack
 
-from .._checks import boundary, signed
+from .._checks import boundary
 from .._conversation import is_message_list
 from .._keys import PROMPT_HISTORY_KEY
 from ._chat_episode import conversation, reset_episode, reset_input, step_episode
-from ._tool_outcome import awaited, run_tool
+from ._tool_outcome import EpisodeOver, awaited, run_tool
 from ._tools import tool_transforms
 from ._trl_prompts import PLACEHOLDER_PROMPT, has_prompt_source, shown_prompt
 
@@ -55,13 +55,11 @@ def _observation(prompt: list[dict[str, Any]], after_reset: list[dict[str, Any]]
     if same_start and env_last.get("role") == last.get("role") and env_content.startswith(content):
         return env_content[len(content) :]
     raise ValueError(
-        signed(
-            f"after reset, the environment's conversation is {_turns(after_reset)!r:.400}, not the "
-            f"row's prompt {_turns(prompt)!r:.400} (or the prompt with text appended to its last "
-            "message, which reset() could return). TRL prompts the model with the dataset's "
-            "prompt, so the model would not see the difference: put a system prompt in the "
-            "dataset's prompt instead of the ChatEnv's system_prompt."
-        )
+        f"after reset, the environment's conversation is {_turns(after_reset)!r:.400}, not the "
+        f"row's prompt {_turns(prompt)!r:.400} (or the prompt with text appended to its last "
+        "message, which reset() could return). TRL prompts the model with the dataset's "
+        "prompt, so the model would not see the difference: put a system prompt in the "
+        "dataset's prompt instead of the ChatEnv's system_prompt."
     )
 
 
@@ -97,10 +95,8 @@ def _own_tools(tools: dict[str, TorchRLTool], transforms: list) -> dict[str, Tor
         return dict(tools)
     if len(transforms) != len(first):
         raise RuntimeError(
-            signed(
-                f"this environment has {len(transforms)} tool transforms, the factory's first had "
-                f"{len(first)}: make_env must build the same environment every time."
-            )
+            f"this environment has {len(transforms)} tool transforms, the factory's first had "
+            f"{len(first)}: make_env must build the same environment every time."
         )
     own = {id(t): mine for t, mine in zip(first, transforms)}
     return {
@@ -183,23 +179,19 @@ class TorchRLEnvironment:
         prompt = row.get("prompt", PLACEHOLDER_PROMPT)  # TRL's prompt for a row without one
         if not isinstance(prompt, str) and not is_message_list(prompt):
             raise TypeError(
-                signed(
-                    "the row's prompt should be a str or a list of messages, got "
-                    f"{type(prompt).__name__}: {prompt!r:.200}."
-                )
+                "the row's prompt should be a str or a list of messages, got "
+                f"{type(prompt).__name__}: {prompt!r:.200}."
             )
         messages = shown_prompt(prompt)
         columns = {key: row[key] for key in self._factory._columns(row)}
         own_prompts = has_prompt_source(self._env)
         if own_prompts and messages != PLACEHOLDER_PROMPT:  # a dataset's prompt, not TRL's own
             raise ValueError(
-                signed(
-                    "the environment serves its own prompts (it holds a DataLoadingPrimer), and "
-                    f"the dataset row has one too ({row['prompt']!r:.200}): TRL would show the "
-                    "model the row's prompt with the environment's appended to its last message. "
-                    "Leave the prompt column out of the dataset (TRL then shows the environment's "
-                    "prompt alone), or drop the DataLoadingPrimer to prompt from the dataset."
-                )
+                "the environment serves its own prompts (it holds a DataLoadingPrimer), and "
+                f"the dataset row has one too ({row['prompt']!r:.200}): TRL would show the "
+                "model the row's prompt with the environment's appended to its last message. "
+                "Leave the prompt column out of the dataset (TRL then shows the environment's "
+                "prompt alone), or drop the DataLoadingPrimer to prompt from the dataset."
             )
         shown = None if own_prompts else messages
         fix = "pass row_keys=[...] without them"
@@ -245,9 +237,9 @@ class TorchRLEnvironment:
         tool = self._own_tools[name]
         self._calls.append((name, dict(arguments)))
         if self._td is None:
-            raise RuntimeError(signed(f"tool {name!r} called before reset()."))
+            raise RuntimeError(f"tool {name!r} called before reset().")
         if self._done:
-            raise RuntimeError(
+            raise EpisodeOver(
                 f"The episode is over: the environment ended it after {len(self._rewards)} "
                 "steps. Answer without calling a tool."
             )
@@ -259,10 +251,8 @@ class TorchRLEnvironment:
         added = self._step(tool.render(arguments))
         if len(added) != 1:
             raise RuntimeError(
-                signed(
-                    f"after the call to {name!r}, the environment added {len(added)} turns "
-                    f"({_turns(added)!r:.300}); a tool call expects exactly one reply."
-                )
+                f"after the call to {name!r}, the environment added {len(added)} turns "
+                f"({_turns(added)!r:.300}); a tool call expects exactly one reply."
             )
         return added[0]["content"]
 
@@ -278,11 +268,9 @@ class TorchRLEnvironment:
         ran = self._calls
         if calls[: len(ran)] != ran or len(ran) < len(calls) - len(last_turn):
             raise ValueError(
-                signed(
-                    f"this environment ran the calls {self._calls!r:.300}, but the completion it "
-                    f"is scored with holds {calls!r:.300}: environments= and completions= do not "
-                    "match one to one."
-                )
+                f"this environment ran the calls {self._calls!r:.300}, but the completion it "
+                f"is scored with holds {calls!r:.300}: environments= and completions= do not "
+                "match one to one."
             )
         final = _final_answer(completion)
         if final is not None and self._td is not None and not self._done:

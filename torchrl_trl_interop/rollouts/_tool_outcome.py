@@ -17,13 +17,20 @@ import inspect
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from .._checks import Reply
 from .._upstream._tools import registry_services, watch_mcp_execute
 
-__all__ = ["ToolFailed", "awaited", "is_async_tool", "run_tool"]
+__all__ = ["EpisodeOver", "ToolFailed", "awaited", "is_async_tool", "run_tool"]
 
 
-class ToolFailed(RuntimeError):
-    """The tool raised (or its transform reported a failure); the message is the tool's reply."""
+class ToolFailed(Reply, RuntimeError):
+    """The tool raised (or its transform reported a failure); the message is the tool's reply,
+    which TRL shows the model (a :class:`~torchrl_trl_interop._checks.Reply`: never signed)."""
+
+
+class EpisodeOver(Reply, RuntimeError):
+    """A tool called after the environment ended the episode; the message, which TRL shows the
+    model, tells it to answer."""
 
 
 def _function(transform: Any, env_name: str) -> Callable[..., Any] | None:

@@ -18,8 +18,6 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, Union
 
-from .._checks import signed
-
 __all__ = [
     "ToolSignature",
     "check_renders",
@@ -93,11 +91,9 @@ def _google_doc(description: str, args: Mapping[str, str]) -> str:
 def _parameter(tool: str, field: str, default: Any, hint: Any) -> inspect.Parameter:
     if not field.isidentifier() or keyword.iskeyword(field):
         raise ValueError(
-            signed(
-                f"tool {tool!r} has an argument {field!r}, which is not a Python identifier (or is "
-                "a keyword), so it cannot be a parameter of the tool's signature. Rename the "
-                "argument in the tool's schema."
-            )
+            f"tool {tool!r} has an argument {field!r}, which is not a Python identifier (or is "
+            "a keyword), so it cannot be a parameter of the tool's signature. Rename the "
+            "argument in the tool's schema."
         )
     return inspect.Parameter(
         field, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=hint
@@ -112,20 +108,16 @@ def _hint(tool: str, field: str, schema: Any) -> Any:
         schema = {"type": schema}
     if not isinstance(schema, Mapping):
         raise TypeError(
-            signed(
-                f"tool {tool!r}, argument {field!r}: expected a JSON-schema property (a dict such "
-                f"as {{'type': 'integer'}}) or a Python type, got {schema!r:.100}."
-            )
+            f"tool {tool!r}, argument {field!r}: expected a JSON-schema property (a dict such "
+            f"as {{'type': 'integer'}}) or a Python type, got {schema!r:.100}."
         )
     unknown = sorted(set(schema) - _READ - set(_NOTED))
     if unknown:
         raise ValueError(
-            signed(
-                f"tool {tool!r}, argument {field!r}: its schema uses {unknown}, which a Python "
-                "signature cannot express (nested objects, references, combinations; supported: "
-                "type, enum, const, items, anyOf, additionalProperties, description, default). "
-                "Simplify the schema."
-            )
+            f"tool {tool!r}, argument {field!r}: its schema uses {unknown}, which a Python "
+            "signature cannot express (nested objects, references, combinations; supported: "
+            "type, enum, const, items, anyOf, additionalProperties, description, default). "
+            "Simplify the schema."
         )
     if "enum" in schema or "const" in schema:
         values = schema["enum"] if "enum" in schema else [schema["const"]]
@@ -139,10 +131,8 @@ def _hint(tool: str, field: str, schema: Any) -> Any:
         bad = next((t for t in types if t not in _JSON_TYPES), None)
         if bad is not None:
             raise ValueError(
-                signed(
-                    f"tool {tool!r}, argument {field!r} has type {bad!r}; expected one of the "
-                    f"JSON-schema types {sorted(_JSON_TYPES)}."
-                )
+                f"tool {tool!r}, argument {field!r} has type {bad!r}; expected one of the "
+                f"JSON-schema types {sorted(_JSON_TYPES)}."
             )
         hints = [_container_hint(tool, field, t, schema) for t in types]
         hint = hints[0] if len(hints) == 1 else Union[tuple(hints)]  # noqa: UP007
@@ -192,10 +182,8 @@ def signature_from_schema(
     """
     if not isinstance(schema, Mapping):
         raise TypeError(
-            signed(
-                f"the schema of tool {name!r} should be a dict (a JSON schema), got "
-                f"{type(schema).__name__}."
-            )
+            f"the schema of tool {name!r} should be a dict (a JSON schema), got "
+            f"{type(schema).__name__}."
         )
     if "parameters" in schema:  # an OpenAI-style function: {"name", "description", "parameters"}
         description = description or schema.get("description")
@@ -204,11 +192,9 @@ def signature_from_schema(
         unknown = sorted(set(schema) - _TOP_LEVEL)
         if unknown:
             raise ValueError(
-                signed(
-                    f"the schema of tool {name!r} uses {unknown}, which a Python signature cannot "
-                    "express (conditional or combined requirements, references). Simplify the "
-                    "schema (a flat 'properties' with 'required')."
-                )
+                f"the schema of tool {name!r} uses {unknown}, which a Python signature cannot "
+                "express (conditional or combined requirements, references). Simplify the "
+                "schema (a flat 'properties' with 'required')."
             )
         properties = dict(schema.get("properties") or {})
         required = set(schema.get("required") or [])
@@ -248,36 +234,30 @@ def signature_from_callable(name: str, func: Callable) -> ToolSignature:
         params = inspect.signature(func).parameters.values()
     except (TypeError, ValueError, NameError) as err:
         raise TypeError(
-            signed(f"cannot read the signature of tool {name!r} ({func!r:.100}): {err}")
+            f"cannot read the signature of tool {name!r} ({func!r:.100}): {err}"
         ) from err
     parameters, annotations = [], {}
     for p in params:
         if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
             raise TypeError(
-                signed(
-                    f"tool {name!r} takes {'*' if p.kind == p.VAR_POSITIONAL else '**'}{p.name}; "
-                    "TRL calls a tool with the named arguments of its schema. Give it named "
-                    "parameters, or describe it with a schema (SimpleToolTransform's "
-                    "tool_schemas)."
-                )
+                f"tool {name!r} takes {'*' if p.kind == p.VAR_POSITIONAL else '**'}{p.name}; "
+                "TRL calls a tool with the named arguments of its schema. Give it named "
+                "parameters, or describe it with a schema (SimpleToolTransform's "
+                "tool_schemas)."
             )
         if p.name not in hints:
             raise TypeError(
-                signed(
-                    f"argument {p.name!r} of tool {name!r} has no type hint; TRL renders the "
-                    f"tool's schema from its hints. Annotate it (e.g. '{p.name}: int'), or "
-                    "describe the tool with a schema (SimpleToolTransform's tool_schemas)."
-                )
+                f"argument {p.name!r} of tool {name!r} has no type hint; TRL renders the "
+                f"tool's schema from its hints. Annotate it (e.g. '{p.name}: int'), or "
+                "describe the tool with a schema (SimpleToolTransform's tool_schemas)."
             )
         annotations[p.name] = hints[p.name]
         parameters.append(_parameter(name, p.name, p.default, hints[p.name]))
     doc = inspect.getdoc(func)
     if not doc:
         raise ValueError(
-            signed(
-                f"tool {name!r} ({func!r:.100}) has no docstring; TRL renders its description from "
-                "a Google-style docstring with an 'Args:' line per argument."
-            )
+            f"tool {name!r} ({func!r:.100}) has no docstring; TRL renders its description from "
+            "a Google-style docstring with an 'Args:' line per argument."
         )
     if "return" in hints:
         annotations["return"] = hints["return"]
@@ -339,9 +319,7 @@ def check_renders(func: Callable) -> dict:
         return get_json_schema(func)
     except (DocstringParsingException, TypeHintParsingException) as err:
         raise ValueError(
-            signed(
-                f"TRL cannot render tool {func.__name__!r} for the model "
-                f"(transformers.utils.get_json_schema: {err}). Give every argument a JSON-able "
-                "type hint and a line in the docstring's 'Args:' section."
-            )
+            f"TRL cannot render tool {func.__name__!r} for the model "
+            f"(transformers.utils.get_json_schema: {err}). Give every argument a JSON-able "
+            "type hint and a line in the docstring's 'Args:' section."
         ) from err

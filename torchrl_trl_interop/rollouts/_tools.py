@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .._checks import as_mapping, signed
+from .._checks import as_mapping
 from .._upstream._env_step import flat_transforms
 from .._upstream._tools import (
     mcp_tools,
@@ -168,11 +168,9 @@ def _pick_syntax(transform: Any, env_name: str) -> str:
         if read(text) == [(env_name, probe)]:
             return syntax
     raise ValueError(
-        signed(
-            f"{type(transform).__name__} reads tool calls in a syntax this package cannot write (a "
-            "custom tool_call_pattern or parser). Use its default pattern, an XMLBlockParser or a "
-            "JSONCallParser."
-        )
+        f"{type(transform).__name__} reads tool calls in a syntax this package cannot write (a "
+        "custom tool_call_pattern or parser). Use its default pattern, an XMLBlockParser or a "
+        "JSONCallParser."
     )
 
 
@@ -266,11 +264,9 @@ def tool_catalogue(
             out.append(CatalogueEntry("python", "python", t, _python_signature))
         elif not skip_unknown:
             raise TypeError(
-                signed(
-                    f"{type(t).__name__} is a TorchRL tool transform whose tools cannot be listed "
-                    f"(supported: {_SUPPORTED}). An environment that answers every turn is a "
-                    "multi-turn environment, not a tool: use as_trl_rollout_func for it."
-                )
+                f"{type(t).__name__} is a TorchRL tool transform whose tools cannot be listed "
+                f"(supported: {_SUPPORTED}). An environment that answers every turn is a "
+                "multi-turn environment, not a tool: use as_trl_rollout_func for it."
             )
     return out
 
@@ -304,18 +300,14 @@ def check_name(name: Any, env_name: str, reserved: Iterable[str]) -> None:
     if not isinstance(name, str) or not name.isidentifier() or keyword.iskeyword(name):
         hint = f"; pass rename={{{env_name!r}: 'a_name'}}" if name == env_name else ""
         raise ValueError(
-            signed(
-                f"tool {env_name!r} would be called {name!r}, which is not a Python identifier (or "
-                f"is a keyword), so it cannot be a method or function name{hint}."
-            )
+            f"tool {env_name!r} would be called {name!r}, which is not a Python identifier (or "
+            f"is a keyword), so it cannot be a method or function name{hint}."
         )
     if name.startswith("_") or name in reserved:
         raise ValueError(
-            signed(
-                f"tool {env_name!r} would be called {name!r}, which TRL would not offer as a tool "
-                f"(names starting with '_' and {sorted(reserved)} are taken); pass "
-                f"rename={{{env_name!r}: 'another_name'}}."
-            )
+            f"tool {env_name!r} would be called {name!r}, which TRL would not offer as a tool "
+            f"(names starting with '_' and {sorted(reserved)} are taken); pass "
+            f"rename={{{env_name!r}: 'another_name'}}."
         )
 
 
@@ -343,10 +335,8 @@ def find_tools(
         clash = [t.env_name for t in tools if t.name == name]
         if clash:
             raise ValueError(
-                signed(
-                    f"tools {clash[0]!r} and {env_name!r} would both be called {name!r}; pass "
-                    f"rename={{{env_name!r}: 'another_name'}}."
-                )
+                f"tools {clash[0]!r} and {env_name!r} would both be called {name!r}; pass "
+                f"rename={{{env_name!r}: 'another_name'}}."
             )
         syntax = _pick_syntax(transform, env_name)
         tool = TorchRLTool(build(name), env_name, transform, syntax)
@@ -355,9 +345,7 @@ def find_tools(
     unknown = sorted(set(rename) - {t.env_name for t in tools})
     if unknown:
         raise ValueError(
-            signed(
-                f"rename names {unknown}, which are not tools of the environment (its tools: "
-                f"{[t.env_name for t in tools]})."
-            )
+            f"rename names {unknown}, which are not tools of the environment (its tools: "
+            f"{[t.env_name for t in tools]})."
         )
     return tools

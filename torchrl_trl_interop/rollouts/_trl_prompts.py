@@ -92,29 +92,23 @@ def check_rollout_prompts(prompts: Sequence[Any], *, warn: bool = True) -> bool:
             continue
         if isinstance(prompt, (list, tuple)) and not prompt:
             raise ValueError(
-                signed(
-                    f"prompts[{i}] is an empty message list; expected a non-empty list of "
-                    "{'role', 'content'} messages (or a string) per row: the dataset's 'prompt' "
-                    "column holds an empty conversation there."
-                )
+                f"prompts[{i}] is an empty message list; expected a non-empty list of "
+                "{'role', 'content'} messages (or a string) per row: the dataset's 'prompt' "
+                "column holds an empty conversation there."
             )
         if not is_message_list(prompt):
             raise TypeError(
-                signed(
-                    f"prompts[{i}] is {type(prompt).__name__} {prompt!r:.200}; expected a string "
-                    "or a non-empty list of {'role', 'content'} messages."
-                )
+                f"prompts[{i}] is {type(prompt).__name__} {prompt!r:.200}; expected a string "
+                "or a non-empty list of {'role', 'content'} messages."
             )
     kinds = {isinstance(p, str) for p in prompts}
     if len(kinds) > 1:
         text = next(i for i, p in enumerate(prompts) if isinstance(p, str))
         chat = next(i for i, p in enumerate(prompts) if not isinstance(p, str))
         raise TypeError(
-            signed(
-                f"the prompts mix plain text (prompts[{text}]) and message lists "
-                f"(prompts[{chat}]); expected one kind per call, as a TRL dataset's prompt "
-                "column holds one: make every prompt a list of {'role', 'content'} messages."
-            )
+            f"the prompts mix plain text (prompts[{text}]) and message lists "
+            f"(prompts[{chat}]); expected one kind per call, as a TRL dataset's prompt "
+            "column holds one: make every prompt a list of {'role', 'content'} messages."
         )
     if warn and any(isinstance(p, str) for p in prompts):
         warnings.warn(signed(_PLAIN_TEXT), PlainTextPromptWarning, stacklevel=3)

@@ -12,7 +12,7 @@ import types
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from .._checks import as_mapping, boundary, check_tokenizer, require, signed
+from .._checks import as_mapping, boundary, check_tokenizer, require
 from .._upstream._tools import registry_services
 from ._tool_schemas import ToolSignature, check_renders, function_with_signature
 from ._tools import check_name, find_tools, no_op, service_signature
@@ -120,11 +120,9 @@ def as_trl_tools(
         bad = [t for t in transforms if not isinstance(t, ToolTransformBase)]
         if bad:
             raise TypeError(
-                signed(
-                    "tools should be TorchRL tool transforms (SimpleToolTransform, "
-                    "ExecuteToolsInOrder, MCPToolTransform, PythonInterpreter) or a ToolRegistry, "
-                    f"got {type(bad[0]).__name__}."
-                )
+                "tools should be TorchRL tool transforms (SimpleToolTransform, "
+                "ExecuteToolsInOrder, MCPToolTransform, PythonInterpreter) or a ToolRegistry, "
+                f"got {type(bad[0]).__name__}."
             )
         found = {
             t.name: (t.signature, t.acall if t.signature.is_async else t.call)
@@ -154,10 +152,8 @@ def check_tool_template(processing_class: Any) -> None:
     )
     if not supports_tool_calling(processing_class):
         raise ValueError(
-            signed(
-                "the tokenizer's chat template cannot render a tool-calling conversation "
-                f"(trl.chat_template_utils.supports_tool_calling is False). {shipped}."
-            )
+            "the tokenizer's chat template cannot render a tool-calling conversation "
+            f"(trl.chat_template_utils.supports_tool_calling is False). {shipped}."
         )
     tokenizer = getattr(processing_class, "tokenizer", processing_class)
     if any(
@@ -168,9 +164,7 @@ def check_tool_template(processing_class: Any) -> None:
         add_response_schema(copy.copy(processing_class))
     except ValueError as err:
         raise ValueError(
-            signed(
-                "TRL cannot parse the model's tool calls with this chat template: "
-                "add_response_schema recognises TRL's shipped templates only, by equality "
-                f"({err}). {shipped}, or set tokenizer.response_template yourself."
-            )
+            "TRL cannot parse the model's tool calls with this chat template: "
+            "add_response_schema recognises TRL's shipped templates only, by equality "
+            f"({err}). {shipped}, or set tokenizer.response_template yourself."
         ) from err

@@ -29,7 +29,6 @@ from typing import Any
 
 import torch
 
-from .._checks import signed
 from ._ranks import Lockstep, Ranks
 from ._trainer import (
     sampling_temperature,
@@ -139,29 +138,23 @@ def vllm_policy(
     generation, mode = backend
     if policy is not None:
         raise ValueError(
-            signed(
-                "GRPOConfig(use_vllm=True) makes GRPOTrainer sync its vLLM engine every step and "
-                f"correct the rows' log-probs as vLLM's, but policy={type(policy).__name__} "
-                "generates them. Leave policy=None to generate through TRL's vLLM, or set "
-                "use_vllm=False to generate with your policy (a torchrl vLLMWrapper keeps its own "
-                "weight sync: WeightSyncCallback(VLLMWeightSender))."
-            )
+            "GRPOConfig(use_vllm=True) makes GRPOTrainer sync its vLLM engine every step and "
+            f"correct the rows' log-probs as vLLM's, but policy={type(policy).__name__} "
+            "generates them. Leave policy=None to generate through TRL's vLLM, or set "
+            "use_vllm=False to generate with your policy (a torchrl vLLMWrapper keeps its own "
+            "weight sync: WeightSyncCallback(VLLMWeightSender))."
         )
     if recompute_logprobs:
         raise ValueError(
-            signed(
-                "recompute_logprobs=True with use_vllm=True replaces vLLM's sampling log-probs "
-                "with the trainer's, which voids TRL's importance-sampling correction; leave it "
-                "None."
-            )
+            "recompute_logprobs=True with use_vllm=True replaces vLLM's sampling log-probs "
+            "with the trainer's, which voids TRL's importance-sampling correction; leave it "
+            "None."
         )
     if not callable(getattr(generation, "generate", None)):
         raise RuntimeError(
-            signed(
-                "the trainer has use_vllm=True but no vLLM backend (trainer.vllm_generation is "
-                f"{type(generation).__name__}); build the trainer with GRPOConfig(use_vllm=True) "
-                "and vLLM installed."
-            )
+            "the trainer has use_vllm=True but no vLLM backend (trainer.vllm_generation is "
+            f"{type(generation).__name__}); build the trainer with GRPOConfig(use_vllm=True) "
+            "and vLLM installed."
         )
     model = unwrapped_model(trainer)
     tokenizer = trainer_tokenizer(trainer)

@@ -18,7 +18,7 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 from torchrl.weight_update import WeightSyncScheme
 
-from .._checks import boundary, signed
+from .._checks import boundary
 from .._upstream._weights import ray_collector_handle
 from ._remote_collector import PUSH_TIMEOUT_S, push_to_remote_collector
 from ._staleness import set_policy_version
@@ -95,10 +95,8 @@ class TargetScheme(WeightSyncScheme):
     @boundary("TargetScheme")  # torchrl's init_on_receiver calls it
     def _init_on_receiver_impl(self, *args: Any, **kwargs: Any) -> None:
         raise RuntimeError(
-            signed(
-                f"{type(self.target).__name__} receives through torchrl's own machinery; there is "
-                "no receiver side to initialise."
-            )
+            f"{type(self.target).__name__} receives through torchrl's own machinery; there is "
+            "no receiver side to initialise."
         )
 
     def create_transport(self, **kwargs: Any) -> Any:
@@ -185,12 +183,10 @@ def as_weight_sync_scheme(target: Any) -> WeightSyncScheme | None:
         return TargetScheme(target, _to_vllm, shared_by_ranks=True)
     if is_vllm_wrapper(target):
         raise TypeError(
-            signed(
-                "a torchrl vLLMWrapper holds no weights here: its engines get them through "
-                "torchrl's vLLM weight sync. Pass its sender instead: sender = "
-                "VLLMWeightSyncScheme(...).create_sender(), joined with "
-                "sender.init_all_workers_group(get_model_metadata(model), vllm_engine=engine)."
-            )
+            "a torchrl vLLMWrapper holds no weights here: its engines get them through "
+            "torchrl's vLLM weight sync. Pass its sender instead: sender = "
+            "VLLMWeightSyncScheme(...).create_sender(), joined with "
+            "sender.init_all_workers_group(get_model_metadata(model), vllm_engine=engine)."
         )
     if ray_collector_handle(target) is not None:
         return TargetScheme(target, _to_ray_collector)
@@ -199,10 +195,8 @@ def as_weight_sync_scheme(target: Any) -> WeightSyncScheme | None:
     if isinstance(target, torch.nn.Module):
         return None
     raise TypeError(
-        signed(
-            f"target={type(target).__name__} cannot receive weights: it holds no module and is no "
-            "torchrl collector or weight-sync scheme. Pass a RemotePolicy, a torchrl collector "
-            "(with update_policy_weights_), a torchrl WeightSyncScheme initialised on the sender "
-            "side, or an nn.Module (a policy in this process: a torchrl LLM wrapper, a model)."
-        )
+        f"target={type(target).__name__} cannot receive weights: it holds no module and is no "
+        "torchrl collector or weight-sync scheme. Pass a RemotePolicy, a torchrl collector "
+        "(with update_policy_weights_), a torchrl WeightSyncScheme initialised on the sender "
+        "side, or an nn.Module (a policy in this process: a torchrl LLM wrapper, a model)."
     )

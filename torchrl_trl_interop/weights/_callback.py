@@ -27,7 +27,7 @@ from typing import Any
 import torch
 from tensordict import TensorDictBase
 
-from .._checks import boundary, check_bool, check_positive_int, require, signed
+from .._checks import boundary, check_bool, check_positive_int, require
 from ._push import Pushed, push, pushed_by_every_rank, takes_delta, target_kind
 from ._served import check_timeout
 from ._stream import RankStream, several_ranks
@@ -60,10 +60,8 @@ def _agree(error: BaseException | None, step: int) -> None:
     if failed and error is None:
         rank, outcome = failed[0]
         raise RuntimeError(
-            signed(
-                f"the push of the weights of step {step} failed on rank {rank}: {outcome}. Every "
-                "rank stops with it (rank 0 pushes a receiver the ranks share)."
-            )
+            f"the push of the weights of step {step} failed on rank {rank}: {outcome}. Every "
+            "rank stops with it (rank 0 pushes a receiver the ranks share)."
         )
 
 
@@ -74,10 +72,8 @@ def _unwrap(model: Any) -> torch.nn.Module:
 
     if model is None:
         raise ValueError(
-            signed(
-                "the trainer passed no model to the callback; add the callback to a transformers "
-                "Trainer (callbacks=[...]) or call push(model, step) yourself."
-            )
+            "the trainer passed no model to the callback; add the callback to a transformers "
+            "Trainer (callbacks=[...]) or call push(model, step) yourself."
         )
     return extract_model_from_parallel(model)
 
@@ -212,11 +208,9 @@ class WeightSyncCallback(TrainerCallback):
         target_kind(target)  # a target that cannot receive weights raises here
         if delta and not takes_delta(target):
             raise ValueError(
-                signed(
-                    "delta=True needs a target whose receivers apply delta pushes (a "
-                    f"RemotePolicy or a RayRemotePolicy), got target={type(target).__name__}. "
-                    "Leave delta=False."
-                )
+                "delta=True needs a target whose receivers apply delta pushes (a "
+                f"RemotePolicy or a RayRemotePolicy), got target={type(target).__name__}. "
+                "Leave delta=False."
             )
         self.target = target
         self.every_n_steps = every_n_steps

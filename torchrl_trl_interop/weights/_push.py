@@ -20,7 +20,6 @@ from typing import Any, NamedTuple
 import torch
 from tensordict import TensorDictBase
 
-from .._checks import signed
 from ._adapters import TargetScheme, as_weight_sync_scheme, tensors_nbytes, whole
 from ._scheme import StagingWeightSyncScheme
 from ._staleness import check_policy_version, set_policy_version
@@ -142,10 +141,8 @@ def push(
     if delta and not (isinstance(scheme, StagingWeightSyncScheme) and scheme.takes_delta):
         name = type(target).__name__
         raise ValueError(
-            signed(
-                "delta=True needs a target whose receivers apply delta pushes (a RemotePolicy or "
-                f"a RayRemotePolicy), got {name}. Leave delta=False."
-            )
+            "delta=True needs a target whose receivers apply delta pushes (a RemotePolicy or "
+            f"a RayRemotePolicy), got {name}. Leave delta=False."
         )
     if scheme is None:  # a module here: each tensor copied in place as it comes
         live = named_tensors(policy_model(target))

@@ -35,7 +35,7 @@ from typing import Any
 import torch
 from tensordict import TensorDictBase, lazy_stack
 
-from .._checks import as_mapping, boundary, check_positive_int, require, signed, type_error
+from .._checks import as_mapping, boundary, check_positive_int, require, type_error
 from .._keys import POLICY_VERSION_KEY
 from ._delta import Changes, apply_delta
 from ._served import ServedPolicy, check_rows
@@ -345,16 +345,14 @@ class RayRemotePolicy(ServedPolicy):
             ready, pending = ray.wait(pending, num_returns=1, timeout=left)
             if not ready:
                 raise TimeoutError(
-                    signed(
-                        f"no reply to {what} from the RayRemotePolicy's replicas "
-                        f"{sorted(index[r] for r in pending)} within timeout={self.timeout}s; "
-                        "their actors are alive but did not answer (raise timeout= for slow calls)"
-                        + (
-                            f", or Ray could not place them: each needs {self.remote_config} and "
-                            f"the cluster has {ray.available_resources()} free."
-                            if what == "its start"
-                            else "."
-                        )
+                    f"no reply to {what} from the RayRemotePolicy's replicas "
+                    f"{sorted(index[r] for r in pending)} within timeout={self.timeout}s; "
+                    "their actors are alive but did not answer (raise timeout= for slow calls)"
+                    + (
+                        f", or Ray could not place them: each needs {self.remote_config} and "
+                        f"the cluster has {ray.available_resources()} free."
+                        if what == "its start"
+                        else "."
                     )
                 )
             for ref in ready:
@@ -363,28 +361,24 @@ class RayRemotePolicy(ServedPolicy):
                     results[i] = ray.get(ref)
                 except RayActorError as error:
                     raise RuntimeError(
-                        signed(
-                            f"the RayRemotePolicy's actor of replica {i} ({self.name}/replica-{i}) "
-                            f"died during {what}: {error}. Build a new RayRemotePolicy; the "
-                            "actor's log says why it died (a node that left the cluster takes "
-                            "its actors with it)."
-                        )
+                        f"the RayRemotePolicy's actor of replica {i} ({self.name}/replica-{i}) "
+                        f"died during {what}: {error}. Build a new RayRemotePolicy; the "
+                        "actor's log says why it died (a node that left the cluster takes "
+                        "its actors with it)."
                     ) from None
                 except RayTaskError as error:
                     raise RuntimeError(
-                        signed(f"the RayRemotePolicy's replica {i} failed on {what}:\n{error}")
+                        f"the RayRemotePolicy's replica {i} failed on {what}:\n{error}"
                     ) from None
         return results
 
     def _check_started(self) -> None:
         if not self._actors and not self._join(create=False):
             raise RuntimeError(
-                signed(
-                    "the actors are not started; they start with the first weights: call "
-                    "update_policy_weights_(model_or_weights, policy_version=0) first "
-                    "(WeightSyncCallback does so when training begins; on several ranks, rank "
-                    f"0's does, and the other ranks find the actors named {self.name!r})."
-                )
+                "the actors are not started; they start with the first weights: call "
+                "update_policy_weights_(model_or_weights, policy_version=0) first "
+                "(WeightSyncCallback does so when training begins; on several ranks, rank "
+                f"0's does, and the other ranks find the actors named {self.name!r})."
             )
 
     # -- the actors ------------------------------------------------------------------------------
@@ -410,12 +404,10 @@ class RayRemotePolicy(ServedPolicy):
             ray.init(address="auto")
         except ConnectionError as error:
             raise RuntimeError(
-                signed(
-                    "several trainer ranks share one RayRemotePolicy, so every rank must join "
-                    f"one Ray cluster, but none was found ({error}). Start it first (`ray start "
-                    "--head`, then RAY_ADDRESS=HEAD:6379 for the ranks) or call "
-                    "ray.init(address=...) on every rank before training."
-                )
+                "several trainer ranks share one RayRemotePolicy, so every rank must join "
+                f"one Ray cluster, but none was found ({error}). Start it first (`ray start "
+                "--head`, then RAY_ADDRESS=HEAD:6379 for the ranks) or call "
+                "ray.init(address=...) on every rank before training."
             ) from None
         return ray
 
@@ -456,11 +448,9 @@ class RayRemotePolicy(ServedPolicy):
             replicas = infos[0]["num_replicas"]
             self._actors = []
             raise ValueError(
-                signed(
-                    f"the actors named {self.name!r} were started with num_replicas={replicas}, "
-                    f"this RayRemotePolicy has num_replicas={self.num_replicas}; build it alike "
-                    "on every rank."
-                )
+                f"the actors named {self.name!r} were started with num_replicas={replicas}, "
+                f"this RayRemotePolicy has num_replicas={self.num_replicas}; build it alike "
+                "on every rank."
             )
         tensors = infos[0]["tensors"]
         self._layout = {name: tuple(t.shape) for name, t in tensors.items()}

@@ -18,7 +18,6 @@ from typing import Any
 
 from tensordict import TensorDict, TensorDictBase
 
-from .._checks import signed
 from ._staleness import set_policy_version
 from ._tensors import Layout, check_weights_fit, policy_model, weights_layout
 
@@ -52,22 +51,16 @@ def _get(ref: Any, what: str, timeout: float) -> Any:
         return ray.get(ref, timeout=timeout)
     except GetTimeoutError:
         raise TimeoutError(
-            signed(
-                f"the RayLLMCollector's Ray actor did not answer {what} within {timeout}s (it "
-                "finishes the batch in flight first: raise timeout= for long batches)."
-            )
+            f"the RayLLMCollector's Ray actor did not answer {what} within {timeout}s (it "
+            "finishes the batch in flight first: raise timeout= for long batches)."
         ) from None
     except RayActorError as error:
         raise RuntimeError(
-            signed(
-                f"the RayLLMCollector's Ray actor died during {what}: {error}. Build a new "
-                "collector; the actor's log says why it died."
-            )
+            f"the RayLLMCollector's Ray actor died during {what}: {error}. Build a new "
+            "collector; the actor's log says why it died."
         ) from None
     except RayTaskError as error:
-        raise RuntimeError(
-            signed(f"the RayLLMCollector's actor failed on {what}:\n{error}")
-        ) from None
+        raise RuntimeError(f"the RayLLMCollector's actor failed on {what}:\n{error}") from None
 
 
 def push_to_remote_collector(

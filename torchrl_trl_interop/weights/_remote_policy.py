@@ -27,7 +27,7 @@ from typing import Any
 
 from tensordict import TensorDictBase
 
-from .._checks import boundary, signed
+from .._checks import boundary
 from .._keys import POLICY_VERSION_KEY
 from ._generator_process import POLL_SECONDS, serve
 from ._served import ServedPolicy, check_rows
@@ -167,19 +167,15 @@ class RemotePolicy(ServedPolicy):
     def _check_alive(self, what: str) -> None:
         if self._process is None:
             raise RuntimeError(
-                signed(
-                    "the generator process is not started; it starts with the first weights: "
-                    "call update_policy_weights_(model_or_weights, policy_version=0) first "
-                    "(WeightSyncCallback does so when training begins)."
-                )
+                "the generator process is not started; it starts with the first weights: "
+                "call update_policy_weights_(model_or_weights, policy_version=0) first "
+                "(WeightSyncCallback does so when training begins)."
             )
         if not self._process.is_alive():
             raise RuntimeError(
-                signed(
-                    f"the generator process died (exit code {self._process.exitcode}) before "
-                    f"{what}. Build a new RemotePolicy; the generator's own output says why it "
-                    "died (exit code -9: killed, e.g. by the OOM killer)."
-                )
+                f"the generator process died (exit code {self._process.exitcode}) before "
+                f"{what}. Build a new RemotePolicy; the generator's own output says why it "
+                "died (exit code -9: killed, e.g. by the OOM killer)."
             )
 
     def _get(self, source: Any, what: str) -> Any:
@@ -191,23 +187,19 @@ class RemotePolicy(ServedPolicy):
             except queue.Empty:
                 if not self._process.is_alive():
                     raise RuntimeError(
-                        signed(
-                            f"the generator process died (exit code {self._process.exitcode}) "
-                            f"while serving {what}."
-                        )
+                        f"the generator process died (exit code {self._process.exitcode}) "
+                        f"while serving {what}."
                     ) from None
                 if time.monotonic() >= deadline:
                     raise TimeoutError(
-                        signed(
-                            f"no reply to {what} within timeout={self.timeout}s; the generator is "
-                            "alive but did not answer (raise timeout= for slow calls)."
-                        )
+                        f"no reply to {what} within timeout={self.timeout}s; the generator is "
+                        "alive but did not answer (raise timeout= for slow calls)."
                     ) from None
 
     def _reply(self, what: str) -> Any:
         status, reply = self._get(self._replies, what)
         if status == "error":
-            raise RuntimeError(signed(f"the generator process failed on {what}:\n{reply}"))
+            raise RuntimeError(f"the generator process failed on {what}:\n{reply}")
         return reply
 
     def _ask(self, kind: str, payload: Any = None) -> Any:

@@ -45,7 +45,7 @@ from torchrl.weight_update.weight_sync_schemes import (
     register_weight_sync_backend,
 )
 
-from .._checks import boundary, signed
+from .._checks import boundary
 from ._delta import Changes, DeltaEncoder, apply_delta, changes_nbytes
 from ._staging import StagingBuffer
 from ._staleness import check_policy_version, set_policy_version
@@ -110,12 +110,10 @@ class _QueueChannel:
         for i, process in enumerate(getattr(context, "procs", None) or []):
             if not process.is_alive():
                 raise RuntimeError(
-                    signed(
-                        f"worker {i} of the {type(context).__name__} died (exit code "
-                        f"{process.exitcode}) before committing the weights of version "
-                        f"{version} through its StagingWeightSyncScheme. The collector cannot "
-                        "go on; build a new one."
-                    )
+                    f"worker {i} of the {type(context).__name__} died (exit code "
+                    f"{process.exitcode}) before committing the weights of version "
+                    f"{version} through its StagingWeightSyncScheme. The collector cannot "
+                    "go on; build a new one."
                 )
 
     def commit_staged(self, version: int, names: list[str] | None) -> int:
@@ -132,12 +130,10 @@ class _QueueChannel:
                     self._check_workers(version)
                     if time.monotonic() >= deadline:
                         raise TimeoutError(
-                            signed(
-                                f"{done} of {len(self.commits)} workers committed the weights "
-                                f"of version {version} through the StagingWeightSyncScheme "
-                                f"within timeout={self.timeout}s (raise timeout= for slow "
-                                "workers)."
-                            )
+                            f"{done} of {len(self.commits)} workers committed the weights "
+                            f"of version {version} through the StagingWeightSyncScheme "
+                            f"within timeout={self.timeout}s (raise timeout= for slow "
+                            "workers)."
                         ) from None
         return version
 
@@ -248,11 +244,9 @@ class StagingWeightSyncScheme(WeightSyncScheme):
             model = model if model is not None else getattr(context, "policy", None)
             if not isinstance(policy_model(model), torch.nn.Module):
                 raise TypeError(
-                    signed(
-                        "the sender needs the receiver's model to shape the staging buffer: pass "
-                        "model=... or a context with a .policy module, got "
-                        f"model={type(model).__name__}, context={type(context).__name__}."
-                    )
+                    "the sender needs the receiver's model to shape the staging buffer: pass "
+                    "model=... or a context with a .policy module, got "
+                    f"model={type(model).__name__}, context={type(context).__name__}."
                 )
             if num_workers is None:
                 num_workers = getattr(context, "num_workers", 1)
@@ -310,18 +304,14 @@ class StagingWeightSyncScheme(WeightSyncScheme):
         """
         if not self.initialized_on_sender:
             raise RuntimeError(
-                signed(
-                    "the StagingWeightSyncScheme is not initialised on the sender side: call "
-                    "scheme.init_on_sender(model_id=..., model=... or channel=...) first."
-                )
+                "the StagingWeightSyncScheme is not initialised on the sender side: call "
+                "scheme.init_on_sender(model_id=..., model=... or channel=...) first."
             )
         if delta and not self.takes_delta:
             raise ValueError(
-                signed(
-                    "delta=True needs a receiver that applies delta pushes (a RemotePolicy or a "
-                    "RayRemotePolicy); this scheme's receivers are torchrl collector workers, "
-                    "which take whole pushes only. Leave delta=False."
-                )
+                "delta=True needs a receiver that applies delta pushes (a RemotePolicy or a "
+                "RayRemotePolicy); this scheme's receivers are torchrl collector workers, "
+                "which take whole pushes only. Leave delta=False."
             )
         if weights is None:
             weights = getattr(self.context, "policy", None)
@@ -480,10 +470,7 @@ class StagingWeightSyncScheme(WeightSyncScheme):
         none came)."""
         if not self.initialized_on_receiver:
             raise RuntimeError(
-                signed(
-                    "receive() needs init_on_receiver(model_id=..., model=... or context=...) "
-                    "first."
-                )
+                "receive() needs init_on_receiver(model_id=..., model=... or context=...) first."
             )
         commits = self._channel.commits[self.worker_idx or 0]
         deadline = time.monotonic() + (self.timeout if timeout is None else timeout)

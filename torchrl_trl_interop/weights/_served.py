@@ -16,7 +16,7 @@ import torch
 from tensordict import TensorDictBase
 from tensordict.nn import TensorDictModuleBase
 
-from .._checks import check_real, signed, speaking_for, type_error
+from .._checks import check_real, speaking_for, type_error
 from ._scheme import StagingWeightSyncScheme
 
 __all__ = ["ServedPolicy", "check_rows", "check_timeout"]
@@ -38,10 +38,8 @@ def check_timeout(value: Any) -> float:
     seconds = check_real(value, "timeout", finite=False)
     if not 0 < seconds < float("inf"):
         raise ValueError(
-            signed(
-                f"timeout must be a finite number of seconds > 0, got timeout={seconds!r}; it "
-                "bounds every wait on the generators (their start, a call, a push)."
-            )
+            f"timeout must be a finite number of seconds > 0, got timeout={seconds!r}; it "
+            "bounds every wait on the generators (their start, a call, a push)."
         )
     return seconds
 
@@ -50,10 +48,8 @@ def check_rows(tensordict: Any) -> None:
     """Raises a :class:`ValueError` for a TensorDict with no row (a batch dimension of 0)."""
     if isinstance(tensordict, TensorDictBase) and 0 in tuple(tensordict.batch_size):
         raise ValueError(
-            signed(
-                f"the TensorDict has no row (batch_size={list(tensordict.batch_size)}); call the "
-                "policy with at least one row."
-            )
+            f"the TensorDict has no row (batch_size={list(tensordict.batch_size)}); call the "
+            "policy with at least one row."
         )
 
 

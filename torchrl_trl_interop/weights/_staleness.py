@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from .._checks import check_int, check_optional_int, check_present, signed
+from .._checks import check_int, check_optional_int, check_present
 
 __all__ = [
     "STALENESS_MAX",
@@ -61,10 +61,8 @@ def check_policy_version(value: Any, arg: str = "policy_version") -> int:
     check_int(value, arg)
     if value < 0:
         raise ValueError(
-            signed(
-                f"{arg} must be an int >= 0 (the optimizer step whose weights these are), got "
-                f"{arg}={value!r}."
-            )
+            f"{arg} must be an int >= 0 (the optimizer step whose weights these are), got "
+            f"{arg}={value!r}."
         )
     return int(value)
 
@@ -115,12 +113,10 @@ def check_staleness(
     if max_staleness is not None and max(staleness) > max_staleness:
         i = max(range(len(staleness)), key=staleness.__getitem__)
         raise StaleRolloutError(
-            signed(
-                f"row {i} was sampled by the weights of step {versions[i]}, {staleness[i]} steps "
-                f"behind the trainer (step {step}); max_staleness={max_staleness}. The "
-                "generator's weights are pushed too rarely: use WeightSyncCallback(every_n_steps "
-                f"<= {max_staleness + 1}), or raise max_staleness."
-            )
+            f"row {i} was sampled by the weights of step {versions[i]}, {staleness[i]} steps "
+            f"behind the trainer (step {step}); max_staleness={max_staleness}. The "
+            "generator's weights are pushed too rarely: use WeightSyncCallback(every_n_steps "
+            f"<= {max_staleness + 1}), or raise max_staleness."
         )
     return staleness
 

@@ -14,8 +14,6 @@ from typing import Any
 import torch
 from tensordict import TensorDict, TensorDictBase
 
-from .._checks import signed
-
 __all__ = [
     "check_weights_fit",
     "model_weights",
@@ -144,7 +142,7 @@ def check_weights_fit(
         weights (TensorDictBase or dict): what is sent (or its :func:`weights_layout`).
         receiver (dict): the receiving model's :func:`weights_layout`.
 
-    Errors open with the public call being made (:func:`~torchrl_trl_interop._checks.signed`).
+    Errors open with the public call being made (:func:`~torchrl_trl_interop._checks.boundary`).
 
     Keyword Args:
         receiver_name (str, optional): what receives, in the message. Defaults to
@@ -184,7 +182,7 @@ def check_weights_fit(
         else:
             hint = f"The trainer and the {receiver_name} must be the same architecture."
         raise KeyError(
-            signed(f"the weights do not fit the {receiver_name}: " + "; ".join(parts) + f". {hint}")
+            f"the weights do not fit the {receiver_name}: " + "; ".join(parts) + f". {hint}"
         )
     wrong = [name for name, shape in sent.items() if receiver[name] != shape]
     if wrong:
@@ -194,9 +192,7 @@ def check_weights_fit(
             for name in wrong[:_SHOWN]
         )
         raise ValueError(
-            signed(
-                f"the weights do not fit the {receiver_name}: {shown} ({len(wrong)} of "
-                f"{len(sent)} tensors differ). The trainer and the {receiver_name} must be the "
-                "same model size (hidden size, layers, vocabulary)."
-            )
+            f"the weights do not fit the {receiver_name}: {shown} ({len(wrong)} of "
+            f"{len(sent)} tensors differ). The trainer and the {receiver_name} must be the "
+            "same model size (hidden size, layers, vocabulary)."
         )

@@ -20,7 +20,6 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from .._checks import signed
 from .._upstream._weights import vllm_sender_collectors, vllm_sender_layout
 from ._staleness import set_policy_version
 from ._stream import RankStream, sendable
@@ -70,12 +69,10 @@ def _bounded(send: Any, timeout: float) -> None:
     thread.join(timeout)
     if thread.is_alive():
         raise TimeoutError(
-            signed(
-                f"torchrl's VLLMWeightSender did not finish its broadcast within {timeout}s: an "
-                "engine that died (or never joined) leaves NCCL waiting. The group cannot be "
-                "used again; restart the engines and the trainer (raise timeout= for very large "
-                "models)."
-            )
+            f"torchrl's VLLMWeightSender did not finish its broadcast within {timeout}s: an "
+            "engine that died (or never joined) leaves NCCL waiting. The group cannot be "
+            "used again; restart the engines and the trainer (raise timeout= for very large "
+            "models)."
         )
     if failure:
         raise failure[0]
@@ -98,12 +95,10 @@ def push_to_vllm(target: Any, weights: Any, version: int, *, timeout: float = 60
     receiver = vllm_sender_layout(target)  # None: not known on this torchrl (nothing checked)
     if receiver == {}:
         raise RuntimeError(
-            signed(
-                "the VLLMWeightSender has not joined its engines' group: call "
-                "sender.init_all_workers_group(get_model_metadata(model), vllm_engine=engine) "
-                "(together with the engine's side) before training, as torchrl's "
-                "VLLMWeightSyncScheme documents."
-            )
+            "the VLLMWeightSender has not joined its engines' group: call "
+            "sender.init_all_workers_group(get_model_metadata(model), vllm_engine=engine) "
+            "(together with the engine's side) before training, as torchrl's "
+            "VLLMWeightSyncScheme documents."
         )
     layout, stream, _ = sendable(weights, receiver)
     # vLLM takes parameters: the model's buffers it does not hold (rotary tables) stay here
