@@ -51,6 +51,20 @@ def own_logprobs(model, prompt_ids, completion_ids, temperature=1.0):
 
 SYSTEM = "You add numbers with the tool add."
 QUESTIONS = [(2, 3), (1, 4)]
+#: the tool-call ids the toy model is fitted with (as the endpoint draws them: 24 hex digits)
+CALL_IDS = [f"call_{random.Random(k).getrandbits(96):024x}" for k in range(6)]
+
+
+def served_call_id(monkeypatch, call_id: str) -> None:
+    """The endpoint names every tool call ``call_id`` (instead of a random id): an episode's
+    second prompt is then one the toy model was fitted on, whatever the run."""
+    import types
+
+    from torchrl_trl_interop.agents import _answers
+
+    hex_digits = call_id.removeprefix("call_") + "0" * 8
+    drawn = types.SimpleNamespace(uuid4=lambda: types.SimpleNamespace(hex=hex_digits))
+    monkeypatch.setattr(_answers, "uuid", drawn)
 
 
 def question(a, b):
@@ -160,9 +174,7 @@ def fitted_smol_caller():
     """The toy tool tokenizer (TRL's Qwen2.5 template) and a toy model fitted to answer
     smolagents' own prompts (its system prompt, tools and messages, as the endpoint renders
     them) with a call of ``add``, then of ``final_answer``: the tool-call ids the endpoint
-    draws at random vary, so the second prompt is fitted with several."""
-    import uuid
-
+    draws at random vary, so the second prompt is fitted with several (``CALL_IDS``)."""
     from torchrl_trl_interop._chat_format import ChatFormat
     from torchrl_trl_interop.agents._requests import template_message
     from torchrl_trl_interop.testing import toy_causal_lm, toy_tool_tokenizer
@@ -171,8 +183,8 @@ def fitted_smol_caller():
     chat = ChatFormat.of(tok)
     pairs = []
     for a, b in QUESTIONS:
-        for _ in range(6):
-            requests, calls = smolagents_requests(a, b, f"call_{uuid.uuid4().hex[:24]}")
+        for call_id in CALL_IDS:
+            requests, calls = smolagents_requests(a, b, call_id)
             for (messages, tools), (name, arguments) in zip(requests, calls):
                 rendered = [template_message(m) for m in messages]
                 prompt = chat.prompt_ids([rendered], tools=tools)[0]

@@ -11,11 +11,13 @@ import json
 
 import pytest
 from _agents_helpers import (
+    CALL_IDS,
     MODEL,
     QUESTIONS,
     client_of,
     fitted_smol_caller,
     question,
+    served_call_id,
     smol_agent,
     smolagents_requests,
     toy_policy,
@@ -58,8 +60,10 @@ def smol_caller():
 
 
 class TestToolCallingEpisode:
-    def test_smolagents_calls_a_tool_through_the_endpoint(self, smol_caller):
+    def test_smolagents_calls_a_tool_through_the_endpoint(self, smol_caller, monkeypatch):
         from smolagents import OpenAIModel
+
+        served_call_id(monkeypatch, CALL_IDS[0])  # a fitted id: the episode is the same each run
 
         tok, model = smol_caller
         policy = toy_policy(tok, model, max_new_tokens=40)
