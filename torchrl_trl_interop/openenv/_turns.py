@@ -3,15 +3,18 @@
 OpenEnv's server runs each session's calls in a thread of its own, so that a step that waits (a
 tool in a subprocess, a network call) holds up no other session. Steps that compute gain
 nothing from the threads (Python code holds the GIL) and lose twice: every session's thread
-contends for the GIL at once (the served toy task took 2-3x the CPU time a step with 8
-sessions and more), and which one runs next is left to the scheduler, so some sessions wait
-several turns while others step (p99 2.2-2.4x the mean step latency at 32 sessions on 2
-workers).
+contends for the GIL at once (the served toy task took up to 2x the CPU time a step with 8
+sessions and more on one worker), and which one runs next is left to the scheduler, so some
+sessions wait several turns while others step (p99 2.3-2.9x the mean step latency at 32
+sessions on 2 workers; 1.5-1.9x in turns).
 
 :class:`StepTurns` gives the sessions' ``reset`` and ``step`` turns, first come first served:
 the threads waiting for their turn sleep, off the GIL. A step that has run for ``stall_s``
 (it waits on something, or computes for long) no longer holds the next one up, which starts
-beside it, as each session's thread would have.
+beside it, as each session's thread would have. Handing a turn over wakes the next thread
+(measured: 7-33% of the steps/s at 32 sessions on 2 workers, on a busy machine); OpenEnv's
+single executor thread (``REQUIRES_SINGLE_THREAD_EXECUTOR``) hands over nothing, but holds every
+session up behind a step that waits.
 """
 
 from __future__ import annotations
