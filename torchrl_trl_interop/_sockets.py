@@ -8,14 +8,12 @@ import socket
 __all__ = ["bound_socket"]
 
 
-def bound_socket(host: str, port: int, *, reuse_port: bool = False) -> socket.socket:
+def bound_socket(host: str, port: int) -> socket.socket:
     """A socket bound to ``(host, port)`` (``port=0``: a free one), for uvicorn to listen on.
 
     Its connections send at once (``TCP_NODELAY``, which accepted sockets inherit): uvicorn's
     h11 writes a response's head and body apart, and Nagle's algorithm would hold the body until
-    the client's delayed ACK, about 40 ms a request on Linux. With ``reuse_port``, several
-    processes bind the same address and the kernel spreads the connections over those listening
-    (``SO_REUSEPORT``).
+    the client's delayed ACK, about 40 ms a request on Linux.
 
     Raises:
         OSError: naming the address, if it cannot be bound (in use, not this machine's).
@@ -30,8 +28,6 @@ def bound_socket(host: str, port: int, *, reuse_port: bool = False) -> socket.so
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    if reuse_port:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     try:
         sock.bind((host, port))
     except OSError as err:

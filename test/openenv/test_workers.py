@@ -2,10 +2,12 @@
 
 One command-line server in two worker processes behind one address (loopback), 32 session
 slots in all: 32 sessions of one ``OpenEnvChatEnv`` play a few episodes each with every step
-answered, spread over both workers; a 33rd session is refused (capacity is the total); once
-closed, no session is left open. Then a worker is killed: the rows it served fail with a
+answered, spread evenly over both workers (16 and 16: the supervisor hands each connection to
+the worker with the fewest); a 33rd session is refused (capacity is the total); once closed, no
+session is left open. Then a worker is killed: the rows it served fail with a
 ``ConnectionError`` naming the server, the others play on, its slots are given back and the
-supervisor starts another worker. One test, in that order, so the server is started once.
+supervisor starts another worker, which is handed its share of the next sessions. One test, in
+that order, so the server is started once.
 """
 
 from __future__ import annotations
@@ -64,8 +66,8 @@ def test_two_workers_under_load_then_one_killed(tmp_path):
         # -- 32 concurrent sessions x a few episodes: every step answered -------------------
         env = OpenEnvChatEnv(url, batch_size=SESSIONS, message_timeout_s=120)
         assert play(env, EPISODES) == [[1.0] * SESSIONS] * EPISODES
-        sessions = health(url)["sessions"]
-        assert sessions["open"] == SESSIONS and min(sessions["per_worker"]) > 0, sessions
+        sessions = health(url)["sessions"]  # opened at once, spread evenly
+        assert sessions["open"] == SESSIONS and sessions["per_worker"] == [16, 16], sessions
         with GenericEnvClient(base_url=url, message_timeout_s=60).sync() as late:
             with pytest.raises(RuntimeError, match=f"{SESSIONS}/{SESSIONS} sessions active over 2"):
                 late.reset(prompt=PROMPT)
@@ -75,7 +77,7 @@ def test_two_workers_under_load_then_one_killed(tmp_path):
         # -- a worker killed: its rows fail, naming the server; its slots are given back ----
         env = OpenEnvChatEnv(url, batch_size=16, message_timeout_s=120)
         td = env.reset(TensorDict({"query": [PROMPT] * 16}, batch_size=[16]))
-        assert min(health(url)["sessions"]["per_worker"]) > 0  # rows on both workers
+        assert health(url)["sessions"]["per_worker"] == [8, 8]  # rows on both workers
         workers = children(proc.pid)
         assert len(workers) == 2
         os.kill(workers[0], signal.SIGKILL)
@@ -90,3 +92,8 @@ def test_two_workers_under_load_then_one_killed(tmp_path):
         # the dead worker's slots were given back: nothing is counted open once the rows close
         wait_until(lambda: health(url)["sessions"]["open"] == 0, 60, "every slot given back")
         assert proc.poll() is None  # the server still serves
+        # ... and the new worker is handed its share of the next sessions
+        env = OpenEnvChatEnv(url, batch_size=4, message_timeout_s=120)
+        assert play(env, 1) == [[1.0] * 4]
+        assert health(url)["sessions"]["per_worker"] == [2, 2]
+        env.close()

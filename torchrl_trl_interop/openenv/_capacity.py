@@ -86,7 +86,7 @@ class SessionSlots:
         if self.lock_path is None:
             yield
             return
-        import fcntl  # POSIX: the workers share one address only there (SO_REUSEPORT)
+        import fcntl  # POSIX: several workers serve one address only there (send_fds)
 
         if self._fd is None:
             self._fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT, 0o600)

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from .._checks import boundary, check_positive_int, check_real, require
 from .._sockets import bound_socket
 from ._capacity import SessionSlots, admit_sessions
+from ._turns import taking_turns
 
 if TYPE_CHECKING:  # pragma: no cover
     from fastapi import FastAPI
@@ -30,6 +31,7 @@ __all__ = [
     "openenv_app",
     "openenv_server",
     "served_app",
+    "uvicorn_protocol",
     "uvicorn_server",
 ]
 
@@ -107,12 +109,14 @@ def served_app(cls: type, slots: SessionSlots, session_timeout_s: float | None) 
 
     OpenEnv's own limit is the total (``slots`` is the binding one: it counts every worker's
     sessions), and OpenEnv's reaper gets no timeout (module docstring of :mod:`._capacity`).
+    The sessions' ``reset`` and ``step`` take turns (:mod:`._turns`).
     """
     from openenv.core.env_server import create_app
     from openenv.core.env_server.types import ConcurrencyConfig
 
     from ._errors import answer_mistakes_clearly
 
+    cls = taking_turns(cls)
     config = ConcurrencyConfig(max_concurrent_envs=slots.limit, session_timeout=None)
     app = create_app(
         cls, cls.action_type, cls.observation_type, env_name=cls.__name__, concurrency_config=config
@@ -121,9 +125,11 @@ def served_app(cls: type, slots: SessionSlots, session_timeout_s: float | None) 
     return admit_sessions(app, slots, session_timeout_s)
 
 
-def uvicorn_server(app: Any, log_level: str, on_listening: Callable[[], None] | None = None) -> Any:
-    """uvicorn's server, which calls ``on_listening`` once it listens, and stops on SIGINT and
-    SIGTERM with exit status 0 (uvicorn's own re-raises the signal once stopped: a
+def uvicorn_server(
+    app: Any, log_level: str, on_listening: Callable[[Any], None] | None = None
+) -> Any:
+    """uvicorn's server, which calls ``on_listening(server)`` once it listens, and stops on
+    SIGINT and SIGTERM with exit status 0 (uvicorn's own re-raises the signal once stopped: a
     ``KeyboardInterrupt`` traceback and status 1 for Ctrl-C)."""
     import uvicorn
 
@@ -131,7 +137,7 @@ def uvicorn_server(app: Any, log_level: str, on_listening: Callable[[], None] | 
         async def startup(self, sockets: Any = None) -> None:
             await super().startup(sockets=sockets)
             if self.started and on_listening is not None:
-                on_listening()
+                on_listening(self)
 
         @contextmanager
         def capture_signals(self) -> Iterator[None]:
@@ -150,6 +156,20 @@ def uvicorn_server(app: Any, log_level: str, on_listening: Callable[[], None] | 
         app, log_level=log_level, timeout_graceful_shutdown=_STOP_TIMEOUT_S, ws_ping_timeout=20.0
     )
     return Server(config)
+
+
+def uvicorn_protocol(server: Any) -> Callable[[], Any]:
+    """A started uvicorn ``server``'s protocol factory, as its ``startup`` builds it for its
+    listening sockets: for connections accepted elsewhere (``loop.connect_accepted_socket``),
+    served and shut down as its own."""
+    config = server.config
+
+    def create_protocol() -> Any:
+        return config.http_protocol_class(
+            config=config, server_state=server.server_state, app_state=server.lifespan.state
+        )
+
+    return create_protocol
 
 
 @contextmanager

@@ -4,18 +4,24 @@ One process runs every session's step on one core (the environment's transforms,
 tokenizer hold the GIL). ``serve(..., workers=N)`` serves one address from ``N`` processes,
 each OpenEnv's app under uvicorn (:func:`~._serve.served_app`):
 
-* **The address.** Every worker binds it with ``SO_REUSEPORT`` and the kernel spreads new
-  connections over them; a connection, and so a WebSocket session, stays with the worker that
-  accepted it. (``uvicorn --workers N`` shares one listening socket instead: asyncio accepts
-  every connection waiting at a wake-up, so sessions opened together pile onto one worker.)
+* **The address.** This process alone listens on it, and hands each new connection to the
+  worker with the fewest open connections, ties in turn (:mod:`._handoff`: the connection's
+  file descriptor passed over a Unix socket); a connection, and so a WebSocket session, stays
+  with that worker. Sessions opened at once are spread evenly (4 and 4 of 8). The kernel's
+  ``SO_REUSEPORT`` spread them by a hash of their addresses (18 and 14 of 32), and ``uvicorn
+  --workers N`` shares one listening socket, where asyncio accepts every connection waiting at
+  a wake-up, so sessions opened together pile onto one worker.
 * **Capacity is the total.** The workers count their sessions in shared memory against one
   limit (:class:`~._capacity.SessionSlots`): a session is refused only when ``max_concurrent_envs``
-  are open over all the workers, and ``GET /health`` (any worker) says how many are.
+  are open over all the workers, and ``GET /health`` (any worker) says how many are, per worker.
+* **Steps in turn.** A process's sessions ``reset`` and ``step`` one at a time, first come
+  first served (:mod:`._turns`); one that runs for 50 ms lets the next start beside it.
 * **Supervision.** This process starts the workers (``spawn``), announces the URL once all
   listen, and stops them on SIGINT or SIGTERM (exit status 0). A worker that dies while
-  serving loses its sessions (their clients get a ``ConnectionError``); their slots are given
-  back and a new worker takes its place. A worker that dies while starting stops the server.
-  Workers die with this process (``PR_SET_PDEATHSIG`` on Linux).
+  serving loses its sessions (their clients get a ``ConnectionError``); it is handed no more
+  connections, its slots are given back and a new worker takes its place. A worker that dies
+  while starting stops the server. Workers die with this process (``PR_SET_PDEATHSIG`` on
+  Linux).
 * **Pauses.** Each serving process freezes what it holds once started (``gc.freeze``: torch,
   transformers and OpenEnv's imports, the first environment): Python's full collections then
   walk only what the sessions made. Measured: 300-370 ms pauses under 32 sessions, every few
@@ -24,6 +30,7 @@ each OpenEnv's app under uvicorn (:func:`~._serve.served_app`):
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import importlib
 import multiprocessing
@@ -40,7 +47,8 @@ from typing import Any
 from .._checks import boundary
 from .._sockets import bound_socket
 from ._capacity import SessionSlots
-from ._serve import environment_class, served_app, uvicorn_server
+from ._handoff import ConnectionDispatcher, receive_connections
+from ._serve import environment_class, served_app, uvicorn_protocol, uvicorn_server
 
 __all__ = ["load_env_factory", "serve"]
 
@@ -105,9 +113,9 @@ def serve(
         raise RuntimeError(
             f"{spec} failed to build an environment: {type(err).__name__}: {err}"
         ) from err
-    if workers > 1 and not hasattr(socket, "SO_REUSEPORT"):
-        raise OSError(f"--workers {workers} needs SO_REUSEPORT (Linux, BSD, macOS).")
-    sock = bound_socket(host, port, reuse_port=workers > 1)
+    if workers > 1 and not hasattr(socket, "send_fds"):
+        raise OSError(f"--workers {workers} needs socket.send_fds (Unix: Linux, BSD, macOS).")
+    sock = bound_socket(host, port)
     url = f"http://{host}:{sock.getsockname()[1]}"
     where = f" from {workers} worker processes" if workers > 1 else ""
     announce = f"serving {spec} with OpenEnv at {url} (WebSocket {url}/ws){where}"
@@ -116,7 +124,7 @@ def serve(
             slots = SessionSlots(max_concurrent_envs)
             app = served_app(cls, slots, session_timeout_s)
             _freeze()
-            server = uvicorn_server(app, log_level, lambda: print(announce, flush=True))
+            server = uvicorn_server(app, log_level, lambda _: print(announce, flush=True))
             server.run(sockets=[sock])
         else:
             config = (session_timeout_s, log_level)
@@ -137,20 +145,25 @@ class _Supervisor:
         lock_path = os.path.join(self.folder, "slots.lock")
         self.slots = SessionSlots(limit, counts=counts, lock_path=lock_path)
         self.ready = self.ctx.Array("b", workers, lock=False)
-        host, port = sock.getsockname()[:2]
-        self.config = (spec, host, port, *config)
+        self.dispatcher = ConnectionDispatcher(sock, self.ctx.Array("q", workers, lock=False))
+        self.config = (spec, *config)
         self.processes: list[Any] = [None] * workers
         self.stop = threading.Event()
 
     def _start(self, index: int) -> None:
         self.ready[index] = 0
+        channel = self.dispatcher.attach(index)
+        handed = (channel, self.dispatcher.closed)
         process = self.ctx.Process(
             target=_worker,
-            args=(index, self.slots, self.ready, os.getpid(), *self.config),
+            args=(index, self.slots, self.ready, os.getpid(), *handed, *self.config),
             name=f"openenv-worker-{index}",
             daemon=False,  # an environment may start processes of its own; stopped by _stop_all
         )
-        process.start()
+        try:
+            process.start()
+        finally:
+            channel.close()  # the worker's end: the worker holds its own
         self.processes[index] = process
 
     def run(self, announce: str) -> None:
@@ -160,9 +173,11 @@ class _Supervisor:
             for index in range(len(self.processes)):
                 self._start(index)
             if self._wait_listening():
+                self.dispatcher.start()
                 print(announce, flush=True)
                 self._watch()
         finally:
+            self.dispatcher.stop()
             self._stop_all()
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
@@ -197,6 +212,7 @@ class _Supervisor:
                 if process.exitcode == 0:  # stopped by a signal of its own (Ctrl-C's group)
                     self.stop.set()
                     return
+                self.dispatcher.detach(index)
                 lost = self.slots.clear(index)
                 print(
                     f"worker {index} (pid {process.pid}) died (status {process.exitcode}): its "
@@ -240,13 +256,14 @@ def _worker(  # pragma: no cover - runs in a worker process
     slots: SessionSlots,
     ready: Any,
     parent: int,
+    channel: socket.socket,
+    closed: Any,
     spec: str,
-    host: str,
-    port: int,
     session_timeout_s: float | None,
     log_level: str,
 ) -> None:
-    """One worker: OpenEnv's app on its own ``SO_REUSEPORT`` socket of the shared address.
+    """One worker: OpenEnv's app, serving the connections the supervisor hands over
+    ``channel`` (:mod:`._handoff`).
 
     It builds one environment before it listens, as :func:`serve` does: the first sessions,
     built at once in threads of their own, would otherwise race on the environment's first
@@ -256,13 +273,14 @@ def _worker(  # pragma: no cover - runs in a worker process
     cls = environment_class(load_env_factory(spec), slots.limit, session_timeout_s)
     cls().close()
     app = served_app(cls, slots, session_timeout_s)
-    sock = bound_socket(host, port, reuse_port=True)
     _freeze()
 
-    def listening() -> None:
+    def listening(server: Any) -> None:
+        loop = asyncio.get_running_loop()
+        receive_connections(channel, closed, index, uvicorn_protocol(server), loop)
         ready[index] = 1
 
     try:
-        uvicorn_server(app, log_level, listening).run(sockets=[sock])
+        uvicorn_server(app, log_level, listening).run(sockets=[])
     finally:
-        sock.close()
+        channel.close()
