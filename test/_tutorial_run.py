@@ -26,8 +26,6 @@ TUTORIAL = ROOT / "tutorials" / "trl_interop.py"
 RECORDER = ROOT / "test" / "_precision_recorder.py"
 #: the whole run's limit, from its start: ~90 s alone, longer on a busy machine
 TIMEOUT_S = 1700.0
-#: the test that reads the run
-TEST = "test_tutorial.py::test_tutorial_runs_end_to_end"
 
 
 class TutorialRun:

@@ -23,14 +23,16 @@ def doc_pages(tmp_path_factory):
 
 
 _TUTORIAL_RUN = pytest.StashKey()
+#: the test that reads the tutorial's run
+_TUTORIAL_TEST = "test_tutorial.py::test_tutorial_runs_end_to_end"
 
 
 def pytest_collection_finish(session):
     """Starts the tutorial's end-to-end run in the background if its test is selected
     (``test/_tutorial_run.py``): it trains on one core while the other tests run."""
-    from _tutorial_run import TEST, TutorialRun
+    if any(item.nodeid.endswith(_TUTORIAL_TEST) for item in session.items):
+        from _tutorial_run import TutorialRun
 
-    if any(item.nodeid.endswith(TEST) for item in session.items):
         session.config.stash[_TUTORIAL_RUN] = TutorialRun()
 
 
