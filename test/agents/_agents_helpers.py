@@ -135,28 +135,6 @@ def smolagents_requests(a, b, call_id):
     return [(sent["messages"], sent["tools"]) for sent in scripted.seen], calls
 
 
-def fit(model, tokenizer, pairs, steps, seed=0):
-    """AdamW on ``(prompt ids, completion ids)`` pairs, loss on the completions."""
-    rng = random.Random(seed)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
-    model.train()
-    for _ in range(steps):
-        batch = rng.sample(pairs, min(8, len(pairs)))
-        width = max(len(p) + len(c) for p, c in batch)
-        ids = torch.full((len(batch), width), tokenizer.pad_token_id)
-        labels = torch.full((len(batch), width), -100)
-        mask = torch.zeros((len(batch), width), dtype=torch.long)
-        for i, (p, c) in enumerate(batch):
-            ids[i, : len(p) + len(c)] = torch.tensor(p + c)
-            labels[i, len(p) : len(p) + len(c)] = torch.tensor(c)
-            mask[i, : len(p) + len(c)] = 1
-        loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-    return model.eval()
-
-
 def serve_toy():
     """A started server over a toy policy (ChatML toy tokenizer), its client and its model,
     for a ``yield from`` fixture."""
@@ -178,6 +156,7 @@ def fitted_smol_caller():
     from torchrl_trl_interop._chat_format import ChatFormat
     from torchrl_trl_interop.agents._requests import template_message
     from torchrl_trl_interop.testing import toy_causal_lm, toy_tool_tokenizer
+    from torchrl_trl_interop.testing._tool_task import fit_completions
 
     tok = toy_tool_tokenizer()
     chat = ChatFormat.of(tok)
@@ -197,7 +176,4 @@ def fitted_smol_caller():
     model = toy_causal_lm(
         tokenizer=tok, hidden_size=64, intermediate_size=128, num_hidden_layers=2, seed=0
     )
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(0)
-        fit(model, tok, pairs, steps=80)
-    return tok, model
+    return tok, fit_completions(model, tok, pairs, steps=80)

@@ -249,7 +249,6 @@ def toy_tool_caller(
         >>> model.config.num_hidden_layers, model.training
         (2, False)
     """
-    import torch
 
     tokenizer = tokenizer if tokenizer is not None else toy_tool_tokenizer()
     chats = chats if chats is not None else calculator_chats(200, seed=seed)
@@ -258,13 +257,39 @@ def toy_tool_caller(
     model = toy_causal_lm(
         tokenizer=tokenizer, hidden_size=64, intermediate_size=128, num_hidden_layers=2, seed=seed
     )
+    return fit_completions(
+        model,
+        tokenizer,
+        data,
+        steps=steps,
+        learning_rate=learning_rate,
+        batch_size=batch_size,
+        seed=seed,
+    )
+
+
+def fit_completions(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerFast,
+    pairs: list[tuple[list[int], list[int]]],
+    *,
+    steps: int,
+    learning_rate: float = 3e-3,
+    batch_size: int = 8,
+    seed: int = 0,
+) -> PreTrainedModel:
+    """``model`` fitted by ``steps`` AdamW steps on random batches of ``(prompt ids, completion
+    ids)`` pairs, the loss on the completions; seeded (torch's global generator left as it was).
+    Returns it in eval mode."""
+    import torch
+
     rng = random.Random(seed)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         optimizer = torch.optim.AdamW(model.parameters(), lr=learning_rate)
         model.train()
         for _ in range(steps):
-            batch = rng.sample(data, min(batch_size, len(data)))
+            batch = rng.sample(pairs, min(batch_size, len(pairs)))
             width = max(len(p) + len(c) for p, c in batch)
             ids = torch.full((len(batch), width), tokenizer.pad_token_id)
             labels = torch.full((len(batch), width), -100)
