@@ -150,8 +150,6 @@ _PARTS = (
     ),
     ("transformers", "GenerationMixin.generate", "transformers: model.generate"),
     ("torchrl.data.llm", "History.from_text", "torchrl: History.from_text (answer parse)"),
-    ("torchrl_trl_interop.rollouts._episodes", "render", "ours: chat-template renders"),
-    ("torchrl_trl_interop.rollouts._trainer_policy", "render", "ours: chat-template renders"),
     ("torchrl_trl_interop._chat_format", "ChatFormat.render", "ours: chat-template renders"),
     ("torchrl_trl_interop._chat_format", "ChatFormat.encode", "ours: rendered text tokenized"),
     ("torchrl_trl_interop._chat_format", "ChatFormat.answer", "ours: answers read from tokens"),
