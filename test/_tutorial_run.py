@@ -50,14 +50,10 @@ class TutorialRun:
         )
 
     def result(self) -> tuple[int, str, str]:
-        """``(exit code, stdout, stderr)`` once the run ends; kills it past ``TIMEOUT_S``."""
+        """``(exit code, stdout, stderr)`` once the run ends; raises past ``TIMEOUT_S`` (the
+        session's end kills it: :meth:`stop`)."""
         left = TIMEOUT_S - (time.monotonic() - self.started)
-        try:
-            code = self.process.wait(timeout=max(left, 1.0))
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait(10)
-            raise
+        code = self.process.wait(timeout=max(left, 1.0))
         self._out.seek(0), self._err.seek(0)
         return code, self._out.read(), self._err.read()
 
