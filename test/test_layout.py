@@ -218,6 +218,7 @@ OTHER_LIBRARIES = {
     "_name_or_path": "transformers' PretrainedConfig",
     "_exit": "os",
     "_message_timeout": "OpenEnv's client",
+    "_shared_session_executor": "OpenEnv's HTTPEnvServer (openenv/_step_executor, gated on its version)",
 }
 #: torchrl's documented extension points: a subclass is meant to override them
 EXTENSION_POINTS = {

@@ -11,6 +11,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from contextlib import contextmanager
@@ -232,8 +233,8 @@ def client_process(url: str, sessions: int):
 def sleepy_tool_env(asleep=None, steps=None, seconds=1.5):
     """``toy_tool_env`` whose step sleeps ``seconds`` when the assistant says ``"sleep"`` (a
     tool waiting on a subprocess or the network), setting the ``threading.Event`` ``asleep``
-    first, and answers at once otherwise; each step's content is appended to the list
-    ``steps`` as it ends."""
+    first, and answers at once otherwise; each step's content and the name of the thread that
+    ran it are appended to the list ``steps`` as it ends."""
     from torchrl.envs import Transform
 
     from torchrl_trl_interop import history_to_messages
@@ -247,7 +248,7 @@ def sleepy_tool_env(asleep=None, steps=None, seconds=1.5):
                     asleep.set()
                 time.sleep(seconds)
             if steps is not None:
-                steps.append(content)
+                steps.append((content, threading.current_thread().name))
             return next_tensordict
 
     return toy_tool_env().append_transform(Sleepy())

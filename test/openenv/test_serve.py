@@ -143,9 +143,11 @@ class TestOpenEnvClient:
                 client.step({"message": "wrong field"})
 
 
-def test_a_slow_step_does_not_hold_up_another_session():
-    """Each session's calls run in a thread of their own (OpenEnv's default): a step that waits
-    (a tool in a subprocess, a network call) holds up no other session."""
+def test_a_slow_step_does_not_hold_up_another_session(upstream_branch):
+    """A step that waits (a tool in a subprocess, a network call) holds up no other session:
+    the sessions' calls run on one thread of the package's executor, and a stalled one lets the
+    next start on another (``openenv/_step_executor``); on OpenEnv's plain server, each session's
+    calls run in a thread of their own."""
     import threading
     from functools import partial
 
@@ -163,7 +165,11 @@ def test_a_slow_step_does_not_hold_up_another_session():
             assert asleep.wait(60)  # the slow step runs on the server
             quick.step({"content": answers()[0]})
             sleeping.join(60)
-    assert steps == [answers()[0], "sleep"]  # the quick step ended first
+    assert [content for content, _ in steps] == [answers()[0], "sleep"]  # the quick one first
+    quick_thread, slow_thread = [name for _, name in steps]
+    assert quick_thread != slow_thread
+    ours = upstream_branch == "fast"
+    assert all(name.startswith("openenv-step-") == ours for _, name in steps), steps
 
 
 @pytest.mark.slow

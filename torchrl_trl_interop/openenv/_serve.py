@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from .._checks import boundary, check_positive_int, check_real, require
 from .._sockets import bound_socket
 from ._capacity import SessionSlots, admit_sessions
-from ._turns import taking_turns
+from ._step_executor import StepExecutor, run_sessions_in
 
 if TYPE_CHECKING:  # pragma: no cover
     from fastapi import FastAPI
@@ -104,23 +104,30 @@ def environment_class(make_env: Any, max_concurrent_envs: int, session_timeout_s
 
 
 def served_app(cls: type, slots: SessionSlots, session_timeout_s: float | None) -> FastAPI:
-    """OpenEnv's app (``create_app``) serving ``cls``, its WebSocket sessions admitted by
-    ``slots`` and closed after ``session_timeout_s`` idle (:func:`._capacity.admit_sessions`).
+    """OpenEnv's app serving ``cls`` (its ``HTTPEnvServer``'s routes, as ``create_app`` registers
+    them, in ``OPENENV_MODE``), its WebSocket sessions admitted by ``slots`` and closed after
+    ``session_timeout_s`` idle (:func:`._capacity.admit_sessions`).
 
     OpenEnv's own limit is the total (``slots`` is the binding one: it counts every worker's
     sessions), and OpenEnv's reaper gets no timeout (module docstring of :mod:`._capacity`).
-    The sessions' ``reset`` and ``step`` take turns (:mod:`._turns`).
+    The sessions' calls run one at a time, a stalled one letting the next start beside it
+    (:mod:`._step_executor`).
     """
-    from openenv.core.env_server import create_app
+    import os
+
+    from fastapi import FastAPI
+    from openenv.core.env_server import HTTPEnvServer
     from openenv.core.env_server.types import ConcurrencyConfig
 
     from ._errors import answer_mistakes_clearly
 
-    cls = taking_turns(cls)
     config = ConcurrencyConfig(max_concurrent_envs=slots.limit, session_timeout=None)
-    app = create_app(
-        cls, cls.action_type, cls.observation_type, env_name=cls.__name__, concurrency_config=config
+    server = HTTPEnvServer(
+        cls, cls.action_type, cls.observation_type, concurrency_config=config, env_name=cls.__name__
     )
+    run_sessions_in(server, StepExecutor())
+    app = FastAPI(title=f"{cls.__name__}: a TorchRL environment served with OpenEnv")
+    server.register_routes(app, mode=os.environ.get("OPENENV_MODE", "simulation"))
     answer_mistakes_clearly(app, factory_failures=getattr(cls, "factory_failures", None))
     return admit_sessions(app, slots, session_timeout_s)
 

@@ -14,8 +14,8 @@ each OpenEnv's app under uvicorn (:func:`~._serve.served_app`):
 * **Capacity is the total.** The workers count their sessions in shared memory against one
   limit (:class:`~._capacity.SessionSlots`): a session is refused only when ``max_concurrent_envs``
   are open over all the workers, and ``GET /health`` (any worker) says how many are, per worker.
-* **Steps in turn.** A process's sessions ``reset`` and ``step`` one at a time, first come
-  first served (:mod:`._turns`); one that runs for 50 ms lets the next start beside it.
+* **Steps in order.** A process's sessions' calls run on one thread, first come first served
+  (:mod:`._step_executor`); one that runs for 50 ms lets the next start on another thread.
 * **Supervision.** This process starts the workers (``spawn``), announces the URL once all
   listen, and stops them on SIGINT or SIGTERM (exit status 0). A worker that dies while
   serving loses its sessions (their clients get a ``ConnectionError``); it is handed no more
