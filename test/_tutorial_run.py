@@ -19,7 +19,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from torchrl_trl_interop.weights._generator_process import exit_with_parent
+from torchrl_trl_interop._processes import end_with_parent
 
 ROOT = Path(__file__).resolve().parents[1]
 TUTORIAL = ROOT / "tutorials" / "trl_interop.py"
@@ -46,7 +46,7 @@ class TutorialRun:
             stdout=self._out,
             stderr=self._err,
             env=env,
-            preexec_fn=functools.partial(exit_with_parent, os.getpid(), kernel_signal=True),
+            preexec_fn=functools.partial(end_with_parent, os.getpid()),
         )
 
     def result(self) -> tuple[int, str, str]:

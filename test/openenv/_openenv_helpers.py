@@ -6,7 +6,6 @@ also dies with the test process (``PR_SET_PDEATHSIG``), and every wait has a tim
 
 from __future__ import annotations
 
-import ctypes
 import os
 import signal
 import subprocess
@@ -15,16 +14,13 @@ import threading
 import time
 import urllib.request
 from contextlib import contextmanager
+from functools import partial
 from pathlib import Path
 
+from torchrl_trl_interop._processes import end_with_parent
 from torchrl_trl_interop.testing._torchrun import free_port
 
 STARTUP_TIMEOUT_S = 180.0  # the CLI imports torch, torchrl and OpenEnv (gradio) on 2 busy cores
-
-
-def _die_with_parent() -> None:  # pragma: no cover - runs in the child
-    libc = ctypes.CDLL("libc.so.6", use_errno=True)
-    libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
 def _healthy(url: str) -> bool:
@@ -49,7 +45,7 @@ def cli_server(spec: str, log: Path, *args: str):
             command,
             stdout=out,
             stderr=subprocess.STDOUT,
-            preexec_fn=_die_with_parent if sys.platform == "linux" else None,
+            preexec_fn=partial(end_with_parent, os.getpid()),
             env={**os.environ, "PYTHONUNBUFFERED": "1"},
         )
     url = f"http://127.0.0.1:{port}"
@@ -219,7 +215,7 @@ def client_process(url: str, sessions: int):
         [sys.executable, "-c", _RAW_CLIENT, str(sessions), url],
         stdout=subprocess.PIPE,
         text=True,
-        preexec_fn=_die_with_parent if sys.platform == "linux" else None,
+        preexec_fn=partial(end_with_parent, os.getpid()),
     )
     try:
         assert proc.stdout.readline().strip() == "playing", "the client process failed"

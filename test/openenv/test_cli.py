@@ -11,12 +11,14 @@ import signal
 import subprocess
 import sys
 import threading
+from functools import partial
 from pathlib import Path
 
 import pytest
-from _openenv_helpers import PROMPT, STARTUP_TIMEOUT_S, _die_with_parent, free_port
+from _openenv_helpers import PROMPT, STARTUP_TIMEOUT_S, free_port
 from openenv.core import GenericEnvClient
 
+from torchrl_trl_interop._processes import end_with_parent
 from torchrl_trl_interop.openenv.__main__ import main
 
 HERE = Path(__file__).parent
@@ -85,7 +87,7 @@ def start(spec):
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
-        preexec_fn=_die_with_parent if sys.platform == "linux" else None,
+        preexec_fn=partial(end_with_parent, os.getpid()),
         env={**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": pythonpath},
     )
     lines: queue.Queue = queue.Queue()

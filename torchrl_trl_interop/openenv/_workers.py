@@ -45,6 +45,7 @@ import time
 from typing import Any
 
 from .._checks import boundary
+from .._processes import end_with_parent
 from .._sockets import bound_socket
 from ._capacity import SessionSlots
 from ._handoff import ConnectionDispatcher, receive_connections
@@ -240,17 +241,6 @@ def _freeze() -> None:
     gc.freeze()
 
 
-def _die_with(parent: int) -> None:  # pragma: no cover - runs in a worker
-    """This process gets SIGTERM when ``parent`` dies (Linux); exits now if it already has."""
-    if sys.platform.startswith("linux"):
-        import ctypes
-
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    if os.getppid() != parent:
-        sys.exit(1)
-
-
 def _worker(  # pragma: no cover - runs in a worker process
     index: int,
     slots: SessionSlots,
@@ -268,7 +258,7 @@ def _worker(  # pragma: no cover - runs in a worker process
     It builds one environment before it listens, as :func:`serve` does: the first sessions,
     built at once in threads of their own, would otherwise race on the environment's first
     imports (transformers' lazy modules raise ``ImportError`` there)."""
-    _die_with(parent)
+    end_with_parent(parent, sig=signal.SIGTERM)  # a worker stops as on the supervisor's SIGTERM
     slots.worker = index
     cls = environment_class(load_env_factory(spec), slots.limit, session_timeout_s)
     cls().close()

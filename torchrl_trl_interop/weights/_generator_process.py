@@ -13,41 +13,23 @@ checks its parent's pid while it waits for a request.
 
 from __future__ import annotations
 
-import ctypes
 import os
 import pickle
 import queue
-import signal
-import sys
 import traceback
 from typing import Any
 
 import torch
 
 from .._keys import POLICY_VERSION_KEY
+from .._processes import end_with_parent
 from ._scheme import StagingWeightSyncScheme
 from ._tensors import policy_model, weights_checksum
 
-__all__ = ["POLL_SECONDS", "exit_with_parent", "serve"]
+__all__ = ["POLL_SECONDS", "serve"]
 
 #: how often a waiting side checks that the other process is alive (seconds)
 POLL_SECONDS = 0.5
-_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
-
-
-def exit_with_parent(parent_pid: int, *, kernel_signal: bool) -> None:
-    """Makes this process end with ``parent_pid``; exits now if that parent is already gone.
-
-    With ``kernel_signal`` (Linux only) the kernel sends this process SIGKILL when the thread
-    that started it ends: only ask for it when that thread is the parent's main thread. The
-    parent's pid is checked afterwards, which closes the race with a parent dying before.
-    """
-    if kernel_signal and sys.platform.startswith("linux"):
-        libc = ctypes.CDLL(None, use_errno=True)
-        if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
-            raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
-    if os.getppid() != parent_pid:
-        os._exit(1)
 
 
 def _next_request(requests: Any, parent_pid: int) -> tuple[str, Any]:
@@ -71,7 +53,7 @@ def serve(
     """The generator process: builds the policy, allocates the shared staging buffers and sends
     them with its weights' layout, then serves calls, commits and checksums in order, until
     ``"stop"``."""
-    exit_with_parent(parent_pid, kernel_signal=kernel_signal)
+    end_with_parent(parent_pid, kernel_signal=kernel_signal)
     if num_threads is not None:
         torch.set_num_threads(num_threads)
     try:
