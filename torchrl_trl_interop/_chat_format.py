@@ -586,7 +586,6 @@ def answer_turn(content: str, complete: bool, role: str = "assistant") -> Any:
         [{'role': 'assistant', 'content': '4', 'is_complete': False}]
     """
     import torch
-    from tensordict import NonTensorStack
     from torchrl.data.llm import History
 
     from ._upstream._lazy_rows import tensorclass_over, text_stack
@@ -594,7 +593,7 @@ def answer_turn(content: str, complete: bool, role: str = "assistant") -> Any:
     fields = {
         "role": text_stack([role]),
         "content": text_stack([content]),
-        "is_complete": NonTensorStack.from_list([bool(complete)]),
+        "is_complete": text_stack([bool(complete)]),
     }
     return tensorclass_over(History, fields, torch.Size([1]))
 

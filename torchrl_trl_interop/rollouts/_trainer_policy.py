@@ -188,11 +188,13 @@ class TrainerModelPolicy(TransformersWrapper):
             synced_gpus=self.synced_gpus,
         )
         response = generated.sequences[:, width:]
-        logits = torch.stack(list(generated.logits), 1).float() / self.temperature
+        logits = torch.stack(list(generated.logits), 1).float()
+        if self.temperature != 1.0:
+            logits = logits / self.temperature
         log_probs = logits.log_softmax(-1).gather(-1, response[..., None]).squeeze(-1)
         ends = completion_lengths(response, config.eos_token_id).tolist()
-        responses = [r[:n].cpu() for r, n in zip(response, ends)]
-        return responses, [lp[:n].cpu() for lp, n in zip(log_probs, ends)]
+        response, log_probs = response.cpu(), log_probs.cpu()  # once, then cut row by row
+        return [r[:n] for r, n in zip(response, ends)], [lp[:n] for lp, n in zip(log_probs, ends)]
 
     def _generate_step(self, td, cfg, out):
         """torchrl's history-mode generate step, done as the trainer does (see the class)."""
