@@ -377,17 +377,43 @@ class ChatFormat:
             >>> chat.answer(chat.encode(["4<|im_end|>"])[0]), chat.answer(chat.encode(["4 and"])[0])
             (('4', True), ('4 and', False))
         """
+        prompts = None if prompt_ids is None else [prompt_ids]
+        return self.answers([ids], extra_stop_ids, prompt_ids=prompts)[0]
+
+    def answers(
+        self,
+        rows: Sequence[Sequence[int]],
+        extra_stop_ids: Iterable[int] | None = None,
+        *,
+        prompt_ids: Sequence[Sequence[int]] | None = None,
+    ) -> list[tuple[str, bool]]:
+        """:meth:`answer` of every row (``prompt_ids``: one per row), the stop tokens and the
+        openings of prompts ending alike read once for the batch.
+
+        Examples:
+            >>> from torchrl_trl_interop.testing import toy_tokenizer
+            >>> chat = ChatFormat.of(toy_tokenizer())
+            >>> chat.answers(chat.encode(["4<|im_end|>", "4 and"]))
+            [('4', True), ('4 and', False)]
+        """
         stops = set(self.stop_ids(extra_stop_ids))
-        end = len(ids)
-        while end and int(ids[end - 1]) in stops:
-            end -= 1
-        content = self.tokenizer.decode(list(ids[:end]), skip_special_tokens=False)
-        if prompt_ids is None:
-            opening = self.answer_opening
-        else:
-            tail = [int(i) for i in list(prompt_ids)[-8:]]
-            opening = opening_of(self.tokenizer.decode(tail, skip_special_tokens=False))
-        return opening + content, end < len(ids)
+        openings: dict[tuple[int, ...], str] = {}  # per prompt tail: GRPO's rows share one
+        out = []
+        for i, ids in enumerate(rows):
+            end = len(ids)
+            while end and int(ids[end - 1]) in stops:
+                end -= 1
+            content = self.tokenizer.decode(list(ids[:end]), skip_special_tokens=False)
+            if prompt_ids is None:
+                opening = self.answer_opening
+            else:
+                tail = tuple(int(t) for t in list(prompt_ids[i])[-8:])
+                if tail not in openings:
+                    text = self.tokenizer.decode(list(tail), skip_special_tokens=False)
+                    openings[tail] = opening_of(text)
+                opening = openings[tail]
+            out.append((opening + content, end < len(ids)))
+        return out
 
     def added_after(
         self,

@@ -273,10 +273,8 @@ class _Episodes:
         from torchrl.modules.llm import ChatHistory
 
         rows = list(td.get(self.keys.prompt_history).unbind(0))
-        answers = [
-            answer_turn(*self.chat.answer(ids, self.stop_ids, prompt_ids=prompt))
-            for prompt, ids in zip(prompts, responses)
-        ]
+        read = self.chat.answers(responses, self.stop_ids, prompt_ids=prompts)
+        answers = [answer_turn(content, complete) for content, complete in read]
         full = [extend_history(p, a) for p, a in zip(rows, answers)]
         chat = stack_rows(ChatHistory, prompt=rows, response=answers, full=full)
         td.set(key_parts(self.keys.full_history)[:-1], chat)

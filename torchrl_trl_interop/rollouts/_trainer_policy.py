@@ -166,11 +166,12 @@ class TrainerModelPolicy(TransformersWrapper):
     def _answers(self, prompts: list, responses: list[torch.Tensor], stop_ids: Any) -> list:
         """Each row's answer as a one-turn History: its content read from its tokens with the
         chat format (up to the stop token), complete when it ended at one."""
-        read = self.chat_format.answer
-        return [
-            answer_turn(*read(ids.tolist(), stop_ids, prompt_ids=prompt.tolist()))
-            for prompt, ids in zip(prompts, responses)
-        ]
+        read = self.chat_format.answers(
+            [ids.tolist() for ids in responses],
+            stop_ids,
+            prompt_ids=[prompt.tolist() for prompt in prompts],
+        )
+        return [answer_turn(content, complete) for content, complete in read]
 
     def _sample(
         self, prompts: list[torch.Tensor], config: Any
