@@ -301,6 +301,25 @@ class ChatFormat:
             list(ids) for ids in self.tokenizer(list(texts), add_special_tokens=False)["input_ids"]
         ]
 
+    def decode(
+        self, rows: Sequence[Sequence[int]], *, skip_special_tokens: bool = False
+    ) -> list[str]:
+        """``tokenizer.batch_decode(rows, skip_special_tokens=...)`` (rows of ids or 1-D
+        tensors), in one call of the tokenizer's Rust backend where its decode is only that
+        (:func:`_decodes_in_backend`), else through the tokenizer.
+
+        Examples:
+            >>> from torchrl_trl_interop.testing import toy_tokenizer
+            >>> chat = ChatFormat.of(toy_tokenizer())
+            >>> chat.decode(chat.encode(["4<|im_end|>"])), chat.decode([[]])
+            (['4<|im_end|>'], [''])
+        """
+        rows = [r.tolist() if hasattr(r, "tolist") else list(r) for r in rows]
+        if _decodes_in_backend(self.tokenizer):
+            backend = self.tokenizer.backend_tokenizer
+            return backend.decode_batch(rows, skip_special_tokens=skip_special_tokens)
+        return self.tokenizer.batch_decode(rows, skip_special_tokens=skip_special_tokens)
+
     def prompt_ids(
         self, conversations: Sequence[Sequence[Message]], *, tools: list | None = None
     ) -> list[list[int]]:
@@ -397,20 +416,22 @@ class ChatFormat:
             [('4', True), ('4 and', False)]
         """
         stops = set(self.stop_ids(extra_stop_ids))
-        openings: dict[tuple[int, ...], str] = {}  # per prompt tail: GRPO's rows share one
-        out = []
-        for i, ids in enumerate(rows):
+        ends = []
+        for ids in rows:
             end = len(ids)
             while end and int(ids[end - 1]) in stops:
                 end -= 1
-            content = self.tokenizer.decode(list(ids[:end]), skip_special_tokens=False)
+            ends.append(end)
+        contents = self.decode([list(ids[:end]) for ids, end in zip(rows, ends)])
+        openings: dict[tuple[int, ...], str] = {}  # per prompt tail: GRPO's rows share one
+        out = []
+        for i, (ids, end, content) in enumerate(zip(rows, ends, contents)):
             if prompt_ids is None:
                 opening = self.answer_opening
             else:
                 tail = tuple(int(t) for t in list(prompt_ids[i])[-8:])
                 if tail not in openings:
-                    text = self.tokenizer.decode(list(tail), skip_special_tokens=False)
-                    openings[tail] = opening_of(text)
+                    openings[tail] = opening_of(self.decode([tail])[0])
                 opening = openings[tail]
             out.append((opening + content, end < len(ids)))
         return out
@@ -587,6 +608,25 @@ class ChatFormat:
             "rendering of the conversation. Use max_turns=1, or a template that renders "
             "earlier turns unchanged (TRL's *_training.jinja variants do)."
         )
+
+
+def _decodes_in_backend(tokenizer: Any) -> bool:
+    """Whether ``tokenizer.batch_decode`` is its Rust backend's ``decode_batch`` and nothing
+    more: a transformers fast tokenizer (``TokenizersBackend``) that keeps transformers' own
+    decode (``decode``, ``batch_decode`` and the per-row ``_decode``) and cleans up no spaces."""
+    try:
+        from transformers.tokenization_utils_base import PreTrainedTokenizerBase
+        from transformers.tokenization_utils_tokenizers import TokenizersBackend
+    except ImportError:  # pragma: no cover - another transformers layout: its own decode
+        return False
+    cls = type(tokenizer)
+    return (
+        issubclass(cls, TokenizersBackend)
+        and cls._decode is TokenizersBackend._decode
+        and cls.decode is PreTrainedTokenizerBase.decode
+        and cls.batch_decode is PreTrainedTokenizerBase.batch_decode
+        and not tokenizer.clean_up_tokenization_spaces
+    )
 
 
 def opening_of(prompt: str) -> str:

@@ -210,8 +210,8 @@ class TrainerModelPolicy(TransformersWrapper):
         responses, scores = self._sample(prompts, config)
         full = [torch.cat([p, r]) for p, r in zip(prompts, responses)]
 
-        text_full = self.tokenizer.batch_decode(full, skip_special_tokens=False)
-        text_prompt = self.tokenizer.batch_decode(prompts, skip_special_tokens=False)
+        text_full = self.chat_format.decode(full)
+        text_prompt = self.chat_format.decode(prompts)
         text_response = [f[len(p) :] for f, p in zip(text_full, text_prompt)]
         # the answer read from its tokens, each row extended on its own (rows may differ in length)
         stop_ids = config.eos_token_id
