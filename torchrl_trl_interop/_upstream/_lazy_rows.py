@@ -6,8 +6,10 @@ torchrl's attribute assignment runs one validated ``set`` per row and field (its
 as ``NonTensorData``'s constructor builds them, without its argument handling, and a
 ``ChatHistory`` without the ``__post_init__`` check that changes nothing on these rows);
 :func:`extend_history` appends a row's answer to its prompt as ``History.extend`` does, over the
-same leaves, without tensordict's concatenation (figures: ``benchmarks/RESULTS.rst``); :func:`text_stack` is
-``NonTensorStack.from_list`` of str with those fast leaves (``messages_to_history``'s columns).
+same leaves, without tensordict's concatenation (figures: ``benchmarks/RESULTS.rst``);
+:func:`text_stack` is ``NonTensorStack.from_list`` of str or bool with those fast leaves
+(``messages_to_history``'s columns, a one-turn answer's fields) and :func:`shared_flag` a History's
+``is_complete`` leaf.
 
 Both read tensordict's internals (``TensorDict._new_unsafe``,
 ``NonTensorStack._new_lazy_unsafe``, a tensorclass's ``_tensordict``, ``_non_tensordict``,

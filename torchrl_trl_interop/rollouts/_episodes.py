@@ -11,9 +11,9 @@ Every token comes from one chat format (:class:`~torchrl_trl_interop._chat_forma
 the tokenizer's own template, or the one the caller names): the first prompt is the template's
 rendering of the conversation (``apply_chat_template(..., add_generation_prompt=True)``, given to
 the policy as tokens; the package's own policy renders it itself, with the same format), each
-answer is read back with the template's own markers (its turn ends
-at a stop token), and the environment's tokens are what the template writes after the answer:
-the rest of the answer's closing, the environment's turns and the next generation prompt.
+answer is read back with the template's own markers (its turn ends at a stop token), and the
+environment's tokens are what the template writes after the answer: the rest of the answer's
+closing, the environment's turns and the next generation prompt.
 """
 
 from __future__ import annotations
