@@ -115,6 +115,30 @@ class TestAnswers:
         sampled = tok.decode(prompt + ids, skip_special_tokens=False)
         assert again.startswith(sampled)  # the template renders it as it was sampled
 
+    def test_a_batch_reads_as_each_answer_on_its_own(self):
+        tok = toy_template_tokenizer(qwen3_5_think_chat_template)
+        chat = ChatFormat.of(tok)
+        prompts = chat.prompt_ids([[USER], [{"role": "user", "content": "Hi"}]])
+        rows = chat.encode(["Adding.\n</think>\n\n5<|im_end|>", "Hello and"])
+        one_by_one = [chat.answer(r, prompt_ids=p) for r, p in zip(rows, prompts)]
+        assert chat.answers(rows, prompt_ids=prompts) == one_by_one
+        assert chat.answers(rows) == [chat.answer(r) for r in rows]
+
+    @pytest.mark.parametrize("clean_up", [False, True])
+    def test_decode_is_the_tokenizers(self, clean_up):
+        """Through the Rust backend where the tokenizer's decode is only that, else through the
+        tokenizer (spaces cleaned up): the same text either way."""
+        from torchrl_trl_interop._chat_format import _decodes_in_backend
+
+        tok = toy_tokenizer()
+        tok.clean_up_tokenization_spaces = clean_up
+        chat = ChatFormat.of(tok)
+        rows = chat.encode(["2 + 3 = 5<|im_end|>", "<|im_start|>user\nHi ,<|im_end|>"]) + [[]]
+        assert _decodes_in_backend(tok) is not clean_up
+        for skip in (False, True):
+            expected = tok.batch_decode(rows, skip_special_tokens=skip)
+            assert chat.decode(rows, skip_special_tokens=skip) == expected
+
     def test_opening_of(self):
         assert opening_of("<|im_start|>assistant\n<think>\n") == "<think>\n"
         assert opening_of("<think>\nx</think>\n\n") == ""

@@ -216,6 +216,7 @@ OTHER_LIBRARIES = {
     "_shared_state": "accelerate's PartialState",
     "_modules": "torch.nn.Module",
     "_name_or_path": "transformers' PretrainedConfig",
+    "_decode": "transformers' TokenizersBackend (a tokenizer keeping its own decode)",
     "_exit": "os",
     "_message_timeout": "OpenEnv's client",
     "_shared_session_executor": "OpenEnv's HTTPEnvServer (openenv/_step_executor, gated on its version)",

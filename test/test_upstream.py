@@ -30,7 +30,12 @@ from torchrl_trl_interop._upstream._history_fields import (
     non_tensor_payloads,
     row_entries,
 )
-from torchrl_trl_interop._upstream._lazy_rows import holds_field, tensorclass_over, text_stack
+from torchrl_trl_interop._upstream._lazy_rows import (
+    holds_field,
+    shared_flag,
+    tensorclass_over,
+    text_stack,
+)
 
 pytestmark = pytest.mark.usefixtures("upstream_branch")
 
@@ -86,8 +91,10 @@ class TestTensordictReaders:
         assert type(ours) is History and ours.batch_size == size
         assert ours.tolist() == History.from_tensordict(TensorDict(fields, size)).tolist()
 
-    @pytest.mark.parametrize("values", [["user", "assistant"], ["Hi"], ["a", 1]])
-    def test_text_stack_is_from_list(self, values):
+    @pytest.mark.parametrize(
+        "values", [["user", "assistant"], ["Hi"], ["a", 1], [True], [False, "x"]]
+    )
+    def test_text_stack_is_from_list(self, values, upstream_branch):
         """The same stack as ``NonTensorStack.from_list``, leaf by leaf (each leaf's fields as
         ``NonTensorData(data=...)`` sets them)."""
         ours, theirs = text_stack(values), NonTensorStack.from_list(values)
@@ -97,6 +104,14 @@ class TestTensordictReaders:
             assert type(a) is type(b) and a.__dict__.keys() == b.__dict__.keys()
             assert a._non_tensordict == b._non_tensordict
             assert a._tensordict.batch_size == b._tensordict.batch_size
+
+    def test_shared_flag_is_the_constructors(self, upstream_branch):
+        size = torch.Size([3])
+        ours, theirs = shared_flag(True, size), NonTensorData(True, batch_size=size)
+        assert type(ours) is type(theirs) and ours.batch_size == theirs.batch_size
+        assert ours.__dict__.keys() == theirs.__dict__.keys()
+        assert ours._non_tensordict == theirs._non_tensordict
+        assert ours.tolist() == theirs.tolist() == [True] * 3
 
     @pytest.mark.parametrize("build", ["from_chats", "messages_to_history", "both"])
     def test_history_column(self, build, upstream_branch):

@@ -301,6 +301,25 @@ class ChatFormat:
             list(ids) for ids in self.tokenizer(list(texts), add_special_tokens=False)["input_ids"]
         ]
 
+    def decode(
+        self, rows: Sequence[Sequence[int]], *, skip_special_tokens: bool = False
+    ) -> list[str]:
+        """``tokenizer.batch_decode(rows, skip_special_tokens=...)`` (rows of ids or 1-D
+        tensors), in one call of the tokenizer's Rust backend where its decode is only that
+        (:func:`_decodes_in_backend`), else through the tokenizer.
+
+        Examples:
+            >>> from torchrl_trl_interop.testing import toy_tokenizer
+            >>> chat = ChatFormat.of(toy_tokenizer())
+            >>> chat.decode(chat.encode(["4<|im_end|>"])), chat.decode([[]])
+            (['4<|im_end|>'], [''])
+        """
+        rows = [r.tolist() if hasattr(r, "tolist") else list(r) for r in rows]
+        if _decodes_in_backend(self.tokenizer):
+            backend = self.tokenizer.backend_tokenizer
+            return backend.decode_batch(rows, skip_special_tokens=skip_special_tokens)
+        return self.tokenizer.batch_decode(rows, skip_special_tokens=skip_special_tokens)
+
     def prompt_ids(
         self, conversations: Sequence[Sequence[Message]], *, tools: list | None = None
     ) -> list[list[int]]:
@@ -377,17 +396,45 @@ class ChatFormat:
             >>> chat.answer(chat.encode(["4<|im_end|>"])[0]), chat.answer(chat.encode(["4 and"])[0])
             (('4', True), ('4 and', False))
         """
+        prompts = None if prompt_ids is None else [prompt_ids]
+        return self.answers([ids], extra_stop_ids, prompt_ids=prompts)[0]
+
+    def answers(
+        self,
+        rows: Sequence[Sequence[int]],
+        extra_stop_ids: Iterable[int] | None = None,
+        *,
+        prompt_ids: Sequence[Sequence[int]] | None = None,
+    ) -> list[tuple[str, bool]]:
+        """:meth:`answer` of every row (``prompt_ids``: one per row), the stop tokens and the
+        openings of prompts ending alike read once for the batch.
+
+        Examples:
+            >>> from torchrl_trl_interop.testing import toy_tokenizer
+            >>> chat = ChatFormat.of(toy_tokenizer())
+            >>> chat.answers(chat.encode(["4<|im_end|>", "4 and"]))
+            [('4', True), ('4 and', False)]
+        """
         stops = set(self.stop_ids(extra_stop_ids))
-        end = len(ids)
-        while end and int(ids[end - 1]) in stops:
-            end -= 1
-        content = self.tokenizer.decode(list(ids[:end]), skip_special_tokens=False)
-        if prompt_ids is None:
-            opening = self.answer_opening
-        else:
-            tail = [int(i) for i in list(prompt_ids)[-8:]]
-            opening = opening_of(self.tokenizer.decode(tail, skip_special_tokens=False))
-        return opening + content, end < len(ids)
+        ends = []
+        for ids in rows:
+            end = len(ids)
+            while end and int(ids[end - 1]) in stops:
+                end -= 1
+            ends.append(end)
+        contents = self.decode([list(ids[:end]) for ids, end in zip(rows, ends)])
+        openings: dict[tuple[int, ...], str] = {}  # per prompt tail: GRPO's rows share one
+        out = []
+        for i, (ids, end, content) in enumerate(zip(rows, ends, contents)):
+            if prompt_ids is None:
+                opening = self.answer_opening
+            else:
+                tail = tuple(int(t) for t in list(prompt_ids[i])[-8:])
+                if tail not in openings:
+                    openings[tail] = opening_of(self.decode([tail])[0])
+                opening = openings[tail]
+            out.append((opening + content, end < len(ids)))
+        return out
 
     def added_after(
         self,
@@ -563,6 +610,25 @@ class ChatFormat:
         )
 
 
+def _decodes_in_backend(tokenizer: Any) -> bool:
+    """Whether ``tokenizer.batch_decode`` is its Rust backend's ``decode_batch`` and nothing
+    more: a transformers fast tokenizer (``TokenizersBackend``) that keeps transformers' own
+    decode (``decode``, ``batch_decode`` and the per-row ``_decode``) and cleans up no spaces."""
+    try:
+        from transformers.tokenization_utils_base import PreTrainedTokenizerBase
+        from transformers.tokenization_utils_tokenizers import TokenizersBackend
+    except ImportError:  # pragma: no cover - another transformers layout: its own decode
+        return False
+    cls = type(tokenizer)
+    return (
+        issubclass(cls, TokenizersBackend)
+        and cls._decode is TokenizersBackend._decode
+        and cls.decode is PreTrainedTokenizerBase.decode
+        and cls.batch_decode is PreTrainedTokenizerBase.batch_decode
+        and not tokenizer.clean_up_tokenization_spaces
+    )
+
+
 def opening_of(prompt: str) -> str:
     """What a prompt opens the answer with, which the answer's content holds when the template
     renders it again: a reasoning block the prompt ends by opening (``<think>\\n``: Qwen3.5,
@@ -586,7 +652,6 @@ def answer_turn(content: str, complete: bool, role: str = "assistant") -> Any:
         [{'role': 'assistant', 'content': '4', 'is_complete': False}]
     """
     import torch
-    from tensordict import NonTensorStack
     from torchrl.data.llm import History
 
     from ._upstream._lazy_rows import tensorclass_over, text_stack
@@ -594,7 +659,7 @@ def answer_turn(content: str, complete: bool, role: str = "assistant") -> Any:
     fields = {
         "role": text_stack([role]),
         "content": text_stack([content]),
-        "is_complete": NonTensorStack.from_list([bool(complete)]),
+        "is_complete": text_stack([bool(complete)]),
     }
     return tensorclass_over(History, fields, torch.Size([1]))
 

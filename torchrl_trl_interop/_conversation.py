@@ -34,7 +34,6 @@ from typing import Any
 
 import torch
 from tensordict import (
-    NonTensorData,
     NonTensorStack,
     TensorDictBase,
     is_non_tensor,
@@ -48,7 +47,7 @@ from ._checks import as_names, boundary, check_bool, check_dicts
 from ._deprecation import warn_deprecated
 from ._keys import PLACEHOLDER_ROLE, as_nested_key, flatten_nested, get_entry, key_parts
 from ._upstream._history_fields import history_fields
-from ._upstream._lazy_rows import holds_field, tensorclass_over, text_stack
+from ._upstream._lazy_rows import holds_field, shared_flag, tensorclass_over, text_stack
 
 __all__ = [
     "MessageHistory",
@@ -521,7 +520,7 @@ def _construct(parsed: Any, depth: int, cls: type) -> History:
         fields = {
             "role": text_stack([m["role"] for m in messages]),
             "content": text_stack([m["content"] for m in messages]),
-            "is_complete": NonTensorData(True, batch_size=size),
+            "is_complete": shared_flag(True, size),
         }
         return tensorclass_over(cls, fields, size)
     if cls is not MessageHistory:  # plain: the extra fields are tool names it derives

@@ -6,8 +6,10 @@ torchrl's attribute assignment runs one validated ``set`` per row and field (its
 as ``NonTensorData``'s constructor builds them, without its argument handling, and a
 ``ChatHistory`` without the ``__post_init__`` check that changes nothing on these rows);
 :func:`extend_history` appends a row's answer to its prompt as ``History.extend`` does, over the
-same leaves, without tensordict's concatenation (figures: ``benchmarks/RESULTS.rst``); :func:`text_stack` is
-``NonTensorStack.from_list`` of str with those fast leaves (``messages_to_history``'s columns).
+same leaves, without tensordict's concatenation (figures: ``benchmarks/RESULTS.rst``);
+:func:`text_stack` is ``NonTensorStack.from_list`` of str or bool with those fast leaves
+(``messages_to_history``'s columns, a one-turn answer's fields) and :func:`shared_flag` a History's
+``is_complete`` leaf.
 
 Both read tensordict's internals (``TensorDict._new_unsafe``,
 ``NonTensorStack._new_lazy_unsafe``, a tensorclass's ``_tensordict``, ``_non_tensordict``,
@@ -32,8 +34,17 @@ from tensordict import LazyStackedTensorDict, NonTensorData, NonTensorStack, Ten
 from ._gate import TENSORDICT_MEASURED, use_fast
 
 _SCALAR = torch.Size(())
+#: the leaf values :func:`text_stack` builds directly (what ``NonTensorData(data=v)`` holds as is)
+_LEAF_TYPES = (str, bool)
 
-__all__ = ["extend_history", "holds_field", "stack_rows", "tensorclass_over", "text_stack"]
+__all__ = [
+    "extend_history",
+    "holds_field",
+    "shared_flag",
+    "stack_rows",
+    "tensorclass_over",
+    "text_stack",
+]
 
 #: the internals this module reads (test/test_layout.py checks the list against the code)
 READS = (
@@ -86,28 +97,47 @@ def stack_rows(cls: Any, **columns: list) -> Any:
     return cls._from_tensordict(stacked)
 
 
-def _text_leaf(value: str) -> NonTensorData:
-    """``NonTensorData(data=value)``, what a ``set`` makes of a str, built as its constructor
-    builds it (the same fields) without the constructor's argument handling."""
+def _text_leaf(value: str | bool, batch_size: torch.Size = _SCALAR) -> NonTensorData:
+    """``NonTensorData(data=value, batch_size=batch_size)``, what a ``set`` makes of a str (or a
+    bool), built as its constructor builds it (the same fields) without the constructor's
+    argument handling."""
     leaf = NonTensorData._from_tensordict(
-        TensorDict._new_unsafe({}, batch_size=_SCALAR),
+        TensorDict._new_unsafe({}, batch_size=batch_size),
         {"data": value, "_is_non_tensor": True, "_metadata": None},
     )
     leaf.__dict__["_is_initialized"] = True
     return leaf
 
 
+def shared_flag(value: bool, batch_size: torch.Size) -> NonTensorData:
+    """``NonTensorData(value, batch_size=batch_size)``: one flag for every element (a History's
+    ``is_complete``, as its constructor sets it), built as :func:`text_stack` builds its leaves.
+
+    Examples:
+        >>> import torch
+        >>> shared_flag(True, torch.Size([2])).tolist()
+        [True, True]
+    """
+    if type(value) is not bool or not use_fast(TENSORDICT_MEASURED):
+        return NonTensorData(value, batch_size=batch_size)
+    return _text_leaf(value, batch_size)
+
+
 def text_stack(values: list) -> NonTensorStack:
-    """``NonTensorStack.from_list(values)``; a list of str gets its leaves as
-    ``NonTensorData``'s constructor builds them (see :func:`stack_rows`).
+    """``NonTensorStack.from_list(values)``; a list of str (or bool: a turn's flags) gets its
+    leaves as ``NonTensorData``'s constructor builds them (see :func:`stack_rows`), stacked
+    without re-validating them (one device, one shape: they were just built so).
 
     Examples:
         >>> text_stack(["user", "assistant"]).tolist()
         ['user', 'assistant']
+        >>> text_stack([True]).tolist()
+        [True]
     """
-    if not use_fast(TENSORDICT_MEASURED) or not all(type(v) is str for v in values):
+    fast = values and all(type(v) in _LEAF_TYPES for v in values)
+    if not fast or not use_fast(TENSORDICT_MEASURED):
         return NonTensorStack.from_list(values)
-    return NonTensorStack(*[_text_leaf(v) for v in values])
+    return NonTensorStack._new_lazy_unsafe(*[_text_leaf(v) for v in values], stack_dim=0)
 
 
 def _post_init_is_noop(cls: Any, columns: dict[str, list]) -> bool:

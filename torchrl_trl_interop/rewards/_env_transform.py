@@ -343,7 +343,11 @@ class RewardTransform(Transform):
                         f"{self.module_reward_key!r}; expected one reward per scored row "
                         f"({n}). Pass module_reward_key=... naming its output."
                     )
-                reward[rows] = written.detach().reshape(-1).float().cpu()
+                scores = written.detach().reshape(-1).float().cpu()
+                if n == reward.numel():  # every row scored: its reward is the module's
+                    reward = scores.clone()
+                else:
+                    reward[rows] = scores
                 self._check_finite(reward)
             existing = next_tensordict.get(self.reward_key, None)
             target = existing.shape if existing is not None else (*shape, 1, 1)  # the spec's

@@ -10,9 +10,10 @@ is what the model saw and produced; nothing is re-tokenized.
 Every token comes from one chat format (:class:`~torchrl_trl_interop._chat_format.ChatFormat`:
 the tokenizer's own template, or the one the caller names): the first prompt is the template's
 rendering of the conversation (``apply_chat_template(..., add_generation_prompt=True)``, given to
-the policy as tokens), each answer is read back with the template's own markers (its turn ends
-at a stop token), and the environment's tokens are what the template writes after the answer:
-the rest of the answer's closing, the environment's turns and the next generation prompt.
+the policy as tokens; the package's own policy renders it itself, with the same format), each
+answer is read back with the template's own markers (its turn ends at a stop token), and the
+environment's tokens are what the template writes after the answer: the rest of the answer's
+closing, the environment's turns and the next generation prompt.
 """
 
 from __future__ import annotations
@@ -173,7 +174,9 @@ class _Episodes:
         self.keys = PolicyKeys.of(policy)
         #: the policy reads the prompt tokens it is given (torchrl's ``prefer_tokens=True``)
         self.takes_tokens = bool(getattr(policy, "prefer_tokens", False))
-        #: the policy writes its answers as this chat format reads them (the package's own)
+        #: the policy renders conversations and reads answers with this very chat format (the
+        #: package's own policy): its first prompt is this format's rendering, its answers are
+        #: this format's reading
         self.parses_answers = getattr(policy, "chat_format", None) is chat
 
     def reset(self, prompts: list) -> Any:
@@ -183,6 +186,12 @@ class _Episodes:
         else:
             query = NonTensorStack(*prompts)
         return reset(self.env, TensorDict({base.data_key: query}, batch_size=self.env.batch_size))
+
+    def _renders_first_prompt(self, td: Any) -> bool:
+        """Whether the policy renders the first prompt itself, as this chat format renders it
+        (the package's own policy, given no tokens: a reset that wrote some gets them
+        replaced), so that it need not be rendered here and handed over as tokens."""
+        return self.parses_answers and self.keys.prompt_tokens not in td.keys(True)
 
     def _give_tokens(self, td: Any, sequences: list[list[int]]) -> None:
         """The prompt tokens the policy continues from, left-padded as torchrl's wrappers read
@@ -200,11 +209,11 @@ class _Episodes:
 
     def policy_step(self, td: Any, rows: list[RolloutRow], turn: int) -> Any:
         rendered = None
-        if turn == 0:  # the template's rendering of each conversation, as TRL prompts
+        if turn == 0 and not self._renders_first_prompt(td):  # the chat format's rendering
             rendered = self.chat.prompt_ids(_to_messages(td.get(self.keys.prompt_history)))
             if self.takes_tokens:
                 self._give_tokens(td, rendered)
-        else:  # token-first: the policy continues from exactly the rollout's tokens
+        elif turn > 0:  # token-first: the policy continues from exactly the rollout's tokens
             self._give_tokens(td, [r.prompt_ids + r.completion_ids for r in rows])
         td = self.policy(td)
         out = read_policy_rows(td, self.keys, log_probs=self.read_logprobs)
@@ -264,10 +273,8 @@ class _Episodes:
         from torchrl.modules.llm import ChatHistory
 
         rows = list(td.get(self.keys.prompt_history).unbind(0))
-        answers = [
-            answer_turn(*self.chat.answer(ids, self.stop_ids, prompt_ids=prompt))
-            for prompt, ids in zip(prompts, responses)
-        ]
+        read = self.chat.answers(responses, self.stop_ids, prompt_ids=prompts)
+        answers = [answer_turn(content, complete) for content, complete in read]
         full = [extend_history(p, a) for p, a in zip(rows, answers)]
         chat = stack_rows(ChatHistory, prompt=rows, response=answers, full=full)
         td.set(key_parts(self.keys.full_history)[:-1], chat)

@@ -229,7 +229,7 @@ class _EnvRolloutFunc:
             "env_mask": [r.env_mask for r in rows],
             "history": [r.history for r in rows],
             "env_reward": [r.env_reward for r in rows],
-            FINAL_ANSWER: tokenizer.batch_decode(answer_ids, skip_special_tokens=True),
+            FINAL_ANSWER: chat.decode(answer_ids, skip_special_tokens=True),
             FINAL_ANSWER_IDS: answer_ids,
         }
         versions = [r.policy_version for r in rows]

@@ -166,11 +166,12 @@ class TrainerModelPolicy(TransformersWrapper):
     def _answers(self, prompts: list, responses: list[torch.Tensor], stop_ids: Any) -> list:
         """Each row's answer as a one-turn History: its content read from its tokens with the
         chat format (up to the stop token), complete when it ended at one."""
-        read = self.chat_format.answer
-        return [
-            answer_turn(*read(ids.tolist(), stop_ids, prompt_ids=prompt.tolist()))
-            for prompt, ids in zip(prompts, responses)
-        ]
+        read = self.chat_format.answers(
+            [ids.tolist() for ids in responses],
+            stop_ids,
+            prompt_ids=[prompt.tolist() for prompt in prompts],
+        )
+        return [answer_turn(content, complete) for content, complete in read]
 
     def _sample(
         self, prompts: list[torch.Tensor], config: Any
@@ -188,11 +189,13 @@ class TrainerModelPolicy(TransformersWrapper):
             synced_gpus=self.synced_gpus,
         )
         response = generated.sequences[:, width:]
-        logits = torch.stack(list(generated.logits), 1).float() / self.temperature
+        logits = torch.stack(list(generated.logits), 1).float()
+        if self.temperature != 1.0:
+            logits = logits / self.temperature
         log_probs = logits.log_softmax(-1).gather(-1, response[..., None]).squeeze(-1)
         ends = completion_lengths(response, config.eos_token_id).tolist()
-        responses = [r[:n].cpu() for r, n in zip(response, ends)]
-        return responses, [lp[:n].cpu() for lp, n in zip(log_probs, ends)]
+        response, log_probs = response.cpu(), log_probs.cpu()  # once, then cut row by row
+        return [r[:n] for r, n in zip(response, ends)], [lp[:n] for lp, n in zip(log_probs, ends)]
 
     def _generate_step(self, td, cfg, out):
         """torchrl's history-mode generate step, done as the trainer does (see the class)."""
@@ -207,8 +210,8 @@ class TrainerModelPolicy(TransformersWrapper):
         responses, scores = self._sample(prompts, config)
         full = [torch.cat([p, r]) for p, r in zip(prompts, responses)]
 
-        text_full = self.tokenizer.batch_decode(full, skip_special_tokens=False)
-        text_prompt = self.tokenizer.batch_decode(prompts, skip_special_tokens=False)
+        text_full = self.chat_format.decode(full)
+        text_prompt = self.chat_format.decode(prompts)
         text_response = [f[len(p) :] for f, p in zip(text_full, text_prompt)]
         # the answer read from its tokens, each row extended on its own (rows may differ in length)
         stop_ids = config.eos_token_id
