@@ -17,6 +17,8 @@ import sys
 __all__ = ["end_with_parent"]
 
 _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+#: resolved on import: a forked child (a ``preexec_fn``) only calls it, no dlopen after the fork
+_PRCTL = ctypes.CDLL(None, use_errno=True).prctl if sys.platform.startswith("linux") else None
 
 
 def end_with_parent(
@@ -26,15 +28,15 @@ def end_with_parent(
     if that parent is already gone.
 
     With ``kernel_signal`` (Linux only) the kernel sends ``sig`` when the *thread* that started
-    this process ends: ask for it only when that thread is the parent's main thread.
+    this process ends: ask for it only when that thread outlives the child (the parent's main
+    thread, or a thread that lives as long). Safe in a ``preexec_fn`` (between fork and exec).
 
     Examples:
         >>> import os
         >>> end_with_parent(os.getppid(), kernel_signal=False)  # the parent lives: nothing happens
     """
-    if kernel_signal and sys.platform.startswith("linux"):
-        libc = ctypes.CDLL(None, use_errno=True)
-        if libc.prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0) != 0:
+    if kernel_signal and _PRCTL is not None:
+        if _PRCTL(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0) != 0:
             raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
     if os.getppid() != parent_pid:
         os._exit(1)
