@@ -1,14 +1,15 @@
 """The long process runs of a few tests, started in the background when the session starts.
 
 A few tests spend most of their time waiting on processes of their own (the tutorial's run, the
-kill-and-resume children, ``torchrun`` launches), while the rest of the suite leaves the second
-core mostly idle. Such a test's work is a function of a :class:`Job`, registered with
-:func:`background` in its test module, which makes it a session fixture of the same name::
+kill-and-resume children, ``torchrun`` launches, interpreters importing the package, servers
+starting up), while the rest of the suite leaves the second core mostly idle. Such a test's
+work is a function of a :class:`Job`, registered with :func:`background` in its test module,
+which makes it a session fixture of the same name::
 
-    @background(timeout_s=900)
+    @background(timeout_s=300)
     def my_launch(job):
-        proc = job.popen([sys.executable, "worker.py"], log="worker.log")
-        job.wait(proc)
+        (code,) = job.wait(job.popen([sys.executable, "worker.py"], log="worker.log"))
+        assert code == 0, job.log("worker.log")
         return (job.folder / "out.json").read_text()
 
     def test_it(my_launch): ...
@@ -18,10 +19,11 @@ through another fixture) one after another, in the order of their first test, in
 the lane. A test reads its job's result when its turn comes (and waits for it if the job is
 not done). A job asked for outside the lane (a fixture requested dynamically) runs then.
 
-Nothing outlives the session: a job's processes run niced, write to files in the job's folder
-(not pipes: nobody reads them before the test), die with the lane's thread (``PR_SET_PDEATHSIG``)
-and are killed, with their process group, when the session ends; every wait has the job's
-timeout, counted from the job's start.
+A job may also hand its test a process that still runs (a server, once it serves), which the
+test stops. Nothing outlives the session: a job's processes run niced, write to files in the
+job's folder (not pipes: nobody reads them before the test), die with the lane's thread
+(``PR_SET_PDEATHSIG``; it lives until the session ends) and are killed, with their process
+group, when the session ends; every wait has the job's timeout, counted from the job's start.
 """
 
 from __future__ import annotations
@@ -62,6 +64,8 @@ class Job:
         self.name, self.work, self.timeout_s = name, work, timeout_s
         self.folder = Path(tempfile.mkdtemp(prefix=f"{name}-"))
         self.started: float | None = None
+        self.ended: float | None = None
+        self.waited = 0.0  # by its test (a session fixture: read once)
         self.done = threading.Event()
         self._value: Any = None
         self._error: BaseException | None = None
@@ -77,6 +81,7 @@ class Job:
         except BaseException as err:  # noqa: BLE001 - re-raised by result()
             self._error = err
         finally:
+            self.ended = time.monotonic()
             self.done.set()
 
     def left(self) -> float:
@@ -151,9 +156,11 @@ class Job:
         """The work's value once it is done (raises its error); raises ``TimeoutError`` past the
         job's timeout."""
         # a job not started yet waits for those before it in the lane, each bounded the same way
+        asked = time.monotonic()
         while not self.done.wait(timeout=1.0):
             if self.started is not None and self.left() < -30:  # 30 s for the work's own code
                 raise TimeoutError(f"the background job {self.name} did not finish in time")
+        self.waited = time.monotonic() - asked
         if self._error is not None:
             raise self._error
         return self._value
@@ -189,7 +196,9 @@ class Lane:
     """Runs jobs one after another in a thread of its own, from the session's start."""
 
     def __init__(self, names: list[str]) -> None:
+        self.started = time.monotonic()
         self.jobs = {name: Job(name, *WORK[name]) for name in names}
+        self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._run, name="background-jobs", daemon=True)
         self._thread.start()
 
@@ -197,6 +206,8 @@ class Lane:
         for job in self.jobs.values():
             if not job.done.is_set():
                 job.run()
+        # a job may leave a process running for its test (a server): it dies with this thread
+        self._stopping.wait()
 
     def job(self, name: str) -> Job:
         """The job ``name``: the lane's, or a new one run now (a fixture asked for outside the
@@ -209,6 +220,7 @@ class Lane:
     def stop(self) -> None:
         for job in self.jobs.values():
             job.stop()
+        self._stopping.set()
         self._thread.join(timeout=30)
 
 
@@ -230,6 +242,20 @@ def stop(session: pytest.Session) -> None:
     lane = session.config.stash.get(_LANE, None)
     if lane is not None:
         lane.stop()
+
+
+def summary(config: pytest.Config) -> list[str]:
+    """One line per job the session ran: when it started, how long it ran, how long its test
+    waited for it (the terminal summary shows them with ``--durations``)."""
+    lane = config.stash.get(_LANE, None)
+    lines = []
+    for job in lane.jobs.values() if lane is not None else ():
+        if job.started is not None and job.ended is not None:
+            lines.append(
+                f"{job.name}: from {job.started - lane.started:.0f} s, ran "
+                f"{job.ended - job.started:.1f} s, its test waited {job.waited:.1f} s"
+            )
+    return lines
 
 
 def background(*, timeout_s: float) -> Callable[[Callable[[Job], Any]], Any]:

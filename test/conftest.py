@@ -38,6 +38,16 @@ def pytest_sessionfinish(session):
         background.stop(session)
 
 
+def pytest_terminal_summary(terminalreporter, config):
+    background = sys.modules.get("_background")
+    if background is not None and config.option.durations is not None:
+        lines = background.summary(config)
+        if lines:
+            terminalreporter.section("background jobs (test/_background.py)")
+            for line in lines:
+                terminalreporter.write_line(line)
+
+
 @pytest.fixture
 def tokenizer():
     from torchrl_trl_interop.testing import toy_tokenizer
