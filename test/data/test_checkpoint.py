@@ -303,26 +303,10 @@ class TestCrashWhileSaving:
         assert os.listdir(tmp_path) == ["rb"]
 
     @pytest.mark.parametrize("where", ["writer", "fsync"])
-    def test_sigkill_mid_write(self, tmp_path, where):
+    def test_sigkill_mid_write(self, killed_mid_write, where):
         """A process SIGKILLed while saving checkpoint-2's buffer: checkpoint-1's still loads."""
-        script = textwrap.dedent(
-            f"""
-            import os, signal
-            import torchrl_trl_interop.data._buffer_files as ckpt
-            from torchrl_trl_interop.testing import toy_buffer
-            from torchrl.data import LazyTensorStorage
-            ckpt.save_replay_buffer(toy_buffer(3, storage=LazyTensorStorage(5)), {str(tmp_path / "checkpoint-1" / "rb")!r})
-            rb = toy_buffer(5, storage=LazyTensorStorage(5))
-            die = lambda *a, **k: os.kill(os.getpid(), signal.SIGKILL)
-            if {where!r} == "writer":
-                rb.writer.dumps = die
-            else:
-                ckpt._fsync_tree = die
-            ckpt.save_replay_buffer(rb, {str(tmp_path / "checkpoint-2" / "rb")!r})
-            """
-        )
-        proc = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True)
-        assert proc.returncode == -9, proc.stderr.decode()[-2000:]
+        returncode, output, tmp_path = killed_mid_write[where]
+        assert returncode == -9, output[-2000:]
         assert not (tmp_path / "checkpoint-2" / "rb").exists()
         leftovers = os.listdir(tmp_path / "checkpoint-2")
         assert len(leftovers) == 1 and leftovers[0].startswith(".rb.tmp-")  # only the temp dir
@@ -334,6 +318,38 @@ class TestCrashWhileSaving:
         for step in (1, 2):
             (tmp_path / f"checkpoint-{step}" / "trainer_state.json").write_text("{}")
         assert last_complete_checkpoint(tmp_path, "rb") == str(tmp_path / "checkpoint-1")
+
+
+@background(timeout_s=300)
+def killed_mid_write(job):
+    """Per place (the writer's dump, the final fsync): a process that saves checkpoint-1's
+    buffer, then SIGKILLs itself there while saving checkpoint-2's; its exit code, output and
+    folder. Both processes run at once."""
+    procs = {}
+    for where in ("writer", "fsync"):
+        folder = job.folder / where
+        script = textwrap.dedent(
+            f"""
+            import os, signal
+            import torchrl_trl_interop.data._buffer_files as ckpt
+            from torchrl_trl_interop.testing import toy_buffer
+            from torchrl.data import LazyTensorStorage
+            ckpt.save_replay_buffer(toy_buffer(3, storage=LazyTensorStorage(5)), {str(folder / "checkpoint-1" / "rb")!r})
+            rb = toy_buffer(5, storage=LazyTensorStorage(5))
+            die = lambda *a, **k: os.kill(os.getpid(), signal.SIGKILL)
+            if {where!r} == "writer":
+                rb.writer.dumps = die
+            else:
+                ckpt._fsync_tree = die
+            ckpt.save_replay_buffer(rb, {str(folder / "checkpoint-2" / "rb")!r})
+            """
+        )
+        procs[where] = job.popen([sys.executable, "-c", script], log=f"{where}.log", cwd=ROOT)
+    codes = job.wait(*procs.values())
+    return {
+        where: (code, job.log(f"{where}.log"), job.folder / where)
+        for where, code in zip(procs, codes)
+    }
 
 
 class TestCallbackArguments:
