@@ -12,6 +12,11 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("WANDB_DISABLED", "true")
+# OpenMP threads that wait for each other sleep instead of spinning (set before torch loads; the
+# processes the tests start inherit it). Spinning, a toy model's many small parallel ops ran 13x
+# slower whenever another process (a background job, a generator, another user) held a core:
+# each op's barrier waited for the thread that process had preempted.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
 @pytest.fixture(scope="session")
