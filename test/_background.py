@@ -20,10 +20,11 @@ the lane. A test reads its job's result when its turn comes (and waits for it if
 not done). A job asked for outside the lane (a fixture requested dynamically) runs then.
 
 A job may also hand its test a process that still runs (a server, once it serves), which the
-test stops. Nothing outlives the session: a job's processes run niced, write to files in the
-job's folder (not pipes: nobody reads them before the test), die with the lane's thread
-(``PR_SET_PDEATHSIG``; it lives until the session ends) and are killed, with their process
-group, when the session ends; every wait has the job's timeout, counted from the job's start.
+test stops (that one is not niced). Nothing outlives the session: a job's processes run niced,
+write to files in the job's folder (not pipes: nobody reads them before the test), die with the
+lane's thread (``PR_SET_PDEATHSIG``; it lives until the session ends) and are killed, with their
+process group, when the session ends; every wait has the job's timeout, counted from the job's
+start.
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ from typing import Any
 import pytest
 
 #: how much the jobs' processes yield the cores to the tests running meanwhile
-NICE = 10
+NICE = 5
 #: resolved here: a forked child only calls it (no dlopen between fork and exec)
 _PRCTL = ctypes.CDLL(None, use_errno=True).prctl if sys.platform.startswith("linux") else None
 _PR_SET_PDEATHSIG = 1
@@ -96,13 +97,16 @@ class Job:
         log: str,
         err: str | None = None,
         new_session: bool = False,
+        niced: bool = True,
         **kwargs: Any,
     ) -> subprocess.Popen:
-        """``command`` started niced, its stdout written to ``folder / log`` and its stderr
-        there too, or to ``folder / err``.
+        """``command`` started, niced (:data:`NICE`), its stdout written to ``folder / log`` and
+        its stderr there too, or to ``folder / err``.
 
         ``new_session`` puts it in a process group of its own (killed whole at the end: a
-        launcher's children go with it). Other keyword arguments go to :class:`subprocess.Popen`.
+        launcher's children go with it). A process the job hands to its test (a server) is not
+        ``niced``: its test's timeouts count on it. Other keyword arguments go to
+        :class:`subprocess.Popen`.
         """
         with self._lock:
             if self._stopped:
@@ -114,7 +118,7 @@ class Job:
                     stdout=files[0],
                     stderr=files[1] if err else subprocess.STDOUT,
                     start_new_session=new_session,
-                    preexec_fn=_in_child(os.getpid()),
+                    preexec_fn=_in_child(os.getpid(), NICE if niced else 0),
                     **kwargs,
                 )
             finally:
@@ -181,13 +185,14 @@ class Job:
         shutil.rmtree(self.folder, ignore_errors=True)
 
 
-def _in_child(parent: int) -> Callable[[], None]:
+def _in_child(parent: int, nice: int) -> Callable[[], None]:
     def setup() -> None:  # pragma: no cover - runs in the child, between fork and exec
         if _PRCTL is not None:
             _PRCTL(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)  # dies with the lane's thread
         if os.getppid() != parent:
             os._exit(1)
-        os.nice(NICE)
+        if nice:
+            os.nice(nice)
 
     return setup
 

@@ -42,7 +42,8 @@ def serve_in_background(job, spec: str, *args: str) -> tuple[str, subprocess.Pop
     port = free_port()
     command = [sys.executable, "-m", "torchrl_trl_interop.openenv", "serve", spec]
     command += ["--port", str(port), "--log-level", "warning", *args]
-    proc = job.popen(command, log="server.log", env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    proc = job.popen(command, log="server.log", env=env, niced=False)  # its test times it
     url, log = f"http://127.0.0.1:{port}", job.folder / "server.log"
     deadline = time.monotonic() + STARTUP_TIMEOUT_S
     # announced once every worker listens (/health answers as soon as one does)
