@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 
 import pytest
 
@@ -11,6 +12,11 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("WANDB_DISABLED", "true")
+# OpenMP threads that wait for each other sleep instead of spinning (set before torch loads; the
+# processes the tests start inherit it). Spinning, a toy model's many small parallel ops ran 13x
+# slower whenever another process (a background job, a generator, another user) held a core:
+# each op's barrier waited for the thread that process had preempted.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
 @pytest.fixture(scope="session")
@@ -22,34 +28,29 @@ def doc_pages(tmp_path_factory):
     return PageRuns(tmp_path_factory.mktemp("doc-pages"))
 
 
-_TUTORIAL_RUN = pytest.StashKey()
-#: the test that reads the tutorial's run
-_TUTORIAL_TEST = "test_tutorial.py::test_tutorial_runs_end_to_end"
-
-
 def pytest_collection_finish(session):
-    """Starts the tutorial's end-to-end run in the background if its test is selected
-    (``test/_tutorial_run.py``): it trains on one core while the other tests run."""
-    if any(item.nodeid.endswith(_TUTORIAL_TEST) for item in session.items):
-        from _tutorial_run import TutorialRun
-
-        session.config.stash[_TUTORIAL_RUN] = TutorialRun()
+    """Starts the background jobs the kept tests ask for (``test/_background.py``): their
+    processes run on the core the other tests leave idle. ``_background`` is imported by the
+    test modules that register a job: not imported, there is none."""
+    background = sys.modules.get("_background")
+    if background is not None:
+        background.start(session)
 
 
 def pytest_sessionfinish(session):
-    run = session.config.stash.get(_TUTORIAL_RUN, None)
-    if run is not None:
-        run.stop()
+    background = sys.modules.get("_background")
+    if background is not None:
+        background.stop(session)
 
 
-@pytest.fixture(scope="session")
-def tutorial_run(request):
-    """The tutorial's run started with the session (or now, if collection did not start it)."""
-    from _tutorial_run import TutorialRun
-
-    if _TUTORIAL_RUN not in request.config.stash:
-        request.config.stash[_TUTORIAL_RUN] = TutorialRun()
-    return request.config.stash[_TUTORIAL_RUN]
+def pytest_terminal_summary(terminalreporter, config):
+    background = sys.modules.get("_background")
+    if background is not None and config.option.durations is not None:
+        lines = background.summary(config)
+        if lines:
+            terminalreporter.section("background jobs (test/_background.py)")
+            for line in lines:
+                terminalreporter.write_line(line)
 
 
 @pytest.fixture

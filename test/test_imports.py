@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 import textwrap
 
 import pytest
+from _background import background
 
 import torchrl_trl_interop
 
@@ -21,10 +21,12 @@ CALLBACK_MODULE_NAMES = (
 )
 
 
-def run(code: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=300
-    )
+def run(job, name: str, code: str) -> tuple[int, str, str]:
+    """``code`` run by a fresh interpreter, in the background (``_background.py``): its exit
+    code, stdout and stderr."""
+    command = [sys.executable, "-c", textwrap.dedent(code)]
+    (returncode,) = job.wait(job.popen(command, log=f"{name}.out", err=f"{name}.err"))
+    return returncode, job.log(f"{name}.out"), job.log(f"{name}.err")
 
 
 #: one interpreter, stage after stage (each only adds imports), reporting what it holds after
@@ -56,11 +58,11 @@ report("to_hf_dataset")
 """
 
 
-@pytest.fixture(scope="module")
-def stages() -> dict[str, dict]:
-    result = run(STAGES)
-    assert result.returncode == 0, result.stderr
-    lines = [line for line in result.stdout.splitlines() if line.startswith("{")]
+@background(timeout_s=300)
+def stages(job) -> dict[str, dict]:
+    returncode, stdout, stderr = run(job, "stages", STAGES)
+    assert returncode == 0, stderr
+    lines = [line for line in stdout.splitlines() if line.startswith("{")]
     return {stage["stage"]: stage for stage in map(json.loads, lines)}
 
 
@@ -102,8 +104,12 @@ def test_callbacks_are_trainer_callbacks(tmp_path):
     assert WeightSyncCallback not in kinds and BufferCheckpointCallback not in kinds
 
 
-def test_import_with_optional_packages_blocked():
-    result = run(
+@background(timeout_s=300)
+def blocked_import(job) -> tuple[int, str, str]:
+    """The package imported and used with transformers, trl and datasets blocked."""
+    return run(
+        job,
+        "blocked",
         f"""
         import sys
         for name in {HEAVY!r}:
@@ -126,10 +132,14 @@ def test_import_with_optional_packages_blocked():
         except ImportError as err:
             assert "pip install torchrl-trl-interop[hf]" in str(err), err
             print("ok")
-        """
+        """,
     )
-    assert result.returncode == 0, result.stderr
-    assert result.stdout.strip().splitlines()[-1] == "ok"
+
+
+def test_import_with_optional_packages_blocked(blocked_import):
+    returncode, stdout, stderr = blocked_import
+    assert returncode == 0, stderr
+    assert stdout.strip().splitlines()[-1] == "ok"
 
 
 def test_dir_and_all():

@@ -4,14 +4,18 @@ from __future__ import annotations
 
 import ast
 import json
+import os
 import re
+import sys
 from pathlib import Path
 
 import pytest
+from _background import background
 
 ROOT = Path(__file__).resolve().parents[1]
 TUTORIAL = ROOT / "tutorials" / "trl_interop.py"
 GALLERY_HEADER = ROOT / "tutorials" / "README.txt"
+RECORDER = ROOT / "test" / "_precision_recorder.py"
 
 
 def _title(text: str) -> tuple[str, str]:
@@ -34,21 +38,33 @@ def test_gallery_format():
     assert set(underline) == {"="} and len(underline) >= len(title)
 
 
+@background(timeout_s=1700)  # ~90 s alone, on one thread; longer on a busy machine
+def tutorial_run(job):
+    """``python tutorials/trl_interop.py`` from a fresh folder, as ``make demo`` runs it, with
+    every trainer config it builds recorded (``_precision_recorder.py``): ``(exit code, stdout,
+    stderr, folder)``. ``demo_setup`` pins torch to one thread (and sets the offline switches)."""
+    command = [sys.executable, str(RECORDER), str(job.folder / "configs.json"), str(TUTORIAL)]
+    env = {**os.environ, "PYTHONHASHSEED": "0"}  # as `make demo` runs it
+    proc = job.popen(command, log="stdout.txt", err="stderr.txt", cwd=job.folder, env=env)
+    (code,) = job.wait(proc)
+    return code, job.log("stdout.txt"), job.log("stderr.txt"), job.folder
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(1800)  # ~4 min of CPU on one thread; a shared machine stretches it
 def test_tutorial_runs_end_to_end(tutorial_run):
     """Runs the tutorial as ``make demo`` does, from another directory (in the background from
-    the session's start: ``_tutorial_run.py``): exit code, figure, the summary's claims within
+    the session's start: ``_background.py``): exit code, figure, the summary's claims within
     bands that hold on any CPU, and every trainer config in fp32."""
-    code, stdout, stderr = tutorial_run.result()
+    code, stdout, stderr, folder = tutorial_run
     assert code == 0, f"stdout:\n{stdout[-3000:]}\nstderr:\n{stderr[-5000:]}"
 
     # every trainer config the tutorial built states fp32: none autocasts, on any CPU
-    built = json.loads(tutorial_run.configs.read_text())
+    built = json.loads((folder / "configs.json").read_text())
     assert {c["config"] for c in built} >= {"SFTConfig", "RewardConfig", "GRPOConfig"}, built
     assert [c for c in built if c["bf16"] or c["fp16"]] == []
 
-    figure = tutorial_run.folder / "outputs" / "trl_interop_summary.png"
+    figure = folder / "outputs" / "trl_interop_summary.png"
     assert figure.is_file() and figure.stat().st_size > 10_000
     summary = _summary(stdout)
     assert list(summary)[-8:] == ["policy answers readable", *SUMMARY_TAIL]

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from _background import background
 from packaging.version import Version
 from tensordict import TensorDict, lazy_stack, set_list_to_stack
 from torchrl.data import (
@@ -302,26 +303,10 @@ class TestCrashWhileSaving:
         assert os.listdir(tmp_path) == ["rb"]
 
     @pytest.mark.parametrize("where", ["writer", "fsync"])
-    def test_sigkill_mid_write(self, tmp_path, where):
+    def test_sigkill_mid_write(self, killed_mid_write, where):
         """A process SIGKILLed while saving checkpoint-2's buffer: checkpoint-1's still loads."""
-        script = textwrap.dedent(
-            f"""
-            import os, signal
-            import torchrl_trl_interop.data._buffer_files as ckpt
-            from torchrl_trl_interop.testing import toy_buffer
-            from torchrl.data import LazyTensorStorage
-            ckpt.save_replay_buffer(toy_buffer(3, storage=LazyTensorStorage(5)), {str(tmp_path / "checkpoint-1" / "rb")!r})
-            rb = toy_buffer(5, storage=LazyTensorStorage(5))
-            die = lambda *a, **k: os.kill(os.getpid(), signal.SIGKILL)
-            if {where!r} == "writer":
-                rb.writer.dumps = die
-            else:
-                ckpt._fsync_tree = die
-            ckpt.save_replay_buffer(rb, {str(tmp_path / "checkpoint-2" / "rb")!r})
-            """
-        )
-        proc = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True)
-        assert proc.returncode == -9, proc.stderr.decode()[-2000:]
+        returncode, output, tmp_path = killed_mid_write[where]
+        assert returncode == -9, output[-2000:]
         assert not (tmp_path / "checkpoint-2" / "rb").exists()
         leftovers = os.listdir(tmp_path / "checkpoint-2")
         assert len(leftovers) == 1 and leftovers[0].startswith(".rb.tmp-")  # only the temp dir
@@ -333,6 +318,38 @@ class TestCrashWhileSaving:
         for step in (1, 2):
             (tmp_path / f"checkpoint-{step}" / "trainer_state.json").write_text("{}")
         assert last_complete_checkpoint(tmp_path, "rb") == str(tmp_path / "checkpoint-1")
+
+
+@background(timeout_s=300)
+def killed_mid_write(job):
+    """Per place (the writer's dump, the final fsync): a process that saves checkpoint-1's
+    buffer, then SIGKILLs itself there while saving checkpoint-2's; its exit code, output and
+    folder. Both processes run at once."""
+    procs = {}
+    for where in ("writer", "fsync"):
+        folder = job.folder / where
+        script = textwrap.dedent(
+            f"""
+            import os, signal
+            import torchrl_trl_interop.data._buffer_files as ckpt
+            from torchrl_trl_interop.testing import toy_buffer
+            from torchrl.data import LazyTensorStorage
+            ckpt.save_replay_buffer(toy_buffer(3, storage=LazyTensorStorage(5)), {str(folder / "checkpoint-1" / "rb")!r})
+            rb = toy_buffer(5, storage=LazyTensorStorage(5))
+            die = lambda *a, **k: os.kill(os.getpid(), signal.SIGKILL)
+            if {where!r} == "writer":
+                rb.writer.dumps = die
+            else:
+                ckpt._fsync_tree = die
+            ckpt.save_replay_buffer(rb, {str(folder / "checkpoint-2" / "rb")!r})
+            """
+        )
+        procs[where] = job.popen([sys.executable, "-c", script], log=f"{where}.log", cwd=ROOT)
+    codes = job.wait(*procs.values())
+    return {
+        where: (code, job.log(f"{where}.log"), job.folder / where)
+        for where, code in zip(procs, codes)
+    }
 
 
 class TestCallbackArguments:
@@ -426,25 +443,11 @@ def config(case: str, tmp: Path, run: str, **extra) -> dict:
     }
 
 
-def start(configs, log: Path) -> subprocess.Popen:
+def start(job, configs, log: str) -> subprocess.Popen:
     """``_resume_worker.py`` running ``configs`` (one or a list), its output written to ``log``."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), "TRL_EXPERIMENTAL_SILENCE": "1"}
     worker = str(Path(__file__).with_name("_resume_worker.py"))
-    with open(log, "w") as out:  # the child holds its own copy of the file
-        return subprocess.Popen(
-            [sys.executable, worker, json.dumps(configs)],
-            cwd=ROOT,
-            env=env,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
-
-
-def finish(proc: subprocess.Popen, log: Path, expect: int = 0) -> None:
-    """Waits for ``proc`` at most 10 minutes (the caller kills what is left) and checks its
-    exit code."""
-    code = proc.wait(timeout=600)
-    assert code == expect, log.read_text()[-4000:]
+    return job.popen([sys.executable, worker, json.dumps(configs)], log=log, cwd=ROOT, env=env)
 
 
 def steps(path: str) -> dict[int, list[int]]:
@@ -452,13 +455,13 @@ def steps(path: str) -> dict[int, list[int]]:
     return {int(step): [int(i) for i in ids] for step, *ids in lines}
 
 
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory):
+@background(timeout_s=570)  # ~50 s alone; longer in the background of a busy machine
+def kill_and_resume(job):
     """Every case killed at a random step in the second epoch or later, each in its own
     process, beside one process running every case uninterrupted (all at once: they share the
     cores); then one process resumes every killed case. Per case: the step killed at, and the
     rows of each step of the killed, resumed and uninterrupted runs."""
-    tmp = tmp_path_factory.mktemp("kill-and-resume")
+    tmp = job.folder
     for case in EXACT:
         (tmp / case).mkdir()
     kill_at = {case: random.randint(7, MAX_STEPS - 1) for case in EXACT}
@@ -468,20 +471,13 @@ def runs(tmp_path_factory):
         case: dict(cfg, kill_at=None, resume=True, rows_file=str(tmp / case / "r.txt"))
         for case, cfg in killed.items()
     }
-    first = [(reference, tmp / "reference.log", 0)]
-    first += [(cfg, tmp / case / "killed.log", -9) for case, cfg in killed.items()]
-    procs = []
-    try:
-        procs = [start(cfg, log) for cfg, log, _ in first]
-        for proc, (_, log, expect) in zip(procs, first):
-            finish(proc, log, expect)
-        procs = [start(list(resumed.values()), tmp / "resumed.log")]
-        finish(procs[0], tmp / "resumed.log")
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait(10)
+    first = [(reference, "reference.log", 0)]
+    first += [(cfg, f"{case}/killed.log", -9) for case, cfg in killed.items()]
+    procs = [start(job, cfg, log) for cfg, log, _ in first]
+    for code, (_, log, expect) in zip(job.wait(*procs), first):
+        assert code == expect, job.log(log)[-4000:]
+    (code,) = job.wait(start(job, list(resumed.values()), "resumed.log"))
+    assert code == 0, job.log("resumed.log")[-4000:]
     return {
         case: (
             kill_at[case],
@@ -495,8 +491,8 @@ def runs(tmp_path_factory):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("case", list(EXACT))
-def test_kill_and_resume_is_exact(case, runs):
-    kill_at, before, after, reference = runs[case]
+def test_kill_and_resume_is_exact(case, kill_and_resume):
+    kill_at, before, after, reference = kill_and_resume[case]
     checkpoint = min(after) - 1
     # killed in on_step_end, before the trainer saves that step: a kill at a save step leaves
     # that checkpoint without its trainer state, and the run resumes from the one before

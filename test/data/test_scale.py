@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from _background import background
 from tensordict import TensorDict
 from torch.utils.data import ChainDataset, DataLoader
 from torchrl.data import (
@@ -38,7 +39,6 @@ from torchrl_trl_interop.data._sharding import (
     interleaved_shard_order,
     shard_indices,
 )
-from torchrl_trl_interop.testing._torchrun import run_torchrun
 
 WIDTH = 16
 
@@ -587,13 +587,17 @@ class TestTRLOnline:
 # ---------------------------------------------------------------------------------------------
 
 
+@background(timeout_s=540)  # ~15 s alone
+def scale_torchrun(job):
+    """``_torchrun_worker.py`` on 2 ranks: the rows each rank read, per scenario."""
+    job.torchrun(Path(__file__).with_name("_torchrun_worker.py"), job.folder)
+    return [json.loads((job.folder / f"rank{r}.json").read_text()) for r in (0, 1)]
+
+
 @pytest.mark.slow
-def test_torchrun_two_ranks_read_disjoint_rows_covering_the_epoch(tmp_path):
+def test_torchrun_two_ranks_read_disjoint_rows_covering_the_epoch(scale_torchrun):
     """``torchrun --nproc_per_node=2`` (gloo, CPU): each rank trains 2 steps; rows split once."""
-    script = Path(__file__).with_name("_torchrun_worker.py")
-    proc = run_torchrun(script, tmp_path, timeout=300)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
-    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    ranks = scale_torchrun
     assert ranks[0]["_world_size"] == 2
     scenarios = [k for k in ranks[0] if not k.startswith("_")]
     assert set(scenarios) == {

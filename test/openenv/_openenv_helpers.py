@@ -31,33 +31,34 @@ def _healthy(url: str) -> bool:
         return False
 
 
-@contextmanager
-def cli_server(spec: str, log: Path, *args: str):
-    """``python -m torchrl_trl_interop.openenv serve spec`` on a free port, until the block ends.
-
-    Yields ``(url, process)``; the output goes to ``log``.
-    """
+def serve_in_background(job, spec: str, *args: str) -> tuple[str, subprocess.Popen, Path]:
+    """``python -m torchrl_trl_interop.openenv serve spec`` on a free port, started by a
+    background job (``test/_background.py``: its start-up, seconds of imports, runs while other
+    tests do) and returned once it serves: ``(url, process, log)``. The test that reads it
+    serves its clients and stops it with :func:`cli_server`."""
     port = free_port()
     command = [sys.executable, "-m", "torchrl_trl_interop.openenv", "serve", spec]
     command += ["--port", str(port), "--log-level", "warning", *args]
-    with open(log, "w") as out:
-        proc = subprocess.Popen(
-            command,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            preexec_fn=partial(end_with_parent, os.getpid()),
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        )
-    url = f"http://127.0.0.1:{port}"
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    proc = job.popen(command, log="server.log", env=env, niced=False)  # its test times it
+    url, log = f"http://127.0.0.1:{port}", job.folder / "server.log"
+    deadline = time.monotonic() + STARTUP_TIMEOUT_S
+    # announced once every worker listens (/health answers as soon as one does)
+    while not (_healthy(url) and "serving" in log.read_text()):
+        if proc.poll() is not None:
+            raise RuntimeError(f"the server exited ({proc.returncode}):\n{log.read_text()}")
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the server did not answer in time:\n{log.read_text()}")
+        time.sleep(0.2)
+    return url, proc, log
+
+
+@contextmanager
+def cli_server(started: tuple[str, subprocess.Popen, Path]):
+    """The server :func:`serve_in_background` started, until the block ends (then terminated,
+    killed if it does not stop). Yields ``(url, process)``."""
+    url, proc, _ = started
     try:
-        deadline = time.monotonic() + STARTUP_TIMEOUT_S
-        # announced once every worker listens (/health answers as soon as one does)
-        while not (_healthy(url) and "serving" in log.read_text()):
-            if proc.poll() is not None:
-                raise RuntimeError(f"the server exited ({proc.returncode}):\n{log.read_text()}")
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"the server did not answer in time:\n{log.read_text()}")
-            time.sleep(0.2)
         yield url, proc
     finally:
         if proc.poll() is None:

@@ -15,7 +15,14 @@ from functools import partial
 from pathlib import Path
 
 import pytest
-from _openenv_helpers import PROMPT, STARTUP_TIMEOUT_S, free_port
+from _background import background
+from _openenv_helpers import (
+    PROMPT,
+    STARTUP_TIMEOUT_S,
+    cli_server,
+    free_port,
+    serve_in_background,
+)
 from openenv.core import GenericEnvClient
 
 from torchrl_trl_interop._processes import end_with_parent
@@ -140,15 +147,17 @@ def test_announced_when_listening_and_stopped_cleanly_after_a_client_timed_out()
     assert "Traceback" not in output and "CancelledError" not in output, output
 
 
+@background(timeout_s=300)
+def toy_server(job):
+    return serve_in_background(job, "torchrl_trl_interop.testing:toy_tool_env")
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-def test_sigterm_exits_zero():
-    proc, lines, url = start("torchrl_trl_interop.testing:toy_tool_env")
-    try:
-        announced(proc, lines, url)
+def test_sigterm_exits_zero(toy_server):
+    with cli_server(toy_server) as (url, proc):  # stopped with SIGTERM (killed if it hangs)
         with GenericEnvClient(base_url=url, message_timeout_s=60).sync() as client:
             client.reset(prompt=PROMPT)
-    finally:
-        output = stop(proc, lines, signal.SIGTERM)
+    output = toy_server[2].read_text()
     assert proc.returncode == 0, output
     assert "Traceback" not in output, output

@@ -11,7 +11,15 @@ from __future__ import annotations
 import signal
 
 import pytest
-from _openenv_helpers import PROMPT, answers, cli_server, sleepy_tool_env, torchrl_episode
+from _background import background
+from _openenv_helpers import (
+    PROMPT,
+    answers,
+    cli_server,
+    serve_in_background,
+    sleepy_tool_env,
+    torchrl_episode,
+)
 from fastapi.testclient import TestClient
 from openenv.core import GenericEnvClient
 from openenv.core.env_server import create_app
@@ -172,12 +180,24 @@ def test_a_slow_step_does_not_hold_up_another_session(upstream_branch):
     assert all(name.startswith("openenv-step-") == ours for _, name in steps), steps
 
 
+SPEC = "torchrl_trl_interop.testing:toy_tool_env"
+
+
+@background(timeout_s=300)
+def two_slot_server(job):
+    return serve_in_background(job, SPEC, "--max-concurrent-envs", "2")
+
+
+@background(timeout_s=300)
+def one_slot_server(job):
+    return serve_in_background(job, SPEC)
+
+
 @pytest.mark.slow
-def test_command_line_serves_then_stops_on_sigterm(tmp_path, reference):
-    spec = "torchrl_trl_interop.testing:toy_tool_env"
-    log = tmp_path / "server.log"
-    with cli_server(spec, log, "--max-concurrent-envs", "2") as (url, proc):
-        assert f"serving {spec} with OpenEnv at {url}" in log.read_text()
+def test_command_line_serves_then_stops_on_sigterm(two_slot_server, reference):
+    log = two_slot_server[2]
+    with cli_server(two_slot_server) as (url, proc):
+        assert f"serving {SPEC} with OpenEnv at {url}" in log.read_text()
         with GenericEnvClient(base_url=url, message_timeout_s=60).sync() as client:
             assert client_play(client) == reference
         proc.terminate()
@@ -187,11 +207,10 @@ def test_command_line_serves_then_stops_on_sigterm(tmp_path, reference):
 
 
 @pytest.mark.slow
-def test_server_hung_then_killed_mid_episode(tmp_path):
+def test_server_hung_then_killed_mid_episode(one_slot_server):
     """A server that stops answering mid-episode makes the step raise a ``ConnectionError``
     naming it once ``message_timeout_s`` passed; killed, the next call raises at once."""
-    spec = "torchrl_trl_interop.testing:toy_tool_env"
-    with cli_server(spec, tmp_path / "server.log") as (url, proc):
+    with cli_server(one_slot_server) as (url, proc):
         env = OpenEnvChatEnv(url, message_timeout_s=3)
         td = env.reset(TensorDict({"query": [PROMPT]}, batch_size=[1]))
         proc.send_signal(signal.SIGSTOP)  # alive, its connections open, silent

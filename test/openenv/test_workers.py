@@ -17,7 +17,15 @@ import signal
 from pathlib import Path
 
 import pytest
-from _openenv_helpers import PROMPT, answers, cli_server, health, wait_until
+from _background import background
+from _openenv_helpers import (
+    PROMPT,
+    answers,
+    cli_server,
+    health,
+    serve_in_background,
+    wait_until,
+)
 from openenv.core import GenericEnvClient
 from tensordict import TensorDict
 
@@ -56,13 +64,18 @@ def play(env, episodes):
     return out
 
 
+@background(timeout_s=300)
+def two_workers_server(job):
+    """The command-line server in 2 worker processes, 32 session slots in all."""
+    spec = "torchrl_trl_interop.testing:toy_tool_env"
+    return serve_in_background(job, spec, "--workers", "2", "--max-concurrent-envs", str(SESSIONS))
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="reads /proc (Linux)")
 @pytest.mark.timeout(600)
-def test_two_workers_under_load_then_one_killed(tmp_path):
-    spec = "torchrl_trl_interop.testing:toy_tool_env"
-    args = ("--workers", "2", "--max-concurrent-envs", str(SESSIONS))
-    with cli_server(spec, tmp_path / "server.log", *args) as (url, proc):
+def test_two_workers_under_load_then_one_killed(two_workers_server):
+    with cli_server(two_workers_server) as (url, proc):
         # -- 32 concurrent sessions x a few episodes: every step answered -------------------
         env = OpenEnvChatEnv(url, batch_size=SESSIONS, message_timeout_s=120)
         assert play(env, EPISODES) == [[1.0] * SESSIONS] * EPISODES

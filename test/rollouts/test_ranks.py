@@ -14,13 +14,13 @@ other rank.
 from __future__ import annotations
 
 import json
-import subprocess
 from pathlib import Path
 from types import SimpleNamespace
 
 import _ranks_worker as worker
 import pytest
 import torch
+from _background import background
 
 from torchrl_trl_interop import as_trl_rollout_func
 from torchrl_trl_interop.rollouts._ranks import (
@@ -29,7 +29,6 @@ from torchrl_trl_interop.rollouts._ranks import (
     check_same_calls,
     generation_guard,
 )
-from torchrl_trl_interop.testing._torchrun import run_torchrun
 
 pytestmark = pytest.mark.filterwarnings("ignore:You are using 'rollout_func'")
 
@@ -37,35 +36,26 @@ WORKER = Path(__file__).with_name("_ranks_worker.py")
 TOL = 1e-5
 
 
-def torchrun(out_dir: Path, scenario: str, *, nproc: int = 2, steps: int = 2) -> list[dict]:
-    """Runs the worker's ``scenario`` (comma-separated: several, in turn) on ``nproc`` ranks; a
-    timeout fails the test (no hang). Each scenario's JSON of each rank, in rank order."""
-    try:
-        proc = run_torchrun(WORKER, out_dir, scenario, steps, nproc=nproc, timeout=480)
-    except subprocess.TimeoutExpired as err:
-        pytest.fail(f"torchrun did not finish in 480 s (a hang?):\n{(err.stderr or '')[-6000:]}")
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
-    return {
-        name: [json.loads((out_dir / f"{name}.rank{r}.json").read_text()) for r in range(nproc)]
-        for name in scenario.split(",")
-    }
-
-
 def mask_runs(mask: list[int]) -> list[int]:
     """``[1, 1, 0, 1]`` -> ``[1, 0, 1]``: the values of the runs."""
     return [v for i, v in enumerate(mask) if i == 0 or mask[i - 1] != v]
 
 
-@pytest.fixture(scope="module")
-def launch(tmp_path_factory):
-    """Every scenario in one ``torchrun`` launch (the start-up is most of its time)."""
-    out_dir = tmp_path_factory.mktemp("ranks")
-    return out_dir, torchrun(out_dir, "train,fsdp2,ray,vllm")
+@background(timeout_s=540)  # ~16 s alone; a hang fails the tests that read it
+def ranks_launch(job):
+    """Every scenario on 2 ranks in one ``torchrun`` launch (the start-up is most of its time):
+    the output folder, and each scenario's JSON of each rank, in rank order."""
+    scenarios = "train,fsdp2,ray,vllm"
+    job.torchrun(WORKER, job.folder, scenarios, 2)
+    return job.folder, {
+        name: [json.loads((job.folder / f"{name}.rank{r}.json").read_text()) for r in range(2)]
+        for name in scenarios.split(",")
+    }
 
 
 @pytest.fixture
-def two_ranks(launch):
-    out_dir, scenarios = launch
+def two_ranks(ranks_launch):
+    out_dir, scenarios = ranks_launch
     return out_dir, scenarios["train"]
 
 
@@ -138,8 +128,8 @@ class TestTwoRanks:
         for name, value in trainer.model.state_dict().items():
             torch.testing.assert_close(value, two_rank_weights[name], atol=TOL, rtol=0)
 
-    def test_fsdp2_multi_turn_lockstep(self, launch):
-        ranks = launch[1]["fsdp2"]
+    def test_fsdp2_multi_turn_lockstep(self, ranks_launch):
+        ranks = ranks_launch[1]["fsdp2"]
         # every forward is a collective: both ranks ran the same forwards and generate calls
         assert ranks[0]["forwards"] == ranks[1]["forwards"] > 0
         assert ranks[0]["generates"] == ranks[1]["generates"] == 3  # rank 0: 1 turn + 2 idle
@@ -162,8 +152,8 @@ class TestTwoRanks:
         # 2 env batches of candidates x 3 turns on both ranks (rank 0: 1 turn + 2 idle each)
         assert ranks[0]["dynamic_generates"] == ranks[1]["dynamic_generates"] == 6
 
-    def test_layout_b_two_ranks_share_one_ray_pool(self, launch):
-        ranks = launch[1]["ray"]
+    def test_layout_b_two_ranks_share_one_ray_pool(self, ranks_launch):
+        ranks = ranks_launch[1]["ray"]
         assert [r["global_step"] for r in ranks] == [2, 2]
         # both ranks end with the same weights, and every replica with them (in bf16, exactly)
         assert ranks[0]["trainer"] == ranks[1]["trainer"]
@@ -187,8 +177,8 @@ class TestTwoRanks:
             pushes[2]["bytes"],
         ]
 
-    def test_layout_c_two_ranks_multi_turn_on_a_shared_vllm_server(self, launch):
-        ranks = launch[1]["vllm"]
+    def test_layout_c_two_ranks_multi_turn_on_a_shared_vllm_server(self, ranks_launch):
+        ranks = ranks_launch[1]["vllm"]
         assert [r["global_step"] for r in ranks] == [2, 2]
         assert ranks[0]["trainer"] == ranks[1]["trainer"]
         # the server held the weights each step generated with (TRL syncs before the rollouts)

@@ -11,8 +11,8 @@ Each test has a timeout: a hang is a failure.
 from __future__ import annotations
 
 import os
+import re
 import signal
-import subprocess
 import sys
 import textwrap
 import time
@@ -21,6 +21,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from _background import background
 
 from torchrl_trl_interop import RemotePolicy, WeightSyncCallback, weights_checksum
 from torchrl_trl_interop.testing import toy_causal_lm, toy_generator_policy
@@ -157,32 +158,40 @@ def _gone(pid: int) -> bool:
         return True
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
-def test_generators_exit_when_their_trainer_is_killed(tmp_path):
-    parent = subprocess.Popen(
-        [sys.executable, "-c", textwrap.dedent(PARENT)],
-        stdout=subprocess.PIPE,
-        text=True,
-        cwd=tmp_path,
-    )
+@background(timeout_s=300)
+def trainer_killed(job):
+    """A trainer process (``PARENT``) SIGKILLed once its two generators serve: their pids, those
+    alive before the kill, and those still alive 10 s after it (Linux: reads /proc)."""
+    if not sys.platform.startswith("linux"):
+        return None  # its test is skipped
+    parent = job.popen([sys.executable, "-c", textwrap.dedent(PARENT)], log="parent.log")
     children: dict[str, int] = {}
     try:
-        for _ in range(2):
-            name, pid = parent.stdout.readline().split()
-            children[name] = int(pid)
-        assert not any(_gone(pid) for pid in children.values())
+        while len(children) < 2:  # each line once it is whole
+            found = re.findall(r"^(thread|main) (\d+)\n", job.log("parent.log"), re.MULTILINE)
+            children = {name: int(pid) for name, pid in found}
+            if parent.poll() is not None or job.left() < 0:
+                raise RuntimeError(f"no generator pids: {job.log('parent.log')[-3000:]}")
+            time.sleep(0.1)
+        before = {name: pid for name, pid in children.items() if not _gone(pid)}
         parent.kill()  # SIGKILL: no finalizer, no atexit in the trainer
-        parent.wait(timeout=30)
+        job.wait(parent)
         deadline = time.monotonic() + 10
         while not all(_gone(pid) for pid in children.values()) and time.monotonic() < deadline:
             time.sleep(0.1)
-        alive = {name: pid for name, pid in children.items() if not _gone(pid)}
-        assert not alive, f"generators outlived their killed trainer (started from: {alive})"
+        return children, before, {name: pid for name, pid in children.items() if not _gone(pid)}
     finally:
         parent.kill()
         for pid in children.values():
             if not _gone(pid):
                 os.kill(pid, signal.SIGKILL)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_generators_exit_when_their_trainer_is_killed(trainer_killed):
+    children, before, alive = trainer_killed
+    assert before == children  # both served before their trainer was killed
+    assert not alive, f"generators outlived their killed trainer (started from: {alive})"
 
 
 def test_delta_pushes_into_a_bf16_generator_are_bit_exact():

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from _background import background
 from tensordict import TensorDict
 
 from torchrl_trl_interop import RemotePolicy, WeightSyncCallback, weights_checksum
@@ -30,7 +31,6 @@ from torchrl_trl_interop.testing import (
     toy_generator_policy,
     toy_lora_model,
 )
-from torchrl_trl_interop.testing._torchrun import run_torchrun
 from torchrl_trl_interop.weights._stream import stream_layout, stream_weights
 from torchrl_trl_interop.weights._tensors import weights_layout
 
@@ -160,16 +160,19 @@ class TestPeakMemory:
             policy.close()
 
 
+@background(timeout_s=540)  # ~8 s alone
+def fsdp2_push(job):
+    """``_fsdp_worker.py`` on 2 ranks: what each rank measured."""
+    job.torchrun(Path(__file__).with_name("_fsdp_worker.py"), job.folder)
+    return [json.loads((job.folder / f"rank{rank}.json").read_text()) for rank in (0, 1)]
+
+
 @pytest.mark.slow
-@pytest.mark.timeout(400)
-def test_fsdp2_sharded_push_gathers_one_parameter_at_a_time(tmp_path):
+def test_fsdp2_sharded_push_gathers_one_parameter_at_a_time(fsdp2_push):
     """``torchrun --nproc_per_node=2`` (gloo, CPU): FSDP2 ``DTensor`` parameters, gathered one by
     one on both ranks while rank 0 copies each into its receiver; gathering them all at once
     (what the push did before) is the size of the model."""
-    proc = run_torchrun(Path(__file__).with_name("_fsdp_worker.py"), tmp_path, timeout=360)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
-    for rank in (0, 1):
-        result = json.loads((tmp_path / f"rank{rank}.json").read_text())
+    for result in fsdp2_push:
         assert result["sharded"] and result["synced"], result
         # one parameter's gather buffers at a time (1 MB tensors), not the 40 MB model
         assert result["streamed"] <= result["model"] / 4, result

@@ -22,12 +22,32 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def torchrun_command(
+    script: str | Path, *args: str, nproc: int = 2
+) -> tuple[list[str], dict[str, str]]:
+    """The command and environment that run ``script`` under ``torchrun --nproc_per_node=nproc``
+    on a free port, with this checkout's package on ``PYTHONPATH``, one OpenMP thread per rank,
+    offline (:func:`run_torchrun` runs them; a test may start them in the background).
+
+    Examples:
+        >>> cmd, env = torchrun_command("worker.py", "out", nproc=2)
+        >>> cmd[2:4], cmd[-2:], env["OMP_NUM_THREADS"]
+        (['torch.distributed.run', '--nproc_per_node=2'], ['worker.py', 'out'], '1')
+    """
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[2])  # this checkout's package
+    for name in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE"):
+        env[name] = "1"
+    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}"]
+    cmd += [f"--master_port={free_port()}", str(script), *map(str, args)]
+    return cmd, env
+
+
 def run_torchrun(
     script: str | Path, *args: str, nproc: int = 2, timeout: float = 300.0
 ) -> subprocess.CompletedProcess:
-    """Runs ``script`` under ``torchrun --nproc_per_node=nproc`` on a free port, with this
-    checkout's package on ``PYTHONPATH``, one OpenMP thread per rank, offline, within
-    ``timeout`` seconds; returns the finished process (its output captured as text).
+    """Runs ``script`` under ``torchrun --nproc_per_node=nproc`` (:func:`torchrun_command`)
+    within ``timeout`` seconds; returns the finished process (its output captured as text).
 
     torchrun and its ranks run in a process group of their own: on a timeout the whole group is
     killed, so no rank outlives a hang.
@@ -36,12 +56,7 @@ def run_torchrun(
         subprocess.TimeoutExpired: if the ranks do not finish within ``timeout`` (its ``stderr``
             holds what they wrote).
     """
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
-    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[2])  # this checkout's package
-    for name in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE"):
-        env[name] = "1"
-    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}"]
-    cmd += [f"--master_port={free_port()}", str(script), *map(str, args)]
+    cmd, env = torchrun_command(script, *args, nproc=nproc)
     pipe = subprocess.PIPE
     proc = subprocess.Popen(
         cmd, env=env, stdout=pipe, stderr=pipe, text=True, start_new_session=True
