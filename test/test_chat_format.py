@@ -139,6 +139,26 @@ class TestAnswers:
             expected = tok.batch_decode(rows, skip_special_tokens=skip)
             assert chat.decode(rows, skip_special_tokens=skip) == expected
 
+    def test_encode_is_the_tokenizers(self):
+        """Through the Rust backend where the tokenizer's call is only that, else through the
+        tokenizer (a backend left padding, special tokens split): the same ids either way."""
+        from torchrl_trl_interop._chat_format import _encodes_in_backend
+
+        tok = toy_tokenizer()
+        chat = ChatFormat.of(tok)
+        texts = ["<|im_start|>user\nHi ,<|im_end|>\n", "2 + 3 = 5<|im_end|>"]
+        assert _encodes_in_backend(tok)
+        assert chat.encode(texts) == tok(texts, add_special_tokens=False)["input_ids"]
+        tok(texts, padding=True)  # leaves the backend padding
+        assert not _encodes_in_backend(tok)
+        assert chat.encode(texts) == tok(texts, add_special_tokens=False)["input_ids"]
+        assert _encodes_in_backend(tok)  # the tokenizer's call reset it
+        tok.split_special_tokens = True
+        assert not _encodes_in_backend(tok)
+        split = chat.encode(texts)
+        assert split == tok(texts, add_special_tokens=False)["input_ids"]
+        assert split[1] != tok(texts[1], split_special_tokens=False)["input_ids"]
+
     def test_opening_of(self):
         assert opening_of("<|im_start|>assistant\n<think>\n") == "<think>\n"
         assert opening_of("<think>\nx</think>\n\n") == ""

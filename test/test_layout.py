@@ -217,6 +217,8 @@ OTHER_LIBRARIES = {
     "_modules": "torch.nn.Module",
     "_name_or_path": "transformers' PretrainedConfig",
     "_decode": "transformers' TokenizersBackend (a tokenizer keeping its own decode)",
+    "_encode_plus": "transformers' TokenizersBackend (a tokenizer keeping its own call)",
+    "_switch_to_input_mode": "transformers' tokenizers with a target mode (they keep their call)",
     "_exit": "os",
     "_message_timeout": "OpenEnv's client",
     "_shared_session_executor": "OpenEnv's HTTPEnvServer (openenv/_step_executor, gated on its version)",

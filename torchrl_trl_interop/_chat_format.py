@@ -294,12 +294,27 @@ class ChatFormat:
 
     def encode(self, texts: Sequence[str]) -> list[list[int]]:
         """Token ids of rendered texts, as ``apply_chat_template(..., tokenize=True)`` makes them
-        (no special token added: the template writes its own, a bos included)."""
+        (no special token added: the template writes its own, a bos included): in one call of
+        the tokenizer's Rust backend where the tokenizer's call is only that
+        (:func:`_encodes_in_backend`), else through the tokenizer.
+
+        Examples:
+            >>> from torchrl_trl_interop.testing import toy_tokenizer
+            >>> tok = toy_tokenizer()
+            >>> ChatFormat.of(tok).encode(["Hi<|im_end|>"]) == [tok("Hi<|im_end|>")["input_ids"]]
+            True
+        """
         if not texts:
             return []
-        return [
-            list(ids) for ids in self.tokenizer(list(texts), add_special_tokens=False)["input_ids"]
-        ]
+        texts = list(texts)
+        if _encodes_in_backend(self.tokenizer):
+            backend = self.tokenizer.backend_tokenizer
+            encode = getattr(backend, "encode_batch_fast", backend.encode_batch)  # no offsets
+            rows = [e.ids for e in encode(texts, add_special_tokens=False)]
+            if max(map(len, rows)) <= self.tokenizer.model_max_length:
+                return rows
+            # longer than the model takes: the tokenizer's own call, which warns of it
+        return [list(ids) for ids in self.tokenizer(texts, add_special_tokens=False)["input_ids"]]
 
     def decode(
         self, rows: Sequence[Sequence[int]], *, skip_special_tokens: bool = False
@@ -608,6 +623,33 @@ class ChatFormat:
             "rendering of the conversation. Use max_turns=1, or a template that renders "
             "earlier turns unchanged (TRL's *_training.jinja variants do)."
         )
+
+
+def _encodes_in_backend(tokenizer: Any) -> bool:
+    """Whether ``tokenizer(texts, add_special_tokens=False)`` is its Rust backend's
+    ``encode_batch`` and nothing more: a transformers fast tokenizer (``TokenizersBackend``)
+    that keeps transformers' own call, whose backend is set as that call sets it for no
+    padding, no truncation and the tokenizer's ``split_special_tokens`` (the call would reset
+    the backend's padding and truncation first)."""
+    try:
+        from transformers.tokenization_utils_base import PreTrainedTokenizerBase
+        from transformers.tokenization_utils_tokenizers import TokenizersBackend
+    except ImportError:  # pragma: no cover - another transformers layout: its own call
+        return False
+    cls = type(tokenizer)
+    if not (
+        issubclass(cls, TokenizersBackend)
+        and cls.__call__ is PreTrainedTokenizerBase.__call__
+        and cls._encode_plus is TokenizersBackend._encode_plus
+        and not hasattr(tokenizer, "_switch_to_input_mode")
+    ):
+        return False
+    backend = tokenizer.backend_tokenizer
+    return (
+        backend.padding is None
+        and backend.truncation is None
+        and backend.encode_special_tokens == bool(tokenizer.split_special_tokens)
+    )
 
 
 def _decodes_in_backend(tokenizer: Any) -> bool:
