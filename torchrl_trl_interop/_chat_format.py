@@ -625,24 +625,39 @@ class ChatFormat:
         )
 
 
-def _encodes_in_backend(tokenizer: Any) -> bool:
-    """Whether ``tokenizer(texts, add_special_tokens=False)`` is its Rust backend's
-    ``encode_batch`` and nothing more: a transformers fast tokenizer (``TokenizersBackend``)
-    that keeps transformers' own call, whose backend is set as that call sets it for no
-    padding, no truncation and the tokenizer's ``split_special_tokens`` (the call would reset
-    the backend's padding and truncation first)."""
+@functools.cache
+def _backend_class(cls: type) -> tuple[bool, bool]:
+    """Whether the tokenizer class ``cls``'s call (``tokenizer(texts)``) and its decode
+    (``batch_decode``) are its Rust backend's ``encode_batch`` and ``decode_batch`` and nothing
+    more: a transformers fast tokenizer (``TokenizersBackend``) that keeps transformers' own
+    call and ``_encode_plus`` (and has no target mode), and its own ``decode``,
+    ``batch_decode`` and per-row ``_decode``. Read once per class."""
     try:
         from transformers.tokenization_utils_base import PreTrainedTokenizerBase
         from transformers.tokenization_utils_tokenizers import TokenizersBackend
-    except ImportError:  # pragma: no cover - another transformers layout: its own call
-        return False
-    cls = type(tokenizer)
-    if not (
-        issubclass(cls, TokenizersBackend)
-        and cls.__call__ is PreTrainedTokenizerBase.__call__
+    except ImportError:  # pragma: no cover - another transformers layout: its own calls
+        return False, False
+    if not issubclass(cls, TokenizersBackend):
+        return False, False
+    encodes = (
+        cls.__call__ is PreTrainedTokenizerBase.__call__
         and cls._encode_plus is TokenizersBackend._encode_plus
-        and not hasattr(tokenizer, "_switch_to_input_mode")
-    ):
+        and not hasattr(cls, "_switch_to_input_mode")
+    )
+    decodes = (
+        cls._decode is TokenizersBackend._decode
+        and cls.decode is PreTrainedTokenizerBase.decode
+        and cls.batch_decode is PreTrainedTokenizerBase.batch_decode
+    )
+    return encodes, decodes
+
+
+def _encodes_in_backend(tokenizer: Any) -> bool:
+    """Whether ``tokenizer(texts, add_special_tokens=False)`` is its Rust backend's
+    ``encode_batch`` and nothing more (:func:`_backend_class`), its backend set as that call
+    sets it for no padding, no truncation and the tokenizer's ``split_special_tokens`` (the
+    call would reset the backend's padding and truncation first)."""
+    if not _backend_class(type(tokenizer))[0]:
         return False
     backend = tokenizer.backend_tokenizer
     return (
@@ -654,21 +669,8 @@ def _encodes_in_backend(tokenizer: Any) -> bool:
 
 def _decodes_in_backend(tokenizer: Any) -> bool:
     """Whether ``tokenizer.batch_decode`` is its Rust backend's ``decode_batch`` and nothing
-    more: a transformers fast tokenizer (``TokenizersBackend``) that keeps transformers' own
-    decode (``decode``, ``batch_decode`` and the per-row ``_decode``) and cleans up no spaces."""
-    try:
-        from transformers.tokenization_utils_base import PreTrainedTokenizerBase
-        from transformers.tokenization_utils_tokenizers import TokenizersBackend
-    except ImportError:  # pragma: no cover - another transformers layout: its own decode
-        return False
-    cls = type(tokenizer)
-    return (
-        issubclass(cls, TokenizersBackend)
-        and cls._decode is TokenizersBackend._decode
-        and cls.decode is PreTrainedTokenizerBase.decode
-        and cls.batch_decode is PreTrainedTokenizerBase.batch_decode
-        and not tokenizer.clean_up_tokenization_spaces
-    )
+    more (:func:`_backend_class`), cleaning up no spaces."""
+    return _backend_class(type(tokenizer))[1] and not tokenizer.clean_up_tokenization_spaces
 
 
 def opening_of(prompt: str) -> str:

@@ -27,6 +27,7 @@ own thread per session. What would retire it: an ``executor=`` argument to OpenE
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from collections import deque
@@ -73,6 +74,7 @@ class StepExecutor(Executor):
         self._idle = 0
         self._watching = 0  # idle threads waiting for the running calls to stall
         self._threads: list[threading.Thread] = []
+        self._names = itertools.count()
         self._shut = False
 
     def running(self) -> int:
@@ -118,7 +120,7 @@ class StepExecutor(Executor):
 
     def _start_thread(self) -> None:
         thread = threading.Thread(
-            target=self._work, name=f"openenv-step-{len(self._threads)}", daemon=True
+            target=self._work, name=f"openenv-step-{next(self._names)}", daemon=True
         )
         self._threads = [t for t in self._threads if t.is_alive()] + [thread]
         thread.start()
