@@ -159,6 +159,31 @@ class TestAnswers:
         assert split == tok(texts, add_special_tokens=False)["input_ids"]
         assert split[1] != tok(texts[1], split_special_tokens=False)["input_ids"]
 
+    def test_a_group_of_equal_rows_reads_as_each_row(self):
+        """GRPO's groups (equal prompts in a row) are rendered, encoded and decoded once per
+        run: the same texts and ids as the tokenizer's batch calls, each row its own list."""
+        tok = toy_tokenizer()
+        chat = ChatFormat.of(tok)
+        other = {"role": "user", "content": "Hi"}
+        chats = [[USER], [USER], [other], [USER], [USER], [USER]]
+        texts = chat.render(chats, add_generation_prompt=True)
+        assert texts == tok.apply_chat_template(chats, add_generation_prompt=True, tokenize=False)
+        ids = chat.encode(texts)
+        assert ids == tok(texts, add_special_tokens=False)["input_ids"]
+        assert len({id(row) for row in ids}) == len(ids)  # changing one changes no other
+        assert chat.decode(ids) == tok.batch_decode(ids, skip_special_tokens=False)
+
+    def test_runs_of_values_without_a_truth_value(self):
+        """Values whose ``==`` is not a bool (an array inside a message) count as distinct."""
+        import numpy as np
+
+        from torchrl_trl_interop._chat_format import _each_distinct, _runs
+
+        arrays = [{"image": np.zeros(2)}, {"image": np.zeros(2)}]
+        assert _runs(arrays) == (arrays, [0, 1])
+        assert _runs([1, 1, 2, 1]) == ([1, 2, 1], [0, 0, 1, 2])
+        assert _each_distinct([[1], [1]], list) == [[1], [1]]
+
     def test_opening_of(self):
         assert opening_of("<|im_start|>assistant\n<think>\n") == "<think>\n"
         assert opening_of("<think>\nx</think>\n\n") == ""

@@ -101,6 +101,20 @@ class TestMessagesToHistory:
         assert back.role == history.role
         assert back.content == history.content
 
+    @pytest.mark.parametrize("group", [2, 4])
+    def test_a_group_of_equal_conversations_gives_rows_of_their_own(self, group):
+        """GRPO's prompts, each repeated ``group`` times in a row (its turns built once): every
+        row reads as its conversation, and extending one in place (a tool transform) changes no
+        other row."""
+        chats = [c for c in (CHAT[:2], CHAT[1:2]) for _ in range(group)]
+        history = messages_to_history(chats)
+        assert history_to_messages(history) == chats
+        rows = history.unbind(0)
+        rows[0].extend(History(role="assistant", content="4", batch_size=(1,)), inplace=True, dim=0)
+        assert history_to_messages(rows[0]) == [*CHAT[:2], _msg("assistant", "4")]
+        assert [history_to_messages(r) for r in rows[1:]] == chats[1:]
+        assert history.role == History.from_chats(chats).role
+
     def test_input_not_mutated(self):
         chats = toy_chats(3)
         snapshot = [[dict(m) for m in c] for c in chats]

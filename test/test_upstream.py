@@ -32,6 +32,7 @@ from torchrl_trl_interop._upstream._history_fields import (
 )
 from torchrl_trl_interop._upstream._lazy_rows import (
     holds_field,
+    over_same_leaves,
     shared_flag,
     tensorclass_over,
     text_stack,
@@ -104,6 +105,29 @@ class TestTensordictReaders:
             assert type(a) is type(b) and a.__dict__.keys() == b.__dict__.keys()
             assert a._non_tensordict == b._non_tensordict
             assert a._tensordict.batch_size == b._tensordict.batch_size
+
+    def test_over_same_leaves_is_a_copy_an_in_place_change_leaves_alone(self, upstream_branch):
+        """New containers over the same leaves: equal to the History, and extending it in place
+        (what torchrl's tool transforms do to a prompt) leaves the History as it was; off the
+        measured versions, ``None`` (the caller builds the row again)."""
+        chat = [{"role": "system", "content": "S"}, {"role": "user", "content": "Hi"}]
+        history = messages_to_history(chat)
+        again = over_same_leaves(history)
+        if upstream_branch == "plain":
+            assert again is None
+            return
+        assert type(again) is type(history) and again.batch_size == history.batch_size
+        assert again.tolist() == history.tolist()
+        assert again._tensordict is not history._tensordict
+        assert all(
+            a.tensordicts == b.tensordicts and a is not b
+            for a, b in zip(again._tensordict.values(), history._tensordict.values())
+            if isinstance(a, NonTensorStack)
+        )
+        again.extend(History(role="assistant", content="Yo", batch_size=(1,)), inplace=True, dim=0)
+        assert [m["content"] for m in again.tolist()] == ["S", "Hi", "Yo"]
+        assert history.tolist() == History.from_chats([chat])[0].tolist()
+        assert over_same_leaves(History.from_chats([chat])[0]) is None  # a lazy stack of turns
 
     def test_shared_flag_is_the_constructors(self, upstream_branch):
         size = torch.Size([3])

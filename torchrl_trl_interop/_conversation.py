@@ -47,7 +47,13 @@ from ._checks import as_names, boundary, check_bool, check_dicts
 from ._deprecation import warn_deprecated
 from ._keys import PLACEHOLDER_ROLE, as_nested_key, flatten_nested, get_entry, key_parts
 from ._upstream._history_fields import history_fields
-from ._upstream._lazy_rows import holds_field, shared_flag, tensorclass_over, text_stack
+from ._upstream._lazy_rows import (
+    holds_field,
+    over_same_leaves,
+    shared_flag,
+    tensorclass_over,
+    text_stack,
+)
 
 __all__ = [
     "MessageHistory",
@@ -512,8 +518,16 @@ def _all_plain(parsed: Any, depth: int) -> bool:
 
 def _construct(parsed: Any, depth: int, cls: type) -> History:
     """The History (of class ``cls``) of parsed conversations."""
-    if depth > 0:
+    if depth > 1:
         return lazy_stack([_construct(p, depth - 1, cls) for p in parsed])
+    if depth == 1:
+        rows: list[History] = []
+        for i, conversation in enumerate(parsed):
+            again = None
+            if i and conversation[1] is None and conversation[0] == parsed[i - 1][0]:
+                again = over_same_leaves(rows[-1])  # GRPO's group: the turns built once
+            rows.append(again if again is not None else _construct(conversation, 0, cls))
+        return lazy_stack(rows)
     messages, turns, _ = parsed
     if turns is None:  # the fields History's constructor sets, built directly (half its time)
         size = torch.Size([len(messages)])

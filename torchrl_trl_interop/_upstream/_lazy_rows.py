@@ -36,10 +36,13 @@ from ._gate import TENSORDICT_MEASURED, use_fast
 _SCALAR = torch.Size(())
 #: the leaf values :func:`text_stack` builds directly (what ``NonTensorData(data=v)`` holds as is)
 _LEAF_TYPES = (str, bool)
+#: whether :func:`_text_leaf` built its first leaf (``NonTensorData.__post_init__`` ran once)
+_leaf_class_ready = False
 
 __all__ = [
     "extend_history",
     "holds_field",
+    "over_same_leaves",
     "shared_flag",
     "stack_rows",
     "tensorclass_over",
@@ -101,10 +104,16 @@ def _text_leaf(value: str | bool, batch_size: torch.Size = _SCALAR) -> NonTensor
     """``NonTensorData(data=value, batch_size=batch_size)``, what a ``set`` makes of a str (or a
     bool), built as its constructor builds it (the same fields) without the constructor's
     argument handling."""
-    leaf = NonTensorData._from_tensordict(
-        TensorDict._new_unsafe({}, batch_size=batch_size),
-        {"data": value, "_is_non_tensor": True, "_metadata": None},
-    )
+    global _leaf_class_ready
+    empty = TensorDict._new_unsafe({}, batch_size=batch_size)
+    payload = {"data": value, "_is_non_tensor": True, "_metadata": None}
+    if not _leaf_class_ready:  # its __post_init__ patches the class on the first leaf, once
+        leaf = NonTensorData._from_tensordict(empty, payload)
+        _leaf_class_ready = True
+    else:  # what _from_tensordict sets, without its key checks (these are the class's fields)
+        leaf = NonTensorData.__new__(NonTensorData)
+        leaf.__dict__["_tensordict"] = empty
+        leaf.__dict__["_non_tensordict"] = payload
     leaf.__dict__["_is_initialized"] = True
     return leaf
 
@@ -229,6 +238,35 @@ def extend_history(history: Any, turns: Any) -> Any:
     }
     size = torch.Size([history.batch_size[0] + turns.batch_size[0]])
     return type(history)._from_tensordict(TensorDict._new_unsafe(columns, batch_size=size))
+
+
+def over_same_leaves(history: Any) -> Any:
+    """A new 1-D History over ``history``'s own leaves (a ``TensorDict`` of ``NonTensorStack``
+    columns and ``NonTensorData`` flags, as :func:`~torchrl_trl_interop.messages_to_history`
+    builds it): new containers, which an in-place change replaces, the same leaves, as
+    ``history.clone()`` holds equal ones. ``None`` for any other layout, or off the measured
+    tensordict versions.
+
+    Examples:
+        >>> from torchrl_trl_interop import messages_to_history
+        >>> history = messages_to_history([{"role": "user", "content": "Hi"}])
+        >>> again = over_same_leaves(history)
+        >>> again.tolist() == history.tolist(), again._tensordict is history._tensordict
+        (True, False)
+    """
+    if not use_fast(TENSORDICT_MEASURED):
+        return None
+    td = getattr(history, "_tensordict", None)
+    if type(td) is not TensorDict or td.batch_dims != 1 or td._has_names() or td.device is not None:
+        return None
+    fields = {}
+    for name, column in td.items():
+        if type(column) is NonTensorStack and column.stack_dim == 0:
+            column = NonTensorStack._new_lazy_unsafe(*column.tensordicts, stack_dim=0)
+        elif type(column) is not NonTensorData:
+            return None
+        fields[name] = column
+    return type(history)._from_tensordict(TensorDict._new_unsafe(fields, batch_size=td.batch_size))
 
 
 def tensorclass_over(cls: Any, fields: dict, batch_size: torch.Size) -> Any:

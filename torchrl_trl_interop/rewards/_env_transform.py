@@ -281,24 +281,26 @@ class RewardTransform(Transform):
         self, tensordict: TensorDictBase, next_tensordict: TensorDictBase
     ) -> torch.Tensor:
         n = tensordict.batch_size.numel()
-        scored = torch.ones(n, dtype=torch.bool)
-        if self.history_key is not None:
-            if self.history_key not in tensordict.keys(True):
-                raise KeyError(
-                    f"no conversation at history_key={self.history_key!r} in the step's input "
-                    f"(keys: {keys_present(tensordict)}). Pass history_key=... (or None to "
-                    "score every row)."
-                )
+        if self.history_key is None:
+            scored = torch.ones(n, dtype=torch.bool)
+        else:
             flat = tensordict if tensordict.ndim == 1 else tensordict.reshape(-1)
             with set_list_to_stack(True):
-                history = flat.get(self.history_key)
+                history = flat.get(self.history_key, None)
+                if history is None:
+                    raise KeyError(
+                        f"no conversation at history_key={self.history_key!r} in the step's "
+                        f"input (keys: {keys_present(tensordict)}). Pass history_key=... (or "
+                        "None to score every row)."
+                    )
                 if history.ndim == 2:  # [B, T]: read from the payloads, any layout
                     roles = history_fields(history)[0]
                 else:
                     roles = history.role
                     roles = roles.tolist() if hasattr(roles, "tolist") else list(roles)
             last = [[r for r in row if r != PLACEHOLDER_ROLE][-1:] for row in roles]
-            scored &= torch.tensor([bool(r) and r[0] in self.completion_roles for r in last])
+            roles_scored = [bool(r) and r[0] in self.completion_roles for r in last]
+            scored = torch.tensor(roles_scored, dtype=torch.bool)
         if self.only_done:
             scored &= next_tensordict.get(self.done_key).reshape(n, -1).any(-1).cpu()
         return scored

@@ -15,6 +15,7 @@ layout in one pass) and :func:`extend_history` (a row's answer appended to its p
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,10 +36,10 @@ from .._upstream._lazy_rows import extend_history, stack_rows
 __all__ = ["PolicyKeys", "PolicyRows", "extend_history", "read_policy_rows", "stack_rows"]
 
 
-def _under(policy: Any, root: str, layout_key: tuple[str, str]) -> NestedKey:
-    """``layout_key``'s leaf under the policy's ``root`` attribute, or ``layout_key`` itself."""
-    own = getattr(policy, root, None)
-    return as_nested_key(layout_key if own is None else (own, layout_key[1]))
+def _under(root: Any, layout_key: tuple[str, str]) -> NestedKey:
+    """``layout_key``'s leaf under a policy's ``root`` (its ``tokens_key``...), or
+    ``layout_key`` itself where it names none."""
+    return as_nested_key(layout_key if root is None else (root, layout_key[1]))
 
 
 @dataclass(frozen=True)
@@ -60,14 +61,29 @@ class PolicyKeys:
     @classmethod
     def of(cls, policy: Any) -> PolicyKeys:
         """The keys ``policy`` writes (torchrl's defaults for what it does not name)."""
-        return cls(
-            prompt_tokens=_under(policy, "tokens_key", PROMPT_TOKEN_KEY),
-            response_tokens=_under(policy, "tokens_key", RESPONSE_TOKEN_KEY),
-            attention_mask=_under(policy, "masks_key", ATTENTION_MASK_KEY),
-            response_log_probs=_under(policy, "log_probs_key", RESPONSE_LOG_PROBS_KEY),
-            prompt_history=_under(policy, "history_key", PROMPT_HISTORY_KEY),
-            full_history=_under(policy, "history_key", HISTORY_KEY),
-        )
+        roots = tuple(getattr(policy, root, None) for root in _ROOTS)
+        try:
+            return _keys_under(cls, roots)
+        except TypeError:  # a root that is no hashable key: built again, and refused there
+            return _keys_under.__wrapped__(cls, roots)
+
+
+#: the policy attributes that name the roots of its output keys
+_ROOTS = ("tokens_key", "masks_key", "log_probs_key", "history_key")
+
+
+@functools.lru_cache(maxsize=64)
+def _keys_under(cls: type[PolicyKeys], roots: tuple) -> PolicyKeys:
+    """:meth:`PolicyKeys.of` a policy whose roots (``_ROOTS``) are ``roots``, built once."""
+    tokens, masks, log_probs, history = roots
+    return cls(
+        prompt_tokens=_under(tokens, PROMPT_TOKEN_KEY),
+        response_tokens=_under(tokens, RESPONSE_TOKEN_KEY),
+        attention_mask=_under(masks, ATTENTION_MASK_KEY),
+        response_log_probs=_under(log_probs, RESPONSE_LOG_PROBS_KEY),
+        prompt_history=_under(history, PROMPT_HISTORY_KEY),
+        full_history=_under(history, HISTORY_KEY),
+    )
 
 
 @dataclass
