@@ -656,10 +656,9 @@ def _each_distinct(values: Sequence[Any], call: Any) -> list[Any]:
     """``[call(v) for v in values]``, called once per run of equal values (a list result copied
     for each value after the first).
 
-    One call per value, not the tokenizer backend's batch call: its thread pool costs several
-    times the CPU of the work on the small batches of a rollout (decoding 4 rows: ~37 µs of CPU
-    against ~8 µs row by row; encoding: ~70 against ~46), and its threads spin on after it,
-    beside the model's generate.
+    One call per value, not the tokenizer backend's batch call: on a rollout's small batches its
+    thread pool costs several times the CPU of the work, and its threads spin on after it,
+    beside the model's ``generate`` (figures: ``benchmarks/RESULTS.rst``, "Why the speed paths").
 
     Examples:
         >>> _each_distinct([[1], [1], [2]], sum)

@@ -197,7 +197,11 @@ def _turn_leaves(history: Any) -> dict[str, list[NonTensorData]] | None:
         leaves = {}
         for field, column in td.items():
             if type(column) is NonTensorData:  # one value for every turn: one leaf per turn
-                leaves[field] = list(column.unbind(0))
+                data = column._non_tensordict["data"]
+                if type(data) in _LEAF_TYPES and column._non_tensordict.get("_metadata") is None:
+                    leaves[field] = [_text_leaf(data) for _ in range(td.batch_size[0])]
+                else:  # what unbind makes of it
+                    leaves[field] = list(column.unbind(0))
             elif type(column) is NonTensorStack and column.stack_dim == 0:
                 leaves[field] = list(column.tensordicts)
             else:
