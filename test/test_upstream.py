@@ -237,6 +237,86 @@ class TestGenerateStep:
         assert step is vars(TrainerModelPolicy)["_generate_step"]
         assert step is not TransformersWrapper._from_transformers_generate_history
 
+    @staticmethod
+    def _policy(**kwargs):
+        from transformers import GenerationConfig
+
+        from torchrl_trl_interop import TrainerModelPolicy
+        from torchrl_trl_interop.testing import toy_causal_lm, toy_tokenizer
+
+        tok = toy_tokenizer()
+        config = GenerationConfig(max_new_tokens=3, do_sample=False, pad_token_id=0, eos_token_id=2)
+        return TrainerModelPolicy(toy_causal_lm(tokenizer=tok), tok, config, 1.0, **kwargs), tok
+
+    def test_forward_in_place_is_torchrls(self, upstream_branch):
+        """The rollout's call (a reset's rows, generated into in place) gives what torchrl's
+        ``forward`` gives, entry by entry; off the measured versions it is torchrl's."""
+        from torchrl.modules.llm import TransformersWrapper
+
+        from torchrl_trl_interop._upstream._policy_hooks import generates_in_place
+        from torchrl_trl_interop.testing import toy_chat_env
+
+        policy, tok = self._policy()
+        env = toy_chat_env(tok, batch_size=3)
+        chats = [[{"role": "user", "content": q}] for q in ("Hi", "Hi", "2+2?")]
+        reset = env.reset(TensorDict({"query": messages_to_history(chats)}, batch_size=[3]))
+        assert generates_in_place(policy, reset, None, {}) is (upstream_branch == "fast")
+        ours = policy(reset.copy())
+        theirs = TransformersWrapper.forward(policy, reset.copy())
+        assert type(ours) is type(theirs)
+        assert set(ours.keys(True, True)) == set(theirs.keys(True, True))
+        for key in [("tokens", k) for k in ("prompt", "response", "full")] + [
+            ("log_probs", "response"),
+            ("masks", "all_attention_mask"),
+        ]:
+            for a, b in zip(ours.get(key, as_list=True), theirs.get(key, as_list=True)):
+                torch.testing.assert_close(a, b)
+        for key in [("text", k) for k in ("prompt", "response", "full")]:
+            assert ours.get(key).tolist() == theirs.get(key).tolist()
+        for key in [("history", k) for k in ("prompt", "response", "full")]:
+            assert ours.get(key).tolist() == theirs.get(key).tolist()
+
+    def test_forward_in_place_only_for_the_rollouts_call(self, upstream_branch):
+        from torchrl_trl_interop._upstream._policy_hooks import generates_in_place
+
+        policy, _ = self._policy()
+        rows = TensorDict(batch_size=[2])
+        if upstream_branch == "plain":
+            assert not generates_in_place(policy, rows, None, {})
+            return
+        assert generates_in_place(policy, rows, None, {})
+        assert generates_in_place(policy, lazy_stack([TensorDict(), TensorDict()]), None, {})
+        assert not generates_in_place(policy, rows, None, {"max_new_tokens": 1})
+        assert not generates_in_place(policy, rows, TensorDict(batch_size=[2]), {})
+        assert not generates_in_place(policy, TensorDict(batch_size=[2, 1]), None, {})
+        assert not generates_in_place(policy, TensorDict(batch_size=[2], device="cpu"), None, {})
+        policy.inplace = False
+        assert not generates_in_place(policy, rows, None, {})
+
+    def test_rows_under(self, upstream_branch):
+        from torchrl.modules.llm import ChatHistory
+
+        from torchrl_trl_interop._upstream._policy_hooks import rows_under
+
+        prompts = [messages_to_history([{"role": "user", "content": q}]) for q in ("a", "b")]
+        chat = ChatHistory._from_tensordict(
+            lazy_stack([TensorDict({"prompt": p}) for p in prompts])
+        )
+        td = TensorDict({"history": chat}, batch_size=[2])
+        lazy = lazy_stack([TensorDict({"history": {"prompt": p}}) for p in prompts])
+        for layout in (td, lazy):
+            rows = rows_under(layout, ("history", "prompt"))
+            if upstream_branch == "plain":
+                assert rows is None
+            else:
+                assert [r.tolist() for r in rows] == [p.tolist() for p in prompts]
+        assert (
+            rows_under(
+                TensorDict({"history": {"prompt": torch.zeros(2)}}, [2]), ("history", "prompt")
+            )
+            is None
+        )
+
     def test_a_torchrl_without_the_step_is_refused(self, monkeypatch, upstream_branch):
         from torchrl.modules.llm import TransformersWrapper
 

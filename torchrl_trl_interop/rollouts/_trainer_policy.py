@@ -12,15 +12,20 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
-from tensordict import LazyStackedTensorDict, TensorDict, TensorDictBase, lazy_stack
+from tensordict import TensorDict, TensorDictBase, lazy_stack, set_list_to_stack
 from torchrl.modules.llm import TransformersWrapper
 
 from .._chat_format import ChatFormat, answer_turn
 from .._checks import boundary
 from .._conversation import history_to_messages
-from .._keys import without_placeholders
+from .._keys import key_parts, without_placeholders
 from .._padding import pad_rows, position_mask
-from .._upstream._policy_hooks import check_generate_step, with_generate_step
+from .._upstream._policy_hooks import (
+    check_generate_step,
+    generates_in_place,
+    rows_under,
+    with_generate_step,
+)
 from ._policy_output import PolicyKeys, extend_history, stack_rows
 
 __all__ = [
@@ -139,6 +144,31 @@ class TrainerModelPolicy(TransformersWrapper):
         generation_config.return_dict_in_generate = True
         self.generate_kwargs = {"generation_config": generation_config}
 
+    def forward(
+        self,
+        tensordict: TensorDictBase,
+        *,
+        tensordict_out: TensorDictBase | None = None,
+        logits_only: bool = False,
+        **kwargs: Any,
+    ) -> TensorDictBase:
+        """torchrl's ``TransformersWrapper.forward``. A call that only generates into its input
+        (:func:`~torchrl_trl_interop._upstream._policy_hooks.generates_in_place`: a batch of
+        rows, no call-time argument, ``inplace=True``, as the rollout calls it) runs the
+        generate step on the input as it is, without converting it to a lazy stack of rows
+        first, and writes the step's output into it as torchrl does."""
+        if not generates_in_place(self, tensordict, tensordict_out, kwargs):
+            return super().forward(
+                tensordict, tensordict_out=tensordict_out, logits_only=logits_only, **kwargs
+            )
+        with set_list_to_stack(True):
+            out = self._generate_step(
+                tensordict, None, TensorDict(batch_size=tensordict.batch_size)
+            )
+            result = tensordict.exclude(*self.out_keys, inplace=True)
+            result.update(out, keys_to_update=self.out_keys)
+        return result
+
     def _prompt_rows(self, td: TensorDictBase, history: Any) -> list[torch.Tensor]:
         """The prompt of every row: the tokens given (a rollout continuing from its tokens: cut
         by the mask beside them, or without one stripped of their left padding), else its
@@ -235,12 +265,13 @@ class TrainerModelPolicy(TransformersWrapper):
 
 
 def _history_rows(td: TensorDictBase, key: Any) -> tuple[Any, list]:
-    """``td.get(key)`` (a ``[B, T]`` History) and its rows, ``td`` being torchrl's lazy stack of
-    rows as the wrapper's ``forward`` hands it over: read row by row and stacked once, the same
-    History over the same rows, where ``td.get`` stacks every ``ChatHistory`` field on the way
-    (~4x the time); any other input through ``td.get`` and ``unbind``."""
-    if isinstance(td, LazyStackedTensorDict) and td.stack_dim == 0 and td.tensordicts:
-        rows = [row.get(key) for row in td.tensordicts]
+    """``td.get(key)`` (a ``[B, T]`` History) and its rows: where ``td`` holds its rows as
+    ``TensorDict`` objects (torchrl's lazy stack of rows, as the wrapper's ``forward`` hands it
+    over, or the ``ChatHistory`` of a reset, :func:`rows_under`), read row by row and stacked
+    once, the same History over the same rows, where ``td.get`` stacks every ``ChatHistory``
+    field on the way (~4x the time); any other input through ``td.get`` and ``unbind``."""
+    rows = rows_under(td, key_parts(key))
+    if rows is not None:
         return lazy_stack(rows), rows
     history = td.get(key)
     return history, list(history.unbind(0))
