@@ -306,7 +306,7 @@ class TestGenerateStep:
         lazy = lazy_stack([TensorDict({"history": {"prompt": p}}) for p in prompts])
         for layout in (td, lazy):
             rows = rows_under(layout, ("history", "prompt"))
-            if upstream_branch == "plain":
+            if upstream_branch == "plain" and layout is td:  # the tensorclass's internals
                 assert rows is None
             else:
                 assert [r.tolist() for r in rows] == [p.tolist() for p in prompts]

@@ -118,10 +118,11 @@ def generates_in_place(policy: Any, td: Any, tensordict_out: Any, kwargs: dict) 
 
 
 def rows_under(td: Any, key: tuple[str, ...]) -> list | None:
-    """Each row's value at ``key`` (a nested key's parts), read from the row ``TensorDict``
-    objects ``td`` holds: ``td`` a lazy stack of them, or a ``TensorDict`` whose entry at
-    ``key[0]`` is a tensorclass over a lazy stack of them (a ``ChatHistory``, as a reset lays
-    it out); ``None`` for any other layout (``td.get(key)`` then reads it).
+    """Each row's value at ``key`` (a nested key's parts), read from the rows ``td`` holds:
+    ``td`` a lazy stack of rows (public: on every version), or, on the measured tensordict
+    versions, a ``TensorDict`` whose entry at ``key[0]`` is a tensorclass over a lazy stack of
+    rows (a ``ChatHistory``, as a reset lays it out); ``None`` for any other layout
+    (``td.get(key)`` then reads it).
 
     Examples:
         >>> from tensordict import TensorDict, lazy_stack
@@ -131,10 +132,10 @@ def rows_under(td: Any, key: tuple[str, ...]) -> list | None:
     """
     from tensordict import LazyStackedTensorDict, TensorDict, is_tensorclass
 
-    if not use_fast(TENSORDICT_MEASURED):
-        return None
     rest = key
     if type(td) is TensorDict and len(key) > 1:  # the lazy stack under a tensorclass entry
+        if not use_fast(TENSORDICT_MEASURED):
+            return None
         entry = td._tensordict.get(key[0])
         if not is_tensorclass(entry) or type(entry) is type:
             return None
@@ -142,8 +143,6 @@ def rows_under(td: Any, key: tuple[str, ...]) -> list | None:
         if type(inner) is not LazyStackedTensorDict or inner.batch_size != td.batch_size:
             return None
         td, rest = inner, key[1:]
-    if type(td) is not LazyStackedTensorDict or td.stack_dim != 0 or not td.tensordicts:
-        return None
-    if not all(type(row) is TensorDict for row in td.tensordicts):
+    if not isinstance(td, LazyStackedTensorDict) or td.stack_dim != 0 or not td.tensordicts:
         return None
     return [row.get(rest if len(rest) > 1 else rest[0]) for row in td.tensordicts]
