@@ -457,6 +457,25 @@ class ChatFormat:
             out.append((opening + content, end < len(ids)))
         return out
 
+    def answer_turns(
+        self,
+        rows: Sequence[Sequence[int]],
+        extra_stop_ids: Iterable[int] | None = None,
+        *,
+        prompt_ids: Sequence[Sequence[int]] | None = None,
+    ) -> list[Any]:
+        """:meth:`answers` of every row, each as a one-turn History (:func:`answer_turn`): the
+        next assistant turn of its conversation.
+
+        Examples:
+            >>> from torchrl_trl_interop.testing import toy_tokenizer
+            >>> chat = ChatFormat.of(toy_tokenizer())
+            >>> [t.tolist() for t in chat.answer_turns(chat.encode(["4<|im_end|>"]))]
+            [[{'role': 'assistant', 'content': '4', 'is_complete': True}]]
+        """
+        read = self.answers(rows, extra_stop_ids, prompt_ids=prompt_ids)
+        return [answer_turn(content, complete) for content, complete in read]
+
     def added_after(
         self,
         conversations: Sequence[Sequence[Message]],
@@ -676,8 +695,8 @@ def _each_distinct(values: Sequence[Any], call: Any) -> list[Any]:
 @functools.cache
 def _backend_class(cls: type) -> tuple[bool, bool]:
     """Whether the tokenizer class ``cls``'s call (``tokenizer(texts)``) and its decode
-    (``batch_decode``) are its Rust backend's ``encode_batch`` and ``decode_batch`` and nothing
-    more: a transformers fast tokenizer (``TokenizersBackend``) that keeps transformers' own
+    (``batch_decode``) are its Rust backend's ``encode_batch`` and, row by row, ``decode``, and
+    nothing more: a transformers fast tokenizer (``TokenizersBackend``) that keeps transformers' own
     call and ``_encode_plus`` (and has no target mode), and its own ``decode``,
     ``batch_decode`` and per-row ``_decode``. Read once per class."""
     try:
@@ -716,8 +735,8 @@ def _encodes_in_backend(tokenizer: Any) -> bool:
 
 
 def _decodes_in_backend(tokenizer: Any) -> bool:
-    """Whether ``tokenizer.batch_decode`` is its Rust backend's ``decode_batch`` and nothing
-    more (:func:`_backend_class`), cleaning up no spaces."""
+    """Whether ``tokenizer.batch_decode`` is its Rust backend's ``decode``, row by row, and
+    nothing more (:func:`_backend_class`), cleaning up no spaces."""
     return _backend_class(type(tokenizer))[1] and not tokenizer.clean_up_tokenization_spaces
 
 

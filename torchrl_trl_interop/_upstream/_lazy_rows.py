@@ -172,14 +172,22 @@ def _without_post_init(cls: Any, td: Any, names: list[str]) -> Any:
     return obj
 
 
+def _turns_td(history: Any) -> Any:
+    """The tensordict of a 1-D History (its turns) with no names and no device, or ``None``."""
+    td = getattr(history, "_tensordict", None)
+    if td is None or td.batch_dims != 1 or td._has_names() or td.device is not None:
+        return None
+    return td
+
+
 def _turn_leaves(history: Any) -> dict[str, list[NonTensorData]] | None:
     """A 1-D History's ``NonTensorData`` leaves, field by field, one per turn: for the two
     layouts torchrl writes (a lazy stack of one ``TensorDict`` per turn, as ``from_chats`` and
     ``from_text`` build; a ``TensorDict`` of ``NonTensorStack`` columns, as ``extend`` does, or
     of a ``NonTensorData`` shared by every turn, as a History of equal flags holds them).
     ``None`` for any other layout."""
-    td = getattr(history, "_tensordict", None)
-    if td is None or td.batch_dims != 1 or td._has_names() or td.device is not None:
+    td = _turns_td(history)
+    if td is None:
         return None
     if type(td) is LazyStackedTensorDict and td.stack_dim == 0 and td.tensordicts:
         turns = td.tensordicts
@@ -260,8 +268,8 @@ def over_same_leaves(history: Any) -> Any:
     """
     if not use_fast(TENSORDICT_MEASURED):
         return None
-    td = getattr(history, "_tensordict", None)
-    if type(td) is not TensorDict or td.batch_dims != 1 or td._has_names() or td.device is not None:
+    td = _turns_td(history)
+    if type(td) is not TensorDict:
         return None
     fields = {}
     for name, column in td.items():

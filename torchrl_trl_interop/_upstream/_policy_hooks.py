@@ -137,7 +137,7 @@ def rows_under(td: Any, key: tuple[str, ...]) -> list | None:
         if not use_fast(TENSORDICT_MEASURED):
             return None
         entry = td._tensordict.get(key[0])
-        if not is_tensorclass(entry) or type(entry) is type:
+        if not is_tensorclass(entry):
             return None
         inner = entry.__dict__.get("_tensordict")
         if type(inner) is not LazyStackedTensorDict or inner.batch_size != td.batch_size:
@@ -145,4 +145,4 @@ def rows_under(td: Any, key: tuple[str, ...]) -> list | None:
         td, rest = inner, key[1:]
     if not isinstance(td, LazyStackedTensorDict) or td.stack_dim != 0 or not td.tensordicts:
         return None
-    return [row.get(rest if len(rest) > 1 else rest[0]) for row in td.tensordicts]
+    return [row.get(rest) for row in td.tensordicts]

@@ -26,7 +26,7 @@ import torch
 from tensordict import NonTensorStack, TensorDict, set_list_to_stack
 from tensordict.utils import NestedKey
 
-from .._chat_format import ChatFormat, answer_turn
+from .._chat_format import ChatFormat
 from .._conversation import history_to_messages, is_message_list, messages_to_history
 from .._keys import POLICY_VERSION_KEY, key_parts, placeholder_turn, without_placeholders
 from .._padding import pad_rows, position_mask
@@ -273,8 +273,7 @@ class _Episodes:
         from torchrl.modules.llm import ChatHistory
 
         rows = list(td.get(self.keys.prompt_history).unbind(0))
-        read = self.chat.answers(responses, self.stop_ids, prompt_ids=prompts)
-        answers = [answer_turn(content, complete) for content, complete in read]
+        answers = self.chat.answer_turns(responses, self.stop_ids, prompt_ids=prompts)
         full = [extend_history(p, a) for p, a in zip(rows, answers)]
         chat = stack_rows(ChatHistory, prompt=rows, response=answers, full=full)
         td.set(key_parts(self.keys.full_history)[:-1], chat)

@@ -15,7 +15,7 @@ import torch
 from tensordict import TensorDict, TensorDictBase, lazy_stack, set_list_to_stack
 from torchrl.modules.llm import TransformersWrapper
 
-from .._chat_format import ChatFormat, answer_turn
+from .._chat_format import ChatFormat
 from .._checks import boundary
 from .._conversation import history_to_messages
 from .._keys import key_parts, without_placeholders
@@ -196,12 +196,11 @@ class TrainerModelPolicy(TransformersWrapper):
     def _answers(self, prompts: list, responses: list[torch.Tensor], stop_ids: Any) -> list:
         """Each row's answer as a one-turn History: its content read from its tokens with the
         chat format (up to the stop token), complete when it ended at one."""
-        read = self.chat_format.answers(
+        return self.chat_format.answer_turns(
             [ids.tolist() for ids in responses],
             stop_ids,
             prompt_ids=[prompt.tolist() for prompt in prompts],
         )
-        return [answer_turn(content, complete) for content, complete in read]
 
     def _sample(
         self, prompts: list[torch.Tensor], config: Any

@@ -9,7 +9,7 @@ import torch
 from tensordict import TensorDictBase, lazy_stack, set_list_to_stack
 from tensordict.nn import TensorDictModuleBase
 
-from .._chat_format import ChatFormat, answer_turn
+from .._chat_format import ChatFormat
 from .._conversation import history_to_messages
 from .._keys import (
     ATTENTION_MASK_KEY,
@@ -138,9 +138,7 @@ class ScriptedChatPolicy(TensorDictModuleBase):
             sampled = [ids + [stop] for ids in chat.encode([self.answer(m) for m in messages])]
             td = td.to_lazystack(0)
             prompt_ids = self._prompt_ids(td, messages)
-            response = lazy_stack(
-                [answer_turn(*chat.answer(a, prompt_ids=p)) for p, a in zip(prompt_ids, sampled)]
-            )
+            response = lazy_stack(chat.answer_turns(sampled, prompt_ids=prompt_ids))
             full = prompt.extend(response, inplace=False, dim=-1)
             for row, ids, response_ids in zip(td.tensordicts, prompt_ids, sampled):
                 row.set(PROMPT_TOKEN_KEY, torch.tensor(ids, dtype=torch.long))
