@@ -179,6 +179,11 @@ def health(url: str) -> dict:
         return json.loads(reply.read())
 
 
+def open_sessions(url: str) -> int:
+    """The sessions the server at ``url`` holds open (its ``GET /health``)."""
+    return health(url)["sessions"]["open"]
+
+
 def wait_until(check, timeout_s: float, what: str):
     """Polls ``check()`` until it returns a truthy value (returned), for at most ``timeout_s``."""
     deadline = time.monotonic() + timeout_s

@@ -22,7 +22,7 @@ from _openenv_helpers import (
     PROMPT,
     answers,
     client_process,
-    health,
+    open_sessions,
     slow_tool_env,
     wait_until,
 )
@@ -36,10 +36,6 @@ from torchrl_trl_interop.testing import ScriptedChatPolicy, toy_tool_env
 pytestmark = pytest.mark.timeout(180)
 
 IDLE_S = 1.0  # the session timeout of the servers below
-
-
-def open_sessions(url) -> int:
-    return health(url)["sessions"]["open"]
 
 
 def reset(env):

@@ -8,7 +8,7 @@ from __future__ import annotations
 import gc
 
 import pytest
-from _openenv_helpers import PROMPT
+from _openenv_helpers import PROMPT, open_sessions, wait_until
 from openenv.core import GenericEnvClient
 from tensordict import TensorDict
 
@@ -31,7 +31,11 @@ def reset(env):
 
 
 def openenv_client_resets(url) -> list:
-    """OpenEnv's own client takes the slot and resets (raises if the server is full)."""
+    """OpenEnv's own client takes the slot and resets (raises if the server is full), once the
+    server has given back the slots of the sessions closed before. The server frees a slot a
+    moment after its client's close returns, within the 2 s our own client waits for it;
+    OpenEnv's client does not wait."""
+    wait_until(lambda: open_sessions(url) == 0, 2.0, "the server giving the slot back")
     with GenericEnvClient(base_url=url, message_timeout_s=20).sync() as client:
         return client.reset(prompt=PROMPT).observation["messages"]
 
